@@ -1,0 +1,35 @@
+"""Data: sources -> partitions -> FederatedData (all clients stacked, padded, on device)."""
+
+from dp2fedsam_jax.data.federated import FederatedData
+from dp2fedsam_jax.data.federated import build_federated_data
+from dp2fedsam_jax.data.federated import make_federated_data
+from dp2fedsam_jax.data.partition import PARTITIONS
+from dp2fedsam_jax.data.partition import dirichlet
+from dp2fedsam_jax.data.partition import iid
+from dp2fedsam_jax.data.partition import partition
+from dp2fedsam_jax.data.partition import pathological
+from dp2fedsam_jax.data.sources import DEFAULT_FASHION_MNIST_DIR
+from dp2fedsam_jax.data.sources import ArrayDataset
+from dp2fedsam_jax.data.sources import DatasetNotFoundError
+from dp2fedsam_jax.data.sources import load_dataset
+from dp2fedsam_jax.data.sources import load_fashion_mnist
+from dp2fedsam_jax.data.sources import read_idx
+from dp2fedsam_jax.data.sources import synthetic
+
+__all__ = [
+    'ArrayDataset',
+    'DEFAULT_FASHION_MNIST_DIR',
+    'DatasetNotFoundError',
+    'FederatedData',
+    'PARTITIONS',
+    'build_federated_data',
+    'dirichlet',
+    'iid',
+    'load_dataset',
+    'load_fashion_mnist',
+    'make_federated_data',
+    'partition',
+    'pathological',
+    'read_idx',
+    'synthetic',
+]
