@@ -1,0 +1,130 @@
+"""Splitting one dataset's examples over N clients (IID, pathological (N, S), Dirichlet(alpha)).
+
+numpy only. Every function returns `num_clients` disjoint int64 index arrays into `labels`, each sorted.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+PARTITIONS = ('iid', 'pathological', 'dirichlet')
+
+
+def _as_labels(labels) -> np.ndarray:
+  labels = np.asarray(labels)
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f'labels must be a 1-D integer array; got {labels.dtype} {labels.shape}.')
+  return labels
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_num_clients(labels: np.ndarray, num_clients) -> None:
+  if not _is_int(num_clients) or not 1 <= num_clients <= len(labels):
+    raise ValueError(
+        f'config.num_clients={num_clients!r}: must be an integer in [1, {len(labels)}] '
+        f'(the number of training examples).')
+
+
+def _sorted_int64(parts) -> list[np.ndarray]:
+  return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def iid(labels, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+  """Shuffles all examples and deals them into `num_clients` near-equal shares."""
+  labels = _as_labels(labels)
+  _check_num_clients(labels, num_clients)
+  return _sorted_int64(np.array_split(rng.permutation(len(labels)), num_clients))
+
+
+def pathological(labels, num_clients: int, classes_per_client: int,
+                 rng: np.random.Generator) -> list[np.ndarray]:
+  """FedRep-style (N, S) split: every client gets exactly S distinct classes, disjoint samples.
+
+  With a random permutation pi of the K classes present, client i holds classes pi[(i + j) % K] for
+  j < S, so each class is shared by about N*S/K clients; a class's shuffled examples are split evenly
+  over its holders. Classes held by nobody (when N*S < K) are left out.
+  """
+  labels = _as_labels(labels)
+  _check_num_clients(labels, num_clients)
+  classes = np.unique(labels)
+  k = len(classes)
+  if not _is_int(classes_per_client) or not 1 <= classes_per_client <= k:
+    raise ValueError(
+        f'config.classes_per_client={classes_per_client!r}: must be an integer in [1, {k}] '
+        f'(the number of classes in the data).')
+
+  pi = rng.permutation(classes)
+  holders: dict[int, list[int]] = {int(c): [] for c in classes}
+  for i in range(num_clients):
+    for j in range(classes_per_client):
+      holders[int(pi[(i + j) % k])].append(i)
+
+  parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+  for c in pi:  # a fixed order keeps the result a pure function of rng
+    owners = holders[int(c)]
+    if not owners:
+      continue
+    idx = rng.permutation(np.flatnonzero(labels == c))
+    if len(idx) < len(owners):
+      # Otherwise some client would get fewer than S classes.
+      raise ValueError(
+          f'config.num_clients={num_clients}, config.classes_per_client={classes_per_client}: class '
+          f'{int(c)} has {len(idx)} examples but {len(owners)} clients must share it; use fewer clients '
+          f'or fewer classes per client.')
+    for owner, share in zip(owners, np.array_split(idx, len(owners))):
+      parts[owner].append(share)
+  return _sorted_int64(np.concatenate(p) if p else np.empty(0, np.int64) for p in parts)
+
+
+def dirichlet(labels, num_clients: int, alpha: float, rng: np.random.Generator,
+              min_size: int = 2, max_tries: int = 100) -> list[np.ndarray]:
+  """Label-skewed split: per class, client shares ~ Dirichlet(alpha * 1_N).
+
+  Redraws the whole split until every client has at least `min_size` examples (so each can still be
+  split into train and test), giving up after `max_tries` draws.
+  """
+  labels = _as_labels(labels)
+  _check_num_clients(labels, num_clients)
+  if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not np.isfinite(alpha) or alpha <= 0:
+    raise ValueError(f'config.dirichlet_alpha={alpha!r}: must be a number > 0.')
+  if num_clients * min_size > len(labels):
+    raise ValueError(
+        f'config.num_clients={num_clients}: {num_clients} clients with at least {min_size} examples '
+        f'each need {num_clients * min_size} examples but the data has {len(labels)}; use fewer clients.')
+
+  by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+  for _ in range(max_tries):
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for idx in by_class:
+      idx = rng.permutation(idx)
+      p = rng.dirichlet(np.full(num_clients, float(alpha)))
+      if not np.all(np.isfinite(p)):  # guard: tiny alpha can underflow
+        p = np.zeros(num_clients)
+        p[rng.integers(num_clients)] = 1.0
+      cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+      for i, share in enumerate(np.split(idx, cuts)):
+        parts[i].append(share)
+    result = _sorted_int64(np.concatenate(p) for p in parts)
+    if min(len(r) for r in result) >= min_size:
+      return result
+  raise ValueError(
+      f'config.dirichlet_alpha={alpha}, config.num_clients={num_clients}: no Dirichlet split in '
+      f'{max_tries} tries gave every client at least {min_size} examples; use a larger '
+      f'config.dirichlet_alpha (less skew) or fewer config.num_clients.')
+
+
+def partition(labels, num_clients: int, kind: str, *, classes_per_client: int = 2,
+              dirichlet_alpha: float = 0.5, rng: np.random.Generator) -> list[np.ndarray]:
+  """Dispatches on `kind` ('iid', 'pathological', 'dirichlet'); see those functions."""
+  if kind == 'iid':
+    return iid(labels, num_clients, rng)
+  if kind == 'pathological':
+    return pathological(labels, num_clients, classes_per_client, rng)
+  if kind == 'dirichlet':
+    return dirichlet(labels, num_clients, dirichlet_alpha, rng)
+  raise ValueError(f'config.partition={kind!r}: unknown; choose one of {list(PARTITIONS)}.')
