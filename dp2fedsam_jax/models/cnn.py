@@ -1,0 +1,49 @@
+"""Feature extractors: each model minus its last Dense layer (the personal head)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from dp2fedsam_jax.models.layers import Conv2D, max_pool_2x2
+
+
+class CifarCNNExtractor(nn.Module):
+  """The paper's CIFAR-10 CNN without its last layer: features [B, 128]."""
+  conv_impl: str = 'xla'
+  pool_impl: str = 'reshape'
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for i, f in enumerate((64, 128, 256)):
+      x = Conv2D(f, (3, 3), padding='VALID', impl=self.conv_impl, name=f'conv{i}')(x)
+      # ReLU after the pool: same values (ReLU is monotone) on 4x fewer elements.
+      x = nn.relu(max_pool_2x2(x, self.pool_impl))
+    x = x.reshape(x.shape[0], -1)
+    x = nn.relu(nn.Dense(256, name='fc0')(x))
+    return nn.relu(nn.Dense(128, name='fc1')(x))
+
+
+class EmnistCNNExtractor(nn.Module):
+  """Two 5x5 conv blocks and Dense 512: features [B, 512]."""
+  conv_impl: str = 'xla'
+  pool_impl: str = 'reshape'
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for i, f in enumerate((32, 64)):
+      x = Conv2D(f, (5, 5), padding='VALID', impl=self.conv_impl, name=f'conv{i}')(x)
+      # relu(pool(x)) == pool(relu(x)); pooling first is cheaper.
+      x = nn.relu(max_pool_2x2(x, self.pool_impl))
+    x = x.reshape(x.shape[0], -1)
+    return nn.relu(nn.Dense(512, name='fc0')(x))
+
+
+class MLPExtractor(nn.Module):
+  """Flatten + one hidden ReLU layer: features [B, hidden]."""
+  hidden: int = 64
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = x.reshape(x.shape[0], -1)
+    return nn.relu(nn.Dense(self.hidden, name='fc0')(x))

@@ -1,0 +1,125 @@
+"""Split models (shared extractor + personal head) and the name -> model registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dp2fedsam_jax.models import cnn
+from dp2fedsam_jax.models.layers import resolve_conv_impl
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitModel:
+  """A model as two linen modules, so extractor and head can be trained (and their
+  params stacked, clipped, noised) separately, and features cached for head epochs.
+
+  Params are the bare inner collections: {'extractor': {...}, 'head': {'kernel', 'bias'}}.
+  """
+  name: str
+  extractor: nn.Module  # float32 [B, H, W, C] -> features [B, F]
+  head: nn.Module       # features [B, F] -> logits [B, num_classes]; a single nn.Dense
+  num_classes: int
+  input_shape: tuple    # (H, W, C)
+  conv_impl: str = 'xla'  # the resolved lowering, for logs; 'auto' never appears here
+
+  def init(self, key: jax.Array) -> dict:
+    # One compiled program rather than op-by-op dispatch (slow for im2col's slices).
+    return jax.jit(self._init)(key)
+
+  def _init(self, key: jax.Array) -> dict:
+    k_ext, k_head = jax.random.split(key)
+    x = jnp.zeros((1, *self.input_shape), jnp.float32)
+    ext = self.extractor.init(k_ext, x)['params']
+    feats = jax.eval_shape(self.extractor.apply, {'params': ext}, x)
+    head = self.head.init(k_head, jnp.zeros(feats.shape, feats.dtype))['params']
+    return {'extractor': ext, 'head': head}
+
+  def features(self, extractor_params, x: jax.Array) -> jax.Array:
+    return self.extractor.apply({'params': extractor_params}, x)
+
+  def logits_from_features(self, head_params, features: jax.Array) -> jax.Array:
+    return self.head.apply({'params': head_params}, features)
+
+  def apply(self, params, x: jax.Array) -> jax.Array:
+    return self.logits_from_features(params['head'], self.features(params['extractor'], x))
+
+  def with_conv_impl(self, conv_impl: str) -> 'SplitModel':
+    """The same model (same params) with another conv lowering, e.g. 'xla' for large
+    forward-only batches on CPU, where it beat im2col."""
+    impl = resolve_conv_impl(conv_impl)
+    if 'conv_impl' not in {f.name for f in dataclasses.fields(self.extractor)}:
+      return dataclasses.replace(self, conv_impl=impl)  # no convolutions to lower
+    return dataclasses.replace(self, extractor=self.extractor.clone(conv_impl=impl),
+                               conv_impl=impl)
+
+  @property
+  def feature_dim(self) -> int:
+    x = jax.ShapeDtypeStruct((1, *self.input_shape), jnp.float32)
+    shapes = jax.eval_shape(self.extractor.init_with_output, jax.random.key(0), x)
+    return int(shapes[0].shape[-1])
+
+
+def count_params(tree: Any) -> int:
+  """Number of scalars in a pytree of arrays (or ShapeDtypeStructs)."""
+  return int(sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(tree)))
+
+
+def _cifar_cnn(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
+  return cnn.CifarCNNExtractor(conv_impl=conv_impl, pool_impl=pool_impl)
+
+
+def _emnist_cnn(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
+  return cnn.EmnistCNNExtractor(conv_impl=conv_impl, pool_impl=pool_impl)
+
+
+def _mlp(conv_impl: str, hidden: int = 64) -> nn.Module:
+  del conv_impl  # no convolutions
+  return cnn.MLPExtractor(hidden=hidden)
+
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    'cifar_cnn': _cifar_cnn,
+    'emnist_cnn': _emnist_cnn,
+    'mlp': _mlp,
+}
+
+
+def model_names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 'auto',
+              **model_kwargs) -> SplitModel:
+  """Builds a SplitModel by name.
+
+  model_kwargs go to the builder: `hidden` for 'mlp'; `pool_impl` ('reshape' or
+  'reduce_window') for the CNNs.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f'config.model={name!r} is unknown; choose one of {model_names()}')
+  impl = resolve_conv_impl(conv_impl)
+  input_shape = tuple(int(d) for d in input_shape)
+  if len(input_shape) != 3 or min(input_shape) < 1:
+    raise ValueError(f'input_shape must be (H, W, C) with positive sizes, got {input_shape}')
+  if int(num_classes) < 1:
+    raise ValueError(f'num_classes must be positive, got {num_classes}')
+  try:
+    extractor = _REGISTRY[name](impl, **model_kwargs)
+  except TypeError as e:
+    raise ValueError(f'bad keyword arguments for model {name!r}: {model_kwargs}') from e
+  model = SplitModel(name=name, extractor=extractor, head=nn.Dense(int(num_classes)),
+                     num_classes=int(num_classes), input_shape=input_shape, conv_impl=impl)
+  # Catch inputs too small for the conv/pool stack here, not as a shape error later.
+  try:
+    f = model.feature_dim
+  except Exception as e:  # noqa: BLE001 - re-raised with context
+    raise ValueError(f'model {name!r} cannot take inputs of shape {input_shape}: {e}') from e
+  if f < 1:
+    raise ValueError(f'model {name!r} cannot take inputs of shape {input_shape}: no features left')
+  return model
