@@ -1,0 +1,155 @@
+"""The experiment config: defaults and validation.
+
+Every field is checked before any data is loaded or anything is compiled, and a bad value fails with
+a message that names the field (as it is spelt on the command line) and says what would fix it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+from ml_collections import config_dict
+
+SAMPLINGS = ('poisson', 'fixed')
+NOISE_PLACEMENTS = ('central', 'distributed')
+ACCOUNTANTS = ('pld', 'rdp')
+PARTITIONS = ('iid', 'pathological', 'dirichlet')
+CONV_IMPLS = ('auto', 'xla', 'im2col')
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All fields with neutral defaults; `experiments/configs/*.py` override what they need."""
+  c = ml_collections.ConfigDict()
+  c.method = 'dp2fedsam'
+  c.dataset = 'fashion_mnist'
+  c.data_dir = config_dict.placeholder(str)  # None: the dataset's default location.
+  c.model = 'emnist_cnn'
+  c.conv_impl = 'auto'
+  c.num_clients = 100
+  c.partition = 'pathological'
+  c.classes_per_client = 2
+  c.dirichlet_alpha = 0.5
+  c.sampling_rate = 0.1
+  c.num_rounds = 10
+  c.eval_every = 1
+  c.server_lr = 1.0
+  c.executor = 'vmap'
+  c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
+  c.cohort_capacity = config_dict.placeholder(int)  # Poisson padding; None: mean + 4 std.
+  c.seed = 0
+
+  c.local = ml_collections.ConfigDict()
+  c.local.head_epochs = 2
+  c.local.body_epochs = 2
+  c.local.batch_size = 10
+  c.local.lr_head = 0.005
+  c.local.lr_body = 0.1
+  c.local.momentum = 0.7
+  c.local.lr_decay = 0.99
+  c.local.sam_rho = 0.1
+
+  c.dp = ml_collections.ConfigDict()
+  c.dp.clip_norm = 0.1
+  c.dp.noise_multiplier = config_dict.placeholder(float)
+  c.dp.target_epsilon = config_dict.placeholder(float)
+  c.dp.delta = config_dict.placeholder(float)  # None: 1 / num_clients.
+  c.dp.sampling = 'poisson'
+  c.dp.noise_placement = 'central'
+  c.dp.accountant = 'pld'
+  return c
+
+
+class ConfigError(ValueError):
+  """A config field has a value that cannot work; the message names the field and the fix."""
+
+
+def _fail(field: str, value, why: str) -> None:
+  raise ConfigError(f'config.{field}={value!r}: {why}')
+
+
+def _choice(config, field: str, choices) -> None:
+  value = _get(config, field)
+  if value not in choices:
+    _fail(field, value, f'unknown; choose one of {list(choices)}.')
+
+
+def _get(config, field: str):
+  node = config
+  for part in field.split('.'):
+    node = node[part]
+  return node
+
+
+def _positive(config, field: str, *, integer: bool = False, allow_zero: bool = False) -> None:
+  value = _get(config, field)
+  bad_type = not isinstance(value, (int, float)) or isinstance(value, bool)
+  if integer and not bad_type:
+    bad_type = not float(value).is_integer()
+  if bad_type or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    kind = 'an integer' if integer else 'a number'
+    bound = '>= 0' if allow_zero else '> 0'
+    _fail(field, value, f'must be {kind} {bound}.')
+
+
+def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
+  """Raises ConfigError naming the first invalid field. `methods`: the registered method names."""
+  if methods is not None and config.method not in methods:
+    _fail('method', config.method, f'unknown method; choose one of {sorted(methods)}.')
+  _choice(config, 'partition', PARTITIONS)
+  _choice(config, 'conv_impl', CONV_IMPLS)
+  _choice(config, 'executor', ('vmap', 'sequential'))
+  _choice(config, 'dp.sampling', SAMPLINGS)
+  _choice(config, 'dp.noise_placement', NOISE_PLACEMENTS)
+  _choice(config, 'dp.accountant', ACCOUNTANTS)
+
+  _positive(config, 'num_clients', integer=True)
+  _positive(config, 'classes_per_client', integer=True)
+  _positive(config, 'dirichlet_alpha')
+  _positive(config, 'num_rounds', integer=True, allow_zero=True)
+  _positive(config, 'eval_every', integer=True)
+  _positive(config, 'server_lr')
+  _positive(config, 'seed', integer=True, allow_zero=True)
+  for field in ('chunk_size', 'cohort_capacity'):
+    if _get(config, field) is not None:
+      _positive(config, field, integer=True)
+
+  q = config.sampling_rate
+  if not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
+    _fail('sampling_rate', q, 'the client sampling rate q must lie in (0, 1].')
+
+  for field in ('local.head_epochs', 'local.body_epochs'):
+    _positive(config, field, integer=True, allow_zero=True)
+  _positive(config, 'local.batch_size', integer=True)
+  for field in ('local.lr_head', 'local.lr_body', 'local.lr_decay'):
+    _positive(config, field, allow_zero=field != 'local.lr_decay')
+  _positive(config, 'local.sam_rho', allow_zero=True)
+  m = config.local.momentum
+  if not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+    _fail('local.momentum', m, 'momentum must lie in [0, 1).')
+
+  _positive(config, 'dp.clip_norm')
+  sigma, eps = config.dp.noise_multiplier, config.dp.target_epsilon
+  if sigma is not None:
+    if not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma < 0:
+      _fail('dp.noise_multiplier', sigma, 'the noise multiplier sigma must be a number >= 0.')
+  if eps is not None:
+    _positive(config, 'dp.target_epsilon')
+  delta = config.dp.delta
+  if delta is not None and not 0.0 < delta < 1.0:
+    _fail('dp.delta', delta, 'delta must lie in (0, 1); leave it unset for 1/num_clients.')
+  if config.dp.sampling == 'fixed' and config.dp.accountant != 'rdp':
+    _fail('dp.accountant', config.dp.accountant,
+          "fixed-size sampling (dp.sampling='fixed') is accounted with RDP: set --config.dp.accountant=rdp.")
+
+
+def validate_privacy_fields(config: ml_collections.ConfigDict) -> None:
+  """For private methods: dp.noise_multiplier or dp.target_epsilon must be set.
+
+  When both are, the explicit sigma wins (a command-line `--config.dp.noise_multiplier=1.0` on top of
+  a config file that targets an epsilon); the run then reports the epsilon that sigma gives.
+  """
+  if config.dp.noise_multiplier is None and config.dp.target_epsilon is None:
+    raise ConfigError(
+        'config.dp.noise_multiplier=None, config.dp.target_epsilon=None: set one of them (a fixed '
+        'sigma, or a target epsilon that sigma is calibrated for).')

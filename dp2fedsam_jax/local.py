@@ -1,0 +1,109 @@
+"""Local training of one client: minibatch epochs over padded data, with SGD, SAM or ASAM steps.
+
+Every function here is pure and sees one client; the round step maps it over the cohort (vmap or a
+sequential loop). Padding never matters: an epoch visits the client's own `count` examples in a random
+order, batches beyond `count` are inactive (parameters and optimizer state left unchanged), and a
+partial last batch averages over its real examples only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dp2fedsam_jax.privacy.clipping import global_norm
+
+LossFn = Callable  # (params, inputs, labels, mask) -> scalar mean loss over mask
+OPTIMIZERS = ('sgd', 'sam', 'asam')
+_ASAM_ETA = 0.01  # ASAM's scale offset (Kwon et al., 2021).
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean softmax cross-entropy over the examples where mask is True (0 if there are none)."""
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  mask = mask.astype(losses.dtype)
+  return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def epoch_order(key: jax.Array, count: jax.Array, max_n: int, batch_size: int):
+  """A random order of the first `count` of `max_n` slots, as [steps, batch_size] indices + mask.
+
+  Each slot's sort key comes from fold_in(key, slot), so the order of the real examples does not
+  depend on how much padding follows them.
+  """
+  slots = jnp.arange(max_n)
+  u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i)))(slots)
+  order = jnp.argsort(jnp.where(slots < count, u, 2.0))
+  steps = -(-max_n // batch_size)
+  order = jnp.pad(order, (0, steps * batch_size - max_n))
+  positions = jnp.arange(steps * batch_size)
+  return order.reshape(steps, batch_size), (positions < count).reshape(steps, batch_size)
+
+
+def sharpness_perturbation(kind: str, grads, params, rho):
+  """SAM: rho g/||g||. ASAM: rho T^2 g/||T g|| with T = |w| + eta (scale-invariant sharpness)."""
+  if kind == 'sam':
+    scale = rho / jnp.maximum(global_norm(grads), 1e-12)
+    return jax.tree.map(lambda g: g * scale, grads)
+  t = jax.tree.map(lambda w: jnp.abs(w) + _ASAM_ETA, params)
+  tg = jax.tree.map(jnp.multiply, t, grads)
+  scale = rho / jnp.maximum(global_norm(tg), 1e-12)
+  return jax.tree.map(lambda ti, tgi: ti * tgi * scale, t, tg)
+
+
+def gradient_for_step(kind: str, loss_fn: LossFn, params, batch, rho):
+  """The gradient the optimizer steps with, and the loss at `params` (before any perturbation)."""
+  loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+  if kind == 'sgd':
+    return loss, grads
+  eps = sharpness_perturbation(kind, grads, params, rho)
+  perturbed = jax.tree.map(jnp.add, params, eps)
+  return loss, jax.grad(loss_fn)(perturbed, *batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """One phase of local training: `epochs` passes of `optimizer` steps over the client's data."""
+  epochs: int
+  batch_size: int
+  optimizer: str = 'sgd'  # 'sgd' | 'sam' | 'asam'
+  momentum: float = 0.0
+  rho: float = 0.0
+
+
+def run_phase(phase: Phase, loss_fn: LossFn, params, inputs, labels, count, key, lr):
+  """Trains `params` for `phase.epochs` epochs; returns (params, mean minibatch loss).
+
+  `inputs`/`labels` are the client's padded arrays (leading dim max_n); only the first `count` are
+  real. The optimizer state starts fresh each round, as in the papers' reference implementations.
+  """
+  if phase.epochs == 0:
+    return params, jnp.zeros((), jnp.float32)
+  tx = optax.sgd(learning_rate=lr, momentum=phase.momentum or None)
+  max_n = labels.shape[0]
+
+  def step(carry, batch_idx_mask):
+    params, opt_state, loss_sum, active_steps = carry
+    idx, mask = batch_idx_mask
+    batch = (inputs[idx], labels[idx], mask)
+    loss, grads = gradient_for_step(phase.optimizer, loss_fn, params, batch, phase.rho)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    active = mask[0]  # the first slot of a batch is real iff the batch holds any real example
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
+    carry = (keep(new_params, params), keep(new_opt_state, opt_state),
+             loss_sum + jnp.where(active, loss, 0.0), active_steps + active)
+    return carry, None
+
+  def epoch(carry, epoch_key):
+    order, mask = epoch_order(epoch_key, count, max_n, phase.batch_size)
+    return jax.lax.scan(step, carry, (order, mask))[0], None
+
+  carry = (params, tx.init(params), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+  (params, _, loss_sum, active_steps), _ = jax.lax.scan(
+      epoch, carry, jax.random.split(key, phase.epochs))
+  return params, loss_sum / jnp.maximum(active_steps, 1)

@@ -1,0 +1,47 @@
+"""Cohort sampling under jit: a boolean membership mask over all N clients.
+
+The mask, not a fixed-size index list, is the sampler's output, so no sampled client can be lost to a
+too-small buffer: the round step walks the sampled clients in chunks until all are processed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def cohort_size(sampling: str, sampling_rate: float, num_clients: int) -> int:
+  """Number of clients per round for 'fixed'; the expected number for 'poisson'."""
+  if sampling == 'fixed':
+    return max(1, round(sampling_rate * num_clients))
+  return sampling_rate * num_clients
+
+
+def sample_cohort(key: jax.Array, sampling: str, sampling_rate: float, num_clients: int) -> jax.Array:
+  """bool[num_clients]: who takes part this round.
+
+  'poisson': each client independently with probability q (what PoissonSampledDpEvent accounts).
+  'fixed': exactly m = round(q N) clients uniformly without replacement (SampledWithoutReplacementDpEvent).
+  """
+  if sampling == 'poisson':
+    return jax.random.uniform(key, (num_clients,)) < sampling_rate
+  if sampling == 'fixed':
+    m = cohort_size('fixed', sampling_rate, num_clients)
+    chosen = jax.random.permutation(key, num_clients)[:m]
+    return jnp.zeros((num_clients,), bool).at[chosen].set(True)
+  raise ValueError(f"config.dp.sampling={sampling!r}: unknown; choose one of ['poisson', 'fixed'].")
+
+
+def default_capacity(sampling: str, sampling_rate: float, num_clients: int) -> int:
+  """Clients processed per chunk of the round: the whole cohort in one chunk almost always.
+
+  For Poisson, mean + 4 std (a second chunk is needed with probability < 1e-4 per round; it is then
+  processed exactly, only slower).
+  """
+  if sampling == 'fixed':
+    return cohort_size('fixed', sampling_rate, num_clients)
+  mean = sampling_rate * num_clients
+  std = math.sqrt(num_clients * sampling_rate * (1.0 - sampling_rate))
+  return int(min(num_clients, max(1, math.ceil(mean + 4.0 * std))))

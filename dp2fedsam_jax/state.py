@@ -1,0 +1,30 @@
+"""The server state: everything a round reads and writes, as one pytree (so it jits, donates, saves)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from dp2fedsam_jax.algorithms.specs import MethodSpec
+
+
+@flax.struct.dataclass
+class ServerState:
+  round: jax.Array  # int32 scalar: rounds completed so far
+  shared: Any       # the global params the server aggregates, e.g. {'extractor': ...}
+  personal: Any     # every client's personal params stacked on a leading [num_clients] axis
+
+
+def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:
+  """{'extractor', 'head'} -> (shared part, personal part) as the method says."""
+  return ({k: params[k] for k in spec.shared_keys}, {k: params[k] for k in spec.personal_keys})
+
+
+def init_state(spec: MethodSpec, model, key: jax.Array, num_clients: int) -> ServerState:
+  """Global init; every client's personal head starts as the same initial head."""
+  shared, personal = split_params(spec, model.init(key))
+  personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_clients,) + p.shape).copy(), personal)
+  return ServerState(round=jnp.zeros((), jnp.int32), shared=shared, personal=personal)

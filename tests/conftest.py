@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny configs and data so the whole suite runs in minutes on 2 CPU cores."""
+
+import os
+
+# Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices.
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+
+import pytest
+
+from dp2fedsam_jax.config import base_config
+
+
+def tiny_config(**overrides):
+  """A synthetic-data, MLP config that trains in about a second per round."""
+  c = base_config()
+  c.method = 'dp2fedsam'
+  c.dataset = 'synthetic'
+  c.model = 'mlp'
+  c.num_clients = 6
+  c.partition = 'iid'
+  c.sampling_rate = 0.5
+  c.num_rounds = 2
+  c.eval_every = 1
+  c.local.head_epochs = 1
+  c.local.body_epochs = 1
+  c.local.batch_size = 16
+  c.local.lr_head = 0.05
+  c.local.lr_body = 0.05
+  c.local.momentum = 0.5
+  c.local.sam_rho = 0.05
+  c.dp.clip_norm = 1.0
+  c.dp.noise_multiplier = 1.0
+  for field, value in overrides.items():
+    node = c
+    *parents, leaf = field.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+@pytest.fixture
+def config_factory():
+  return tiny_config
