@@ -1,0 +1,53 @@
+"""Checkpoints (orbax) and the metrics file, written so that a kill at any moment leaves both usable.
+
+A checkpoint holds the server state and the metrics records up to its round. orbax finalizes a step
+directory atomically (an unfinished one is ignored on restore); metrics.jsonl is rewritten from the
+checkpointed records via a temporary file and a rename, so it never holds a half line, and on resume
+it is cut back to the checkpoint's rounds. Keys derive from (seed, round), so a resumed run repeats
+the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+_DIR = 'checkpoints'
+
+
+def _manager(workdir: str) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False)
+  return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, _DIR)), options=options)
+
+
+def save(workdir: str, state, records: list[dict]) -> None:
+  with _manager(workdir) as manager:
+    manager.save(int(state.round), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), records=ocp.args.JsonSave(records)))
+    manager.wait_until_finished()
+
+
+def restore(workdir: str, initial_state):
+  """(state, records) of the latest checkpoint in workdir, or (initial_state, []) if there is none."""
+  if not os.path.isdir(os.path.join(workdir, _DIR)):
+    return initial_state, []
+  with _manager(workdir) as manager:
+    step = manager.latest_step()
+    if step is None:
+      return initial_state, []
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, initial_state)
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), records=ocp.args.JsonRestore()))
+  return restored['state'], list(restored['records'])
+
+
+def write_metrics(path: str, records: list[dict]) -> None:
+  """metrics.jsonl: one JSON object per evaluated round, replaced atomically."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    for record in records:
+      f.write(json.dumps(record) + '\n')
+  os.replace(tmp, path)

@@ -1,0 +1,180 @@
+"""train_and_evaluate(config, workdir): the whole experiment, importable from a notebook.
+
+Host work happens only here: config checks, data loading, privacy calibration, the round loop, and
+writing `config.json` and `metrics.jsonl`. The round itself is one jitted call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from dp2fedsam_jax import checkpoint
+from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
+from dp2fedsam_jax.config import validate_config, validate_privacy_fields
+from dp2fedsam_jax.data import FederatedData, make_federated_data
+from dp2fedsam_jax.evaluation import make_evaluate
+from dp2fedsam_jax.models import count_params, get_model
+from dp2fedsam_jax.privacy import accounting
+from dp2fedsam_jax.round import make_round_step, round_config_from, RoundConfig
+from dp2fedsam_jax.state import init_state, ServerState, split_params
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+  """The privacy parameters a run actually uses (sigma calibrated if a target epsilon was given)."""
+  private: bool
+  noise_multiplier: float
+  delta: float
+  epsilon: float  # after all num_rounds rounds
+
+  def epsilon_after(self, config, rounds: int) -> float:
+    if not self.private:
+      return math.inf
+    return accounting.compute_epsilon(
+        self.noise_multiplier, config.sampling_rate, rounds, self.delta,
+        sampling=config.dp.sampling, accountant=config.dp.accountant,
+        num_clients=config.num_clients)
+
+
+def resolve_privacy(config, spec: MethodSpec) -> Privacy:
+  delta = config.dp.delta if config.dp.delta is not None else 1.0 / config.num_clients
+  if not spec.private:
+    return Privacy(False, 0.0, delta, math.inf)
+  validate_privacy_fields(config)
+  kwargs = dict(sampling=config.dp.sampling, accountant=config.dp.accountant,
+                num_clients=config.num_clients)
+  sigma = config.dp.noise_multiplier
+  if sigma is not None and config.dp.target_epsilon is not None:
+    logging.warning('dp.noise_multiplier=%s is set, so dp.target_epsilon=%s is ignored.', sigma,
+                    config.dp.target_epsilon)
+  if sigma is None:
+    sigma = accounting.calibrate_noise_multiplier(
+        config.dp.target_epsilon, config.sampling_rate, config.num_rounds, delta, **kwargs)
+  epsilon = accounting.compute_epsilon(sigma, config.sampling_rate, config.num_rounds, delta, **kwargs)
+  return Privacy(True, float(sigma), delta, epsilon)
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config before the first round."""
+  config: ml_collections.ConfigDict
+  spec: MethodSpec
+  model: Any
+  data: FederatedData
+  privacy: Privacy
+  round_config: RoundConfig
+
+  def init_state(self) -> ServerState:
+    return init_state(self.spec, self.model, self.init_key, self.data.num_clients)
+
+  @property
+  def root_key(self) -> jax.Array:
+    return jax.random.key(self.config.seed)
+
+  @property
+  def init_key(self) -> jax.Array:
+    return jax.random.fold_in(self.root_key, -1 & 0x7FFFFFFF)  # never equal to a round's key
+
+  def round_step(self):
+    return make_round_step(self.spec, self.model, self.config.local, self.round_config)
+
+  def param_counts(self) -> dict[str, int]:
+    params = jax.eval_shape(self.model.init, self.init_key)
+    shared, personal = split_params(self.spec, params)
+    return {'num_params': count_params(params), 'num_shared_params': count_params(shared),
+            'num_personal_params': count_params(personal)}
+
+
+def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
+  """Validates the config, loads and partitions the data, builds the model, resolves privacy."""
+  validate_config(config, METHODS)
+  spec = get_method(config.method)
+  privacy = resolve_privacy(config, spec)  # before loading data: a bad dp field fails fast
+  data = make_federated_data(
+      dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
+      classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha,
+      seed=config.seed, data_dir=config.data_dir)
+  model = get_model(config.model, data.num_classes, data.input_shape, config.conv_impl)
+  rc = round_config_from(config, data.num_clients, privacy.noise_multiplier)
+  return Experiment(config, spec, model, data, privacy, rc)
+
+
+def _write_json_atomic(path: str, obj) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
+  if not bool(metrics['finite']):
+    raise FloatingPointError(
+        f'round {round_index}: the loss or the new shared parameters are NaN/Inf. Lower '
+        '--config.local.lr_body / --config.local.lr_head (or sam_rho); the last good checkpoint in '
+        f'{workdir} is intact.')
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) the experiment in `workdir`; returns the last metrics record."""
+  exp = build_experiment(config)
+  os.makedirs(workdir, exist_ok=True)
+  resolved = config.to_dict()
+  if exp.spec.private:
+    if config.dp.noise_multiplier is not None:
+      resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
+    resolved['dp'].update(noise_multiplier=exp.privacy.noise_multiplier)
+  resolved['dp'].update(delta=exp.privacy.delta)
+  _write_json_atomic(os.path.join(workdir, 'config.json'), resolved)
+
+  data = exp.data
+  round_step = jax.jit(exp.round_step(), donate_argnums=0)
+  evaluate = jax.jit(make_evaluate(exp.model))
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  state, records = checkpoint.restore(workdir, exp.init_state())
+  start = int(state.round)
+  if start:
+    logging.info('Resuming %s from round %d.', workdir, start)
+  checkpoint.write_metrics(metrics_path, records)  # drops lines written after the checkpoint
+  logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds.',
+               config.method, config.dataset, data.num_clients, exp.privacy.noise_multiplier,
+               exp.privacy.epsilon, exp.privacy.delta, config.num_rounds)
+
+  key = exp.root_key
+  window: list[dict] = []
+  window_start = time.perf_counter()
+  record = records[-1] if records else {}
+  for r in range(start, config.num_rounds):
+    state, metrics = round_step(state, data, key)
+    metrics = jax.device_get(metrics)
+    _check_finite(metrics, r + 1, workdir)
+    window.append(metrics)
+    done = r + 1
+    if done % config.eval_every and done != config.num_rounds:
+      continue
+    seconds = (time.perf_counter() - window_start) / len(window)
+    record = {
+        'round': done,
+        'epsilon': exp.privacy.epsilon_after(config, done),
+        'seconds': seconds,
+        **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
+           for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
+        **{k: float(v) for k, v in jax.device_get(evaluate(state, data)).items()},
+    }
+    records.append(record)
+    checkpoint.save(workdir, state, records)
+    checkpoint.write_metrics(metrics_path, records)
+    logging.info('round %d/%d  acc %.4f  loss %.4f  eps %.3f  %.2f s/round', done,
+                 config.num_rounds, record['test_accuracy'], record['train_loss'],
+                 record['epsilon'], seconds)
+    window, window_start = [], time.perf_counter()
+  return record

@@ -1,0 +1,32 @@
+"""The default experiment: DP²-FedSAM on Fashion-MNIST, pathological (N, S) split, sigma calibrated for eps.
+
+Runs offline (Debian package dataset-fashion-mnist) in a few minutes on a 2-core CPU.
+Arguments: `--config=experiments/configs/default.py:eps=2,method=centaur`.
+"""
+
+from dp2fedsam_jax.config import base_config
+
+
+def get_config(arg: str | None = None):
+  args = dict(item.split('=', 1) for item in arg.split(',')) if arg else {}
+  c = base_config()
+  c.method = args.get('method', 'dp2fedsam')
+  c.dataset = 'fashion_mnist'
+  c.model = 'emnist_cnn'
+  c.num_clients = 500
+  c.partition = 'pathological'
+  c.classes_per_client = 2
+  c.sampling_rate = 0.05
+  c.num_rounds = 40
+  c.eval_every = 5
+  c.local.head_epochs = 2
+  c.local.body_epochs = 2
+  c.local.batch_size = 10
+  c.local.lr_head = 0.005
+  c.local.lr_body = 0.1
+  c.local.momentum = 0.7
+  c.local.sam_rho = 0.1
+  c.dp.clip_norm = 0.1
+  c.dp.target_epsilon = float(args.get('eps', 2.0))
+  c.seed = int(args.get('seed', 0))
+  return c

@@ -1,0 +1,132 @@
+"""Config validation, the experiment binary, train_and_evaluate end to end, and resume."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from dp2fedsam_jax import checkpoint, train
+from dp2fedsam_jax.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+INVALID = [
+    ('method', 'dp_fedmagic', 'config.method'),
+    ('dp.noise_multiplier', -0.5, 'config.dp.noise_multiplier'),
+    ('dp.clip_norm', 0.0, 'config.dp.clip_norm'),
+    ('dp.clip_norm', -1.0, 'config.dp.clip_norm'),
+    ('sampling_rate', 0.0, 'config.sampling_rate'),
+    ('sampling_rate', 1.5, 'config.sampling_rate'),
+    ('local.head_epochs', -1, 'config.local.head_epochs'),
+    ('local.body_epochs', -2, 'config.local.body_epochs'),
+    ('local.batch_size', 0, 'config.local.batch_size'),
+    ('local.momentum', 1.0, 'config.local.momentum'),
+    ('num_clients', 0, 'config.num_clients'),
+    ('partition', 'zipf', 'config.partition'),
+    ('executor', 'threads', 'config.executor'),
+    ('dp.sampling', 'shuffle', 'config.dp.sampling'),
+    ('dp.noise_placement', 'server', 'config.dp.noise_placement'),
+    ('dp.accountant', 'moments', 'config.dp.accountant'),
+    ('dp.delta', 1.0, 'config.dp.delta'),
+    ('dp.target_epsilon', -1.0, 'config.dp.target_epsilon'),
+    ('dataset', 'imagenet22k', 'config.dataset'),
+    ('model', 'vit_huge', 'config.model'),
+    ('conv_impl', 'winograd', 'config.conv_impl'),
+]
+
+
+@pytest.mark.parametrize('field,value,named', INVALID)
+def test_invalid_config_fails_before_training_naming_the_field(field, value, named, tmp_path):
+  config = tiny_config(**{field: value})
+  with pytest.raises(ValueError, match=named.replace('.', r'\.')):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / 'metrics.jsonl')
+
+
+def test_private_method_needs_sigma_or_target_epsilon_and_sigma_wins():
+  with pytest.raises(ConfigError, match='target_epsilon'):
+    train.build_experiment(tiny_config(**{'dp.noise_multiplier': None}))
+  exp = train.build_experiment(tiny_config(**{'dp.target_epsilon': 3.0, 'dp.noise_multiplier': 1.3}))
+  assert exp.privacy.noise_multiplier == 1.3
+
+
+def test_client_with_no_data_is_an_error():
+  # 1,000 synthetic examples over 2,000 clients: most clients get nothing.
+  with pytest.raises(ValueError, match='num_clients'):
+    train.build_experiment(tiny_config(num_clients=2000))
+
+
+def test_fixed_sampling_needs_rdp():
+  with pytest.raises(ValueError, match='dp.accountant'):
+    train.build_experiment(tiny_config(**{'dp.sampling': 'fixed'}))
+
+
+def test_target_epsilon_calibrates_sigma_and_delta_defaults_to_one_over_n():
+  exp = train.build_experiment(tiny_config(**{'dp.noise_multiplier': None, 'dp.target_epsilon': 4.0,
+                                              'num_rounds': 5}))
+  assert exp.privacy.delta == pytest.approx(1 / 6)
+  assert exp.privacy.epsilon <= 4.0 and exp.privacy.epsilon > 3.9
+  assert exp.privacy.noise_multiplier > 0
+
+
+def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
+  config = tiny_config(num_rounds=3, eval_every=2)
+  final = train.train_and_evaluate(config, str(tmp_path))
+  written = json.loads((tmp_path / 'config.json').read_text())
+  assert written['method'] == 'dp2fedsam' and written['dp']['noise_multiplier'] == 1.0
+  lines = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [l['round'] for l in lines] == [2, 3]
+  for key in ('round', 'epsilon', 'train_loss', 'test_accuracy', 'mean_update_norm',
+              'clipped_fraction', 'seconds'):
+    assert key in lines[-1] and math.isfinite(lines[-1][key])
+  assert lines[0]['epsilon'] < lines[1]['epsilon']
+  assert final == lines[-1]
+
+
+def test_interrupted_run_resumes_to_the_same_result(tmp_path):
+  full_dir, split_dir = str(tmp_path / 'full'), str(tmp_path / 'split')
+  full = train.train_and_evaluate(tiny_config(num_rounds=4, eval_every=1), full_dir)
+  train.train_and_evaluate(tiny_config(num_rounds=2, eval_every=1), split_dir)  # "killed" after 2
+  resumed = train.train_and_evaluate(tiny_config(num_rounds=4, eval_every=1), split_dir)
+  drop_time = lambda r: {k: v for k, v in r.items() if k != 'seconds'}
+  assert drop_time(resumed) == drop_time(full)
+  exp = train.build_experiment(tiny_config())
+  a, _ = checkpoint.restore(full_dir, exp.init_state())
+  b, _ = checkpoint.restore(split_dir, exp.init_state())
+  chex.assert_trees_all_equal(a, b)
+  lines = (tmp_path / 'split' / 'metrics.jsonl').read_text().splitlines()
+  assert [json.loads(l)['round'] for l in lines] == [1, 2, 3, 4]
+
+
+def test_nan_loss_stops_with_the_round_number_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+  train.train_and_evaluate(tiny_config(num_rounds=1), str(tmp_path))
+  # Poison the inputs from round 2 on: the run must stop there, leaving round 1's files intact.
+  from dp2fedsam_jax.data import FederatedData
+  monkeypatch.setattr(FederatedData, 'normalize', lambda self, x: x * jnp.nan)
+  with pytest.raises(FloatingPointError, match='round 2'):
+    train.train_and_evaluate(tiny_config(num_rounds=3), str(tmp_path))
+  lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  assert [json.loads(l)['round'] for l in lines] == [1]
+  state, _ = checkpoint.restore(str(tmp_path), train.build_experiment(tiny_config()).init_state())
+  assert int(state.round) == 1
+
+
+def test_binary_dry_run_prints_sizes_and_privacy():
+  out = subprocess.run(
+      [sys.executable, '-m', 'experiments.train', '--config=experiments/configs/default.py',
+       '--dry_run', '--config.num_rounds=10', '--config.dataset=synthetic', '--config.num_clients=20',
+       '--config.model=mlp'],
+      cwd=ROOT, capture_output=True, text=True, check=True, timeout=300)
+  info = json.loads(out.stdout.strip().splitlines()[-1])
+  assert info['method'] == 'dp2fedsam'
+  assert info['num_params'] == info['num_shared_params'] + info['num_personal_params']
+  assert info['num_personal_params'] == 64 * 4 + 4  # the MLP's head; synthetic data has 4 classes
+  assert info['epsilon'] <= 2.0 and info['noise_multiplier'] > 0 and info['delta'] == 1 / 20
