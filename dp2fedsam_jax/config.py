@@ -36,7 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_lr = 1.0
   c.executor = 'vmap'
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
-  c.cohort_capacity = config_dict.placeholder(int)  # Poisson padding; None: mean + 4 std.
+  c.cohort_capacity = config_dict.placeholder(int)  # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.seed = 0
 
   c.local = ml_collections.ConfigDict()
