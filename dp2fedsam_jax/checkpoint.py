@@ -30,6 +30,11 @@ def save(workdir: str, state, records: list[dict]) -> None:
     manager.wait_until_finished()
 
 
+def exists(workdir: str) -> bool:
+  return os.path.isdir(os.path.join(workdir, _DIR)) and any(
+      name.isdigit() for name in os.listdir(os.path.join(workdir, _DIR)))
+
+
 def restore(workdir: str, initial_state):
   """(state, records) of the latest checkpoint in workdir, or (initial_state, []) if there is none."""
   if not os.path.isdir(os.path.join(workdir, _DIR)):

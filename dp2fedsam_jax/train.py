@@ -64,6 +64,10 @@ def resolve_privacy(config, spec: MethodSpec) -> Privacy:
   return Privacy(True, float(sigma), delta, epsilon)
 
 
+# Round r uses fold_in(root, r); initialisation uses a stream no round reaches.
+_INIT_STREAM = 2**31 - 1
+
+
 @dataclasses.dataclass
 class Experiment:
   """Everything built from a config before the first round."""
@@ -83,7 +87,7 @@ class Experiment:
 
   @property
   def init_key(self) -> jax.Array:
-    return jax.random.fold_in(self.root_key, -1 & 0x7FFFFFFF)  # never equal to a round's key
+    return jax.random.fold_in(self.root_key, _INIT_STREAM)
 
   def round_step(self):
     return make_round_step(self.spec, self.model, self.config.local, self.round_config)
@@ -116,6 +120,33 @@ def _write_json_atomic(path: str, obj) -> None:
   os.replace(tmp, path)
 
 
+# Fields a resumed run may change: how long it runs and how often it reports.
+_RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'dp.target_epsilon')
+
+
+def _flatten(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flatten(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
+  return out
+
+
+def _check_same_run(workdir: str, resolved: dict) -> None:
+  """Refuses to resume a checkpoint written under a different config (it would mix two runs)."""
+  path = os.path.join(workdir, 'config.json')
+  if not (os.path.exists(path) and checkpoint.exists(workdir)):
+    return
+  with open(path) as f:
+    old = _flatten(json.load(f))
+  new = _flatten(resolved)
+  changed = sorted(k for k in set(old) | set(new)
+                   if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
+  if changed:
+    details = ', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed)
+    raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with another config ({details}). '
+                     'Use a new --workdir, or the same config to resume.')
+
+
 def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
   if not bool(metrics['finite']):
     raise FloatingPointError(
@@ -134,6 +165,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
     resolved['dp'].update(noise_multiplier=exp.privacy.noise_multiplier)
   resolved['dp'].update(delta=exp.privacy.delta)
+  _check_same_run(workdir, resolved)
   _write_json_atomic(os.path.join(workdir, 'config.json'), resolved)
 
   data = exp.data

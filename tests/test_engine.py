@@ -194,3 +194,23 @@ def test_centaur_and_dp2fedsam_differ_only_in_the_extractor_optimizer():
   # Same head phase (SGD, same keys) -> same heads; different extractor optimizer -> different phi.
   chex.assert_trees_all_close(sd.personal, sc.personal)
   assert not np.allclose(jax.tree.leaves(sd.shared)[0], jax.tree.leaves(sc.shared)[0])
+
+
+# ---------------------------------------------------------------- sampler vs accountant
+
+
+@pytest.mark.parametrize('q,n', [(0.1, 50), (0.03, 333), (1.0, 7)])
+def test_sampler_and_accountant_agree(q, n):
+  from dp2fedsam_jax.privacy import accounting, sampling
+  keys = jax.random.split(jax.random.key(0), 400)
+  poisson = jax.vmap(lambda k: sampling.sample_cohort(k, 'poisson', q, n))(keys)
+  event = accounting.dp_event(1.0, q, 3, sampling='poisson').event
+  assert event.sampling_probability == q
+  # Each client's inclusion frequency is q (binomial tolerance, 5 std over 400 draws).
+  np.testing.assert_allclose(poisson.mean(), q, atol=5 * np.sqrt(q * (1 - q) / (400 * n)) + 1e-9)
+  fixed = jax.vmap(lambda k: sampling.sample_cohort(k, 'fixed', q, n))(keys)
+  event = accounting.dp_event(1.0, q, 3, sampling='fixed', num_clients=n).event
+  assert event.source_dataset_size == n
+  assert set(np.asarray(fixed.sum(axis=1)).tolist()) == {event.sample_size}
+  # Without replacement and uniform: every client equally likely.
+  np.testing.assert_allclose(fixed.mean(axis=0), event.sample_size / n, atol=0.1)

@@ -106,6 +106,12 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path):
   assert [json.loads(l)['round'] for l in lines] == [1, 2, 3, 4]
 
 
+def test_resuming_with_another_config_is_refused(tmp_path):
+  train.train_and_evaluate(tiny_config(num_rounds=1), str(tmp_path))
+  with pytest.raises(ValueError, match=r'dp\.clip_norm: 1\.0 -> 0\.5'):
+    train.train_and_evaluate(tiny_config(num_rounds=2, **{'dp.clip_norm': 0.5}), str(tmp_path))
+
+
 def test_nan_loss_stops_with_the_round_number_and_keeps_the_checkpoint(tmp_path, monkeypatch):
   train.train_and_evaluate(tiny_config(num_rounds=1), str(tmp_path))
   # Poison the inputs from round 2 on: the run must stop there, leaving round 1's files intact.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dp2fedsam_jax.local import OPTIMIZERS
+
 SHARED = ('extractor', 'full')
 EVALUATIONS = ('personal', 'global')
 
@@ -26,6 +28,7 @@ class MethodSpec:
 
   def __post_init__(self):
     assert self.shared in SHARED and self.evaluation in EVALUATIONS, self
+    assert self.body_optimizer in OPTIMIZERS, self
     assert not (self.head_phase and self.shared == 'full'), 'a head phase needs a personal head'
 
   @property
