@@ -29,6 +29,8 @@ import dp_accounting
 from dp_accounting import pld as _pld
 from dp_accounting import rdp as _rdp
 
+from dp2fedsam_jax.privacy import sampling
+
 SAMPLING_CHOICES = ('poisson', 'fixed')
 ACCOUNTANT_CHOICES = ('pld', 'rdp')
 
@@ -126,7 +128,8 @@ def _check_num_clients(num_clients, sampling: str) -> Optional[int]:
 
 
 def _fixed_cohort_size(q: float, n: int) -> int:
-  return max(1, int(round(q * n)))  # q <= 1, so m <= n.
+  # The sampler's own rule, so the accounted m is the sampled m.
+  return int(sampling.cohort_size('fixed', q, n))
 
 
 def _validate(sampling_rate, num_rounds, delta, sampling, accountant, num_clients):
