@@ -79,8 +79,12 @@ def _masked_sum(tree, valid):
   return jax.tree.map(leaf_sum, tree)
 
 
-def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig):
-  """Returns round_step(state, data, key) -> (state, metrics). `key` is the run's root key."""
+def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig, *, update_hook=None):
+  """Returns round_step(state, data, key) -> (state, metrics). `key` is the run's root key.
+
+  `update_hook(client_id, delta) -> delta`, if given, replaces a client's raw update before clipping:
+  the privacy audit uses it to plant a canary; training never sets it.
+  """
   private = spec.private
   noise_std = rc.noise_multiplier * rc.clip_norm if private else 0.0
   capacity = rc.capacity
@@ -102,9 +106,11 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig):
     # Distributed noise: each client adds its share, so the sum carries N(0, noise_std^2) in total.
     client_noise_std = noise_std / jnp.sqrt(jnp.maximum(cohort, 1).astype(jnp.float32))
 
-    def one_client(x, y, count, personal, client_key):
+    def one_client(x, y, count, personal, client_key, client_id):
       train_key, upload_key = jax.random.split(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
+      if update_hook is not None:
+        result = result._replace(delta=update_hook(client_id, result.delta))
       if private:
         upload, norm = clipping.clip_by_global_norm(result.delta, rc.clip_norm)
       else:
@@ -121,7 +127,7 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig):
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
       uploads, new_personal, norms, losses = map_clients(
           one_client, data.train_x[safe_ids], data.train_y[safe_ids], data.train_count[safe_ids],
-          take(personal), client_keys[safe_ids])
+          take(personal), client_keys[safe_ids], safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
       # Only sampled clients' heads are written; padded slots point past the end and are dropped.
       write_ids = jnp.where(valid, ids, rc.num_clients)
