@@ -4,8 +4,10 @@
     extractor phase:  phi_i <- tau_phi epochs of SAM on F_i(phi, h_i), h_i fixed  (lines 10-15)
     upload:           Delta_i = phi_i - phi                                       (line 17)
 
-Methods without a personal head (spec.shared == 'full') skip the head phase and train the whole model
-in the second phase. Clipping and noise happen in the round step, on Delta_i.
+Other methods change the pieces, not the loop (see algorithms/specs.py): no head phase and the whole
+model shared (FedAvg family), SGD or ASAM instead of SAM, a regularizer on the local update (BLUR,
+DSU's adaptive norm, a proximal term), DSU's masked forward pass. Clipping and noise happen in the
+round step, on Delta_i.
 """
 
 from __future__ import annotations
@@ -16,28 +18,53 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import local
-from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax.algorithms import pieces
+from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
+from dp2fedsam_jax.privacy import sparsify
+from dp2fedsam_jax.state import model_params
 
 
 class ClientResult(NamedTuple):
   delta: object      # shared params after local training minus the received ones
   personal: object   # the client's new personal params (empty dict for global methods)
   train_loss: jax.Array  # mean minibatch loss of the shared phase
+  mask: object       # DSU's final mask M^tau over the shared params (None for other methods)
 
 
-def make_client_update(spec: MethodSpec, model, local_config, normalize):
+def head_trainer(spec: MethodSpec, model, local_config):
+  """train_head(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
+  with the extractor's features computed once (phi is fixed in this phase)."""
+  phase = local.Phase(local_config.head_epochs, local_config.batch_size, 'sgd',
+                      local_config.momentum)
+
+  def train_head(shared, personal, features, y, count, key, lr, epochs=None):
+    def loss(p, feats, labels, mask):
+      head = model_params(spec, shared, p)['head']
+      return local.masked_cross_entropy(model.logits_from_features(head, feats), labels, mask)
+    run = phase if epochs is None else local.Phase(epochs, phase.batch_size, 'sgd', phase.momentum)
+    return local.run_phase(run, loss, personal, features, y, count, key, lr)[0]
+
+  return train_head
+
+
+def make_client_update(spec: MethodSpec, model, local_config, normalize,
+                       params: MethodParams = MethodParams()):
   """Returns client_update(shared, personal, x, y, count, key, round) -> ClientResult.
 
   `x`, `y`: the client's padded training data; `count`: its number of real examples; `normalize`
   maps stored uint8 images to model inputs.
   """
-  head_phase = local.Phase(local_config.head_epochs, local_config.batch_size, 'sgd',
-                           local_config.momentum)
+  train_head = head_trainer(spec, model, local_config)
   body_phase = local.Phase(local_config.body_epochs, local_config.batch_size, spec.body_optimizer,
                            local_config.momentum, local_config.sam_rho)
+  regularizer = pieces.Regularizer(spec.regularizer, params.regularizer_lambda(spec.regularizer),
+                                   params.clip_norm)
+  layer_paths = pieces.kernel_layer_paths(model) if spec.weight_mask == 'dsu' else ()
 
-  def head_loss(head, features, labels, mask):
-    return local.masked_cross_entropy(model.logits_from_features(head, features), labels, mask)
+  def weight_mask(shared):
+    if spec.weight_mask == 'dsu':
+      return pieces.dsu_mask(shared, layer_paths, params.dsu_masked_layers, params.dsu_sparsity)
+    return None
 
   def client_update(shared, personal, x, y, count, key, round_index):
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** round_index
@@ -45,19 +72,21 @@ def make_client_update(spec: MethodSpec, model, local_config, normalize):
     inputs = normalize(x)
 
     if spec.head_phase:
-      # phi is fixed in this phase, so the features are computed once and reused every epoch.
       features = model.features(shared['extractor'], inputs)
-      head, _ = local.run_phase(head_phase, head_loss, personal['head'], features, y, count,
-                                head_key, local_config.lr_head * decay)
-      personal = {**personal, 'head': head}
+      personal = train_head(shared, personal, features, y, count, head_key,
+                            local_config.lr_head * decay)
 
     def body_loss(trainable, inputs, labels, mask):
-      logits = model.apply({**trainable, **personal}, inputs)
-      return local.masked_cross_entropy(logits, labels, mask)
+      # DSU: the forward pass sees theta * M, M recomputed from the current weights every step.
+      wmask = weight_mask(trainable)
+      forward = trainable if wmask is None else sparsify.apply_mask(trainable, wmask)
+      logits = model.apply(model_params(spec, forward, personal), inputs)
+      return (local.masked_cross_entropy(logits, labels, mask)
+              + regularizer(trainable, shared, wmask))
 
     new_shared, loss = local.run_phase(body_phase, body_loss, shared, inputs, y, count, body_key,
                                        local_config.lr_body * decay)
     delta = jax.tree.map(jnp.subtract, new_shared, shared)
-    return ClientResult(delta, personal, loss)
+    return ClientResult(delta, personal, loss, weight_mask(new_shared))
 
   return client_update

@@ -38,6 +38,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
   c.cohort_capacity = config_dict.placeholder(int)  # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.seed = 0
+  # Method pieces (used only by the methods that have them; see algorithms/specs.py).
+  c.sparsity = 0.4      # p: fraction of coordinates kept by top-k / rand-k
+  c.blur_lambda = 1.0   # BLUR penalty weight (dp_fedavg_blur[s])
+  c.pmtl_lambda = 0.1   # proximal weight of private multi-task learning (pmtl_ft)
+  c.dsu = ml_collections.ConfigDict()
+  c.dsu.sparsity = 0.05     # fraction of weights kept in each masked layer (dp-pfeddsu.txt: S)
+  c.dsu.masked_layers = 4   # the last k kernel layers of the extractor are masked
+  c.dsu.lam = 0.2           # adaptive-norm penalty weight (lambda)
 
   c.local = ml_collections.ConfigDict()
   c.local.head_epochs = 2
@@ -48,6 +56,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.local.momentum = 0.7
   c.local.lr_decay = 0.99
   c.local.sam_rho = 0.1
+  c.local.finetune_epochs = 1  # -FT / -fb evaluation: local epochs on a copy before testing
 
   c.dp = ml_collections.ConfigDict()
   c.dp.clip_norm = 0.1
@@ -118,7 +127,15 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
     _fail('sampling_rate', q, 'the client sampling rate q must lie in (0, 1].')
 
-  for field in ('local.head_epochs', 'local.body_epochs'):
+  for field in ('sparsity', 'dsu.sparsity'):
+    value = _get(config, field)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0:
+      _fail(field, value, 'the fraction of coordinates kept must lie in (0, 1].')
+  for field in ('blur_lambda', 'pmtl_lambda', 'dsu.lam'):
+    _positive(config, field, allow_zero=True)
+  _positive(config, 'dsu.masked_layers', integer=True, allow_zero=True)
+
+  for field in ('local.head_epochs', 'local.body_epochs', 'local.finetune_epochs'):
     _positive(config, field, integer=True, allow_zero=True)
   _positive(config, 'local.batch_size', integer=True)
   for field in ('local.lr_head', 'local.lr_body', 'local.lr_decay'):

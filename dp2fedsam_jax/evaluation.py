@@ -1,8 +1,12 @@
 """Evaluation: each client tests its own model on its own test split; the metric is the mean over
 clients of these per-client accuracies (the papers' "average test accuracy of the local models").
 
-For personalized methods a client's model is the global extractor with its own head; for global
-methods it is the global model, so one function serves both.
+A client's model depends on the method's `evaluation` piece:
+  global          the global model
+  personal        the global shared part with the client's own personal part (head or head offset)
+  finetune        a copy of the global model fine-tuned on the client's training data (-FT methods)
+  finetune_head   the global model with its head fine-tuned on the client's data (DP-FedAvg-fb)
+Fine-tuning happens on copies inside the evaluation: it never touches the server state.
 """
 
 from __future__ import annotations
@@ -11,24 +15,52 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import local
+from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax.state import model_params
 
 
-def make_evaluate(model, clients_per_batch: int = 64):
-  """Returns evaluate(state, data) -> {'test_accuracy', 'test_loss'}, averaged over clients with test data."""
+def make_evaluate(spec: MethodSpec, model, local_config, clients_per_batch: int = 64):
+  """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss'}, averaged over clients
+  with test data. `key` seeds the fine-tuning minibatch order (unused by other evaluations)."""
+  finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
+                         local_config.momentum)
 
-  def evaluate(state, data):
+  def ce_loss(params, x, y, mask):
+    return local.masked_cross_entropy(model.apply(params, x), y, mask)
+
+  def client_model(state, personal, x, y, count, key):
+    params = model_params(spec, state.shared, personal)
+    decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** state.round
+    if spec.evaluation == 'finetune':
+      params, _ = local.run_phase(finetune, ce_loss, params, x, y, count, key,
+                                  local_config.lr_body * decay)
+    elif spec.evaluation == 'finetune_head':
+      features = model.features(params['extractor'], x)
+      head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
+          model.logits_from_features(h, f), labels, mask)
+      head, _ = local.run_phase(finetune, head_loss, params['head'], features, y, count, key,
+                                local_config.lr_head * decay)
+      params = {**params, 'head': head}
+    return params
+
+  def evaluate(state, data, key):
     max_test = data.test_y.shape[1]
 
     def one_client(args):
-      personal, x, y, count = args
-      logits = model.apply({**state.shared, **personal}, data.normalize(x))
+      personal, train_x, train_y, train_count, x, y, count, client_key = args
+      params = client_model(state, personal, data.normalize(train_x), train_y, train_count,
+                            client_key)
+      logits = model.apply(params, data.normalize(x))
       mask = jnp.arange(max_test) < count
       correct = jnp.sum((jnp.argmax(logits, -1) == y) & mask)
       return (correct / jnp.maximum(count, 1), local.masked_cross_entropy(logits, y, mask))
 
+    num_clients = data.test_y.shape[0]
+    keys = jax.random.split(key, num_clients)
     accuracy, loss = jax.lax.map(
-        one_client, (state.personal, data.test_x, data.test_y, data.test_count),
-        batch_size=min(clients_per_batch, data.test_y.shape[0]))
+        one_client, (state.personal, data.train_x, data.train_y, data.train_count,
+                     data.test_x, data.test_y, data.test_count, keys),
+        batch_size=min(clients_per_batch, num_clients))
     has_test = (data.test_count > 0).astype(jnp.float32)
     clients = jnp.maximum(has_test.sum(), 1.0)
     return {'test_accuracy': jnp.sum(accuracy * has_test) / clients,

@@ -22,9 +22,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax.privacy import clipping, noise, sampling
+from dp2fedsam_jax.privacy import clipping, noise, sampling, sparsify
 from dp2fedsam_jax.state import ServerState
 
 EXECUTORS = ('vmap', 'sequential')
@@ -71,6 +71,14 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
   raise ValueError(f'config.executor={executor!r}: unknown; choose one of {list(EXECUTORS)}.')
 
 
+def _masked_max(tree, valid):
+  """Elementwise max over the leading (client) axis of the entries where valid is True (0 if none)."""
+  def leaf_max(x):
+    keep = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
+    return jnp.max(jnp.where(keep, x, 0), axis=0)
+  return jax.tree.map(leaf_max, tree)
+
+
 def _masked_sum(tree, valid):
   """Sum over the leading (client) axis of the entries where valid is True."""
   def leaf_sum(x):
@@ -79,20 +87,34 @@ def _masked_sum(tree, valid):
   return jax.tree.map(leaf_sum, tree)
 
 
-def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig, *, update_hook=None):
+def upload_mask(spec: MethodSpec, delta, client_mask, round_mask, sparsity: float):
+  """The mask a client multiplies its update with before clipping (None: no mask)."""
+  if spec.upload_mask == 'randk':
+    return round_mask                                 # public: from the round key only
+  if spec.upload_mask == 'topk':
+    return sparsify.topk_mask(delta, sparsity)        # private: from the client's own update
+  if spec.upload_mask == 'dsu':
+    return client_mask                                # private: DSU's M^tau
+  return None
+
+
+def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
+                    params: MethodParams = MethodParams(), *, update_hook=None):
   """Returns round_step(state, data, key) -> (state, metrics). `key` is the run's root key.
 
   `update_hook(client_id, delta) -> delta`, if given, replaces a client's raw update before clipping:
   the privacy audit uses it to plant a canary; training never sets it.
   """
+  params = dataclasses.replace(params, clip_norm=rc.clip_norm)  # one C for clipping and regularizers
   private = spec.private
   noise_std = rc.noise_multiplier * rc.clip_norm if private else 0.0
   capacity = rc.capacity
   num_chunks_max = math.ceil(rc.num_clients / capacity)
   map_clients = client_mapper(rc.executor, rc.chunk_size)
+  distributed = rc.noise_placement == 'distributed'
 
   def round_step(state: ServerState, data, key):
-    client_update = make_client_update(spec, model, local_config, data.normalize)
+    client_update = make_client_update(spec, model, local_config, data.normalize, params)
     round_key = jax.random.fold_in(key, state.round)
     sample_key, clients_key, noise_key = jax.random.split(round_key, 3)
     sampled = sampling.sample_cohort(sample_key, rc.sampling, rc.sampling_rate, rc.num_clients)
@@ -105,30 +127,43 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig, *, u
                     constant_values=rc.num_clients)
     # Distributed noise: each client adds its share, so the sum carries N(0, noise_std^2) in total.
     client_noise_std = noise_std / jnp.sqrt(jnp.maximum(cohort, 1).astype(jnp.float32))
+    # A public rand-k mask, the same for every client: drawn from the round key, never from data.
+    round_mask = (sparsify.randk_mask(jax.random.fold_in(noise_key, 1), state.shared, params.sparsity)
+                  if spec.upload_mask == 'randk' else None)
 
     def one_client(x, y, count, personal, client_key, client_id):
       train_key, upload_key = jax.random.split(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
+      delta = result.delta
       if update_hook is not None:
-        result = result._replace(delta=update_hook(client_id, result.delta))
+        delta = update_hook(client_id, delta)
+      mask = upload_mask(spec, delta, result.mask, round_mask, params.sparsity)
+      if mask is not None:
+        delta = sparsify.apply_mask(delta, mask)
       if private:
-        upload, norm = clipping.clip_by_global_norm(result.delta, rc.clip_norm)
+        upload, norm = clipping.clip_by_global_norm(delta, rc.clip_norm)
       else:
-        upload, norm = result.delta, clipping.global_norm(result.delta)
-      if private and rc.noise_placement == 'distributed':
-        upload = noise.add_gaussian_noise(upload_key, upload, client_noise_std)
-      return upload, result.personal, norm, result.train_loss
+        upload, norm = delta, clipping.global_norm(delta)
+      if private and distributed:
+        upload = noise.add_gaussian_noise(upload_key, upload, client_noise_std,
+                                          mask if spec.noise_on_mask else None)
+        if spec.postprocess == 'topk':  # the paper's client-side top-k of its own noised upload
+          upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
+      support = mask if spec.noise_on_mask else None
+      return upload, result.personal, norm, result.train_loss, support
 
     def chunk(carry):
-      k, upload_sum, personal, stats = carry
+      k, upload_sum, support, personal, stats = carry
       ids = jax.lax.dynamic_slice(order, (k * capacity,), (capacity,))
       valid = k * capacity + jnp.arange(capacity) < cohort
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
-      uploads, new_personal, norms, losses = map_clients(
+      uploads, new_personal, norms, losses, masks = map_clients(
           one_client, data.train_x[safe_ids], data.train_y[safe_ids], data.train_count[safe_ids],
           take(personal), client_keys[safe_ids], safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
+      if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
+        support = jax.tree.map(jnp.maximum, support, _masked_max(masks, valid))
       # Only sampled clients' heads are written; padded slots point past the end and are dropped.
       write_ids = jnp.where(valid, ids, rc.num_clients)
       personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
@@ -139,20 +174,23 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig, *, u
           'clipped': jnp.sum(valid & clipped, dtype=jnp.int32),
           'loss_sum': jnp.sum(jnp.where(valid, losses, 0.0)),
       })
-      return k + 1, upload_sum, personal, stats
+      return k + 1, upload_sum, support, personal, stats
 
     stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
               'loss_sum': jnp.zeros(())}
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
-    _, upload_sum, personal, stats = jax.lax.while_loop(
+    support0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state.shared) if spec.noise_on_mask else None
+    _, upload_sum, support, personal, stats = jax.lax.while_loop(
         lambda carry: carry[0] * capacity < cohort, chunk,
-        (jnp.zeros((), jnp.int32), zeros, state.personal, stats0))
+        (jnp.zeros((), jnp.int32), zeros, support0, state.personal, stats0))
 
     if private:
       # Central: the server adds all the noise. Distributed: the clients did; if nobody was sampled
       # the server adds it so the release is the same mechanism the accountant assumed.
-      server_std = noise_std if rc.noise_placement == 'central' else jnp.where(cohort == 0, noise_std, 0.0)
-      upload_sum = noise.add_gaussian_noise(noise_key, upload_sum, server_std)
+      server_std = noise_std if not distributed else jnp.where(cohort == 0, noise_std, 0.0)
+      upload_sum = noise.add_gaussian_noise(noise_key, upload_sum, server_std, support)
+      if spec.postprocess == 'topk' and not distributed:  # post-processing of the noised sum
+        upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
       # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
       denominator = sampling.cohort_size(rc.sampling, rc.sampling_rate, rc.num_clients)
     else:

@@ -20,6 +20,7 @@ from absl import logging
 
 from dp2fedsam_jax import checkpoint
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
+from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
 from dp2fedsam_jax.data import FederatedData, make_federated_data
 from dp2fedsam_jax.evaluation import make_evaluate
@@ -64,8 +65,9 @@ def resolve_privacy(config, spec: MethodSpec) -> Privacy:
   return Privacy(True, float(sigma), delta, epsilon)
 
 
-# Round r uses fold_in(root, r); initialisation uses a stream no round reaches.
+# Round r uses fold_in(root, r); initialisation and evaluation use streams no round reaches.
 _INIT_STREAM = 2**31 - 1
+_EVAL_STREAM = 2**31 - 2
 
 
 @dataclasses.dataclass
@@ -89,8 +91,16 @@ class Experiment:
   def init_key(self) -> jax.Array:
     return jax.random.fold_in(self.root_key, _INIT_STREAM)
 
+  def eval_key(self, round_index: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.fold_in(self.root_key, _EVAL_STREAM), round_index)
+
+  @property
+  def privacy_caveat(self) -> str:
+    return self.spec.privacy_caveat(self.config.dp.noise_placement)
+
   def round_step(self):
-    return make_round_step(self.spec, self.model, self.config.local, self.round_config)
+    return make_round_step(self.spec, self.model, self.config.local, self.round_config,
+                           MethodParams.from_config(self.config))
 
   def param_counts(self) -> dict[str, int]:
     params = jax.eval_shape(self.model.init, self.init_key)
@@ -170,13 +180,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
-  evaluate = jax.jit(make_evaluate(exp.model))
+  evaluate = jax.jit(make_evaluate(exp.spec, exp.model, config.local))
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   state, records = checkpoint.restore(workdir, exp.init_state())
   start = int(state.round)
   if start:
     logging.info('Resuming %s from round %d.', workdir, start)
   checkpoint.write_metrics(metrics_path, records)  # drops lines written after the checkpoint
+  if exp.privacy_caveat:
+    logging.warning('Privacy caveat: %s', exp.privacy_caveat)
   logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds.',
                config.method, config.dataset, data.num_clients, exp.privacy.noise_multiplier,
                exp.privacy.epsilon, exp.privacy.delta, config.num_rounds)
@@ -204,8 +216,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         'seconds': seconds,
         **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
            for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
-        **{k: float(v) for k, v in jax.device_get(evaluate(state, data)).items()},
+        **{k: float(v) for k, v in jax.device_get(evaluate(state, data, exp.eval_key(done))).items()},
     }
+    if exp.privacy_caveat:
+      record['epsilon_caveat'] = exp.privacy_caveat
     records.append(record)
     checkpoint.save(workdir, state, records)
     checkpoint.write_metrics(metrics_path, records)

@@ -27,7 +27,8 @@ def main(argv):
     exp = train.build_experiment(config)
     print(json.dumps({'method': config.method, **exp.param_counts(),
                       'noise_multiplier': exp.privacy.noise_multiplier,
-                      'epsilon': exp.privacy.epsilon, 'delta': exp.privacy.delta}))
+                      'epsilon': exp.privacy.epsilon, 'delta': exp.privacy.delta,
+                      **({'epsilon_caveat': exp.privacy_caveat} if exp.privacy_caveat else {})}))
     return
   if not _WORKDIR.value:
     sys.exit('--workdir is required (where config.json, metrics.jsonl and checkpoints are written).')

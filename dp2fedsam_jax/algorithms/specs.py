@@ -1,9 +1,17 @@
 """Every method as a composition of the engine's shared pieces, side by side in one table.
 
-A method is data, not a loop: which parameters are shared with the server, whether a personal head is
-trained first, which local optimizer trains the shared part, whether the upload is clipped and noised,
-and how the result is evaluated. `dp2fedsam_jax.round.make_round_step` turns any spec into one jitted
-round.
+A method is data, not a loop. One round of any method is
+
+    client:  [head phase: SGD on the personal part, shared part fixed]
+             shared phase: `body_optimizer` on the shared part (+ `regularizer`, through `weight_mask`)
+             Delta = new shared - received shared
+             Delta <- Delta * upload_mask                          (before clipping)
+             clip Delta to global L2 norm C; [distributed] + noise (only on the mask if noise_on_mask)
+    server:  sum; [central] + noise; [postprocess: top-k of the noised update]; phi += lr * sum / m
+    test:    global model | own head | fine-tuned copy | fine-tuned head
+
+`dp2fedsam_jax.round.make_round_step` turns any spec into one jitted round; the pieces live in
+`client.py`, `algorithms/pieces.py`, `privacy/sparsify.py` and `evaluation.py`.
 """
 
 from __future__ import annotations
@@ -13,31 +21,92 @@ import dataclasses
 from dp2fedsam_jax.local import OPTIMIZERS
 
 SHARED = ('extractor', 'full')
-EVALUATIONS = ('personal', 'global')
+PERSONAL = ('none', 'head', 'head_offset')
+REGULARIZERS = ('none', 'blur', 'adaptive_norm', 'proximal')
+WEIGHT_MASKS = ('none', 'dsu')
+UPLOAD_MASKS = ('none', 'randk', 'topk', 'dsu')
+POSTPROCESS = ('none', 'topk')
+EVALUATIONS = ('personal', 'global', 'finetune', 'finetune_head')
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
   name: str
-  shared: str            # 'extractor': personal head kept by each client; 'full': one global model
-  head_phase: bool       # train the personal head (SGD, extractor fixed) before the shared phase
-  body_optimizer: str    # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
-  private: bool          # clip the shared update and add Gaussian noise (client-level DP)
-  evaluation: str        # 'personal': own head + global extractor; 'global': the global model
+  shared: str = 'full'         # 'extractor': a personal head stays on each client; 'full': one global model
+  personal: str = 'none'       # 'head': own head; 'head_offset': own additive head correction (PPSGD)
+  head_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
+  body_optimizer: str = 'sgd'  # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
+  regularizer: str = 'none'    # added to the shared phase's loss, on theta - theta_received
+  weight_mask: str = 'none'    # 'dsu': forward pass through theta * M on the last layers
+  upload_mask: str = 'none'    # multiplies Delta before clipping
+  noise_on_mask: bool = False  # add noise only where the upload mask is 1 (safe only for public masks)
+  postprocess: str = 'none'    # applied to the noised update
+  private: bool = True         # clip the shared update and add Gaussian noise (client-level DP)
+  evaluation: str = 'global'
   paper: str = ''
 
   def __post_init__(self):
-    assert self.shared in SHARED and self.evaluation in EVALUATIONS, self
-    assert self.body_optimizer in OPTIMIZERS, self
-    assert not (self.head_phase and self.shared == 'full'), 'a head phase needs a personal head'
+    for value, choices in ((self.shared, SHARED), (self.personal, PERSONAL),
+                           (self.body_optimizer, OPTIMIZERS), (self.regularizer, REGULARIZERS),
+                           (self.weight_mask, WEIGHT_MASKS), (self.upload_mask, UPLOAD_MASKS),
+                           (self.postprocess, POSTPROCESS), (self.evaluation, EVALUATIONS)):
+      if value not in choices:
+        raise ValueError(f'method {self.name!r}: {value!r} is not one of {choices}')
+    if (self.shared == 'extractor') != (self.personal == 'head'):
+      raise ValueError(f'method {self.name!r}: an extractor-only method keeps a personal head')
+    if self.head_phase and self.personal == 'none':
+      raise ValueError(f'method {self.name!r}: a head phase needs a personal part')
+    if self.noise_on_mask and self.upload_mask == 'none':
+      raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
+    if (self.weight_mask == 'dsu') != (self.upload_mask == 'dsu'):
+      raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
 
   @property
   def shared_keys(self) -> tuple[str, ...]:
-    return ('extractor', 'head') if self.shared == 'full' else ('extractor',)
+    return ('extractor',) if self.shared == 'extractor' else ('extractor', 'head')
 
   @property
-  def personal_keys(self) -> tuple[str, ...]:
-    return () if self.shared == 'full' else ('head',)
+  def mask_is_private(self) -> bool:
+    """The upload mask is computed from the client's own data (not from the round key)."""
+    return self.upload_mask in ('topk', 'dsu')
+
+  def privacy_caveat(self, noise_placement: str) -> str:
+    """What the accounted epsilon does not cover for this method ('' if it covers everything)."""
+    if not self.private:
+      return ''
+    if self.noise_on_mask and self.mask_is_private:
+      return (f'{self.name}: noise is added only where a mask computed from the client\'s own update '
+              'is 1, so the mask (which coordinates changed most) is released without noise; the '
+              'reported epsilon does not cover it. Use the _safe variant for a covered release.')
+    if self.postprocess == 'topk' and noise_placement == 'distributed':
+      return (f'{self.name}: each client sparsifies its own noised upload, which carries only '
+              'sigma/sqrt(m) of the noise; the reported epsilon (sigma on the sum) does not cover '
+              'that release. With dp.noise_placement=central the server sparsifies the noised sum, '
+              'which is post-processing and covered.')
+    return ''
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodParams:
+  """The numbers the pieces need beyond `config.local` (fields of the experiment config)."""
+  clip_norm: float = 0.1
+  sparsity: float = 0.4         # p: fraction kept by top-k / rand-k (config.sparsity)
+  blur_lambda: float = 1.0      # config.blur_lambda
+  pmtl_lambda: float = 0.1      # config.pmtl_lambda
+  dsu_sparsity: float = 0.05    # config.dsu.sparsity: fraction of weights kept in masked layers
+  dsu_masked_layers: int = 4    # config.dsu.masked_layers: the last k kernel layers of the extractor
+  dsu_lam: float = 0.2          # config.dsu.lam
+
+  @classmethod
+  def from_config(cls, config) -> 'MethodParams':
+    return cls(clip_norm=config.dp.clip_norm, sparsity=config.sparsity,
+               blur_lambda=config.blur_lambda, pmtl_lambda=config.pmtl_lambda,
+               dsu_sparsity=config.dsu.sparsity, dsu_masked_layers=config.dsu.masked_layers,
+               dsu_lam=config.dsu.lam)
+
+  def regularizer_lambda(self, kind: str) -> float:
+    return {'none': 0.0, 'blur': self.blur_lambda, 'adaptive_norm': self.dsu_lam,
+            'proximal': self.pmtl_lambda}[kind]
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -56,10 +125,59 @@ def get_method(name: str) -> MethodSpec:
   return METHODS[name]
 
 
-# name, shared, head phase, body optimizer, private, evaluation
-register(MethodSpec('dp2fedsam', 'extractor', True, 'sam', True, 'personal',
-                    'DP²-FedSAM, dp2-fedsam.txt Algorithm 2'))
-register(MethodSpec('centaur', 'extractor', True, 'sgd', True, 'personal',
-                    'CENTAUR at client level: DP²-FedSAM with SGD instead of SAM (dp2-fedsam.txt §5)'))
-register(MethodSpec('p_fedsam', 'extractor', True, 'sam', False, 'personal',
-                    'DP²-FedSAM without clipping or noise (epsilon = inf)'))
+_PERSONAL_HEAD = dict(shared='extractor', personal='head', head_phase=True, evaluation='personal')
+
+# Non-private references.
+register(MethodSpec('fedavg', private=False, paper='FedAvg (McMahan et al., 2017)'))
+register(MethodSpec('fedsam', body_optimizer='sam', private=False,
+                    paper='FedAvg with SAM as local optimizer (Qu et al., 2022)'))
+register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
+                    paper='FedRep: head epochs, then body epochs, SGD (Collins et al., 2021)'))
+
+# Global-model DP baselines (dp-fedsam-topk.txt, dp2-fedsam.txt section 5).
+register(MethodSpec('dp_fedavg', paper='DP-FedAvg, dp2-fedsam.txt Algorithm 1'))
+register(MethodSpec('dp_fedavg_ft', evaluation='finetune',
+                    paper='DP-FedAvg; each client fine-tunes a copy of the global model to test'))
+register(MethodSpec('dp_fedsam', body_optimizer='sam',
+                    paper='DP-FedSAM, dp-fedsam-topk.txt Algorithm 1 Option I'))
+register(MethodSpec('dp_fedasam', body_optimizer='asam',
+                    paper='DP-FedSAM with ASAM (what the reference code runs: its --adaptive flag)'))
+register(MethodSpec('dp_fedsam_ft', body_optimizer='sam', evaluation='finetune',
+                    paper='DP-FedSAM + local fine-tuning before testing'))
+register(MethodSpec('dp_fedsam_topk', body_optimizer='sam', postprocess='topk',
+                    paper='DP-FedSAM-topk, Algorithm 1 Option II: top-k of the noised update'))
+register(MethodSpec('fed_smp_randk', upload_mask='randk', noise_on_mask=True,
+                    paper='Fed-SMP-randk (Hu et al., 2023): data-independent rand-k mask, noise on it'))
+register(MethodSpec('fed_smp_topk', upload_mask='topk', noise_on_mask=True,
+                    paper='Fed-SMP-topk as written: top-k mask of the own update, noise only on it '
+                          '(the mask leaks)'))
+register(MethodSpec('fed_smp_topk_safe', upload_mask='topk',
+                    paper='Fed-SMP-topk with noise on every coordinate (covered by epsilon)'))
+register(MethodSpec('dp_fedavg_blur', regularizer='blur',
+                    paper='DP-FedAvg + bounded local update regularization (Cheng et al., 2022)'))
+register(MethodSpec('dp_fedavg_blurs', regularizer='blur', upload_mask='topk',
+                    paper='DP-FedAvg-blur + local update sparsification before clipping; noise on '
+                          'every coordinate'))
+
+# Personalized: a private shared extractor, a local head (dp2-fedsam.txt, dp-pfeddsu.txt).
+register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, body_optimizer='sam',
+                    paper='DP²-FedSAM, dp2-fedsam.txt Algorithm 2'))
+register(MethodSpec('centaur', **_PERSONAL_HEAD,
+                    paper='CENTAUR at client level: DP²-FedSAM with SGD instead of SAM'))
+register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, body_optimizer='sam', private=False,
+                    paper='DP²-FedSAM without clipping or noise (epsilon = inf)'))
+register(MethodSpec('dp_pfeddsu', **_PERSONAL_HEAD, regularizer='adaptive_norm', weight_mask='dsu',
+                    upload_mask='dsu', noise_on_mask=True,
+                    paper='DP-pFedDSU as written (dp-pfeddsu.txt Algorithm 1): noise only on the '
+                          'private mask M (the mask leaks)'))
+register(MethodSpec('dp_pfeddsu_safe', **_PERSONAL_HEAD, regularizer='adaptive_norm',
+                    weight_mask='dsu', upload_mask='dsu',
+                    paper='DP-pFedDSU with noise on every coordinate (covered by epsilon)'))
+register(MethodSpec('dp_fedavg_fb', evaluation='finetune_head',
+                    paper='DP-FedAvg; each client fine-tunes its classifier head to test'))
+register(MethodSpec('ppsgd', personal='head_offset', head_phase=True, evaluation='personal',
+                    paper='PPSGD (Bietti et al., 2022): global model + own additive head, '
+                          'alternating local steps'))
+register(MethodSpec('pmtl_ft', regularizer='proximal', evaluation='finetune',
+                    paper='Private mean-regularized multi-task learning (Hu et al., 2021) + '
+                          'fine-tuning'))

@@ -14,5 +14,9 @@ def gaussian_like(key: jax.Array, tree, stddev) -> object:
   return jax.tree.unflatten(treedef, noise)
 
 
-def add_gaussian_noise(key: jax.Array, tree, stddev):
-  return jax.tree.map(jnp.add, tree, gaussian_like(key, tree, stddev))
+def add_gaussian_noise(key: jax.Array, tree, stddev, mask=None):
+  """tree + N(0, stddev^2); with a 0/1 `mask`, noise only where it is 1 (e.g. a public rand-k mask)."""
+  noise = gaussian_like(key, tree, stddev)
+  if mask is not None:
+    noise = jax.tree.map(lambda z, m: z * m.astype(z.dtype), noise, mask)
+  return jax.tree.map(jnp.add, tree, noise)

@@ -1,0 +1,89 @@
+"""Local pieces that methods compose: regularizers on the local update, and DSU's masked forward pass.
+
+All functions are pure and see one client. `received` is the shared part the client got this round;
+`trainable` is its current value; the local update is trainable - received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dp2fedsam_jax.privacy import sparsify
+
+
+def _norm(tree) -> jax.Array:
+  # sqrt(x + tiny) keeps the gradient finite (zero) at a zero update, where the regularizers start.
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)) + 1e-24)
+
+
+def _delta(trainable, received, mask=None):
+  delta = jax.tree.map(jnp.subtract, trainable, received)
+  return delta if mask is None else sparsify.apply_mask(delta, mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class Regularizer:
+  """(kind, lam, clip_norm) -> penalty(trainable, received, mask)."""
+  kind: str
+  lam: float
+  clip_norm: float
+
+  def __call__(self, trainable, received, mask=None) -> jax.Array:
+    if self.kind == 'none':
+      return jnp.zeros((), jnp.float32)
+    if self.kind == 'blur':
+      # BLUR (Cheng et al., 2022): penalise only the part of ||Delta|| that clipping would cut off,
+      # so updates inside the ball are untouched and larger ones are pulled back to it.
+      excess = jax.nn.relu(_norm(_delta(trainable, received)) - self.clip_norm)
+      return 0.5 * self.lam * jnp.square(excess)
+    if self.kind == 'adaptive_norm':
+      # DP-pFedDSU eq. (10): (lam/2) | ||(theta - theta0) * M|| - C |.
+      return 0.5 * self.lam * jnp.abs(_norm(_delta(trainable, received, mask)) - self.clip_norm)
+    if self.kind == 'proximal':
+      # Mean-regularized multi-task learning: (lam/2) ||theta - theta_mean||^2.
+      return 0.5 * self.lam * jnp.square(_norm(_delta(trainable, received)))
+    raise ValueError(f'unknown regularizer {self.kind!r}')
+
+
+def kernel_layer_paths(model) -> tuple[tuple[str, ...], ...]:
+  """Paths (in the extractor's params) of the layers with a kernel, in forward-pass order.
+
+  Found by intercepting module calls during an abstract forward pass, so it works for any flax
+  extractor without a per-model list.
+  """
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0)))['extractor']
+  paths: list[tuple[str, ...]] = []
+
+  def record(next_fun, args, kwargs, context):
+    path = tuple(context.module.path)
+    node = params
+    for part in path:
+      node = node.get(part, {}) if isinstance(node, dict) else {}
+    if context.method_name == '__call__' and isinstance(node, dict) and 'kernel' in node:
+      if path not in paths:
+        paths.append(path)
+    return next_fun(*args, **kwargs)
+
+  x = jax.ShapeDtypeStruct((1, *model.input_shape), jnp.float32)
+  with nn.intercept_methods(record):
+    jax.eval_shape(model.features, params, x)
+  return tuple(paths)
+
+
+def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
+  """DP-pFedDSU eqs. (6), (8): in the last `masked_layers` kernel layers of the extractor, keep the
+  `sparsity` fraction of largest-magnitude entries of each array; everything else is kept whole."""
+  masked = set(layer_paths[-masked_layers:]) if masked_layers > 0 else set()
+
+  def build(tree, path):
+    if path in masked:
+      return sparsify.leafwise_topk_mask(jax.lax.stop_gradient(tree), sparsity)
+    if isinstance(tree, dict):
+      return {k: build(v, path + (k,)) for k, v in tree.items()}
+    return jnp.ones(tree.shape, jnp.float32)
+
+  return {k: (build(v, ()) if k == 'extractor' else sparsify.ones_like(v)) for k, v in shared.items()}
