@@ -1,0 +1,242 @@
+"""Each method runs end to end, and the piece that makes it different does what its paper says."""
+
+import dataclasses
+import json
+import math
+import os
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from dp2fedsam_jax import train
+from dp2fedsam_jax.algorithms import METHODS, pieces
+from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.client import make_client_update
+from dp2fedsam_jax.evaluation import make_evaluate
+from dp2fedsam_jax.models.registry import SplitModel
+from dp2fedsam_jax.privacy import sparsify
+from dp2fedsam_jax.round import make_round_step
+
+ISSUE_METHODS = ('fedavg', 'fedsam', 'fedrep', 'dp_fedavg', 'dp_fedavg_ft', 'dp_fedsam',
+                 'dp_fedsam_ft', 'dp_fedsam_topk', 'fed_smp_randk', 'fed_smp_topk', 'dp_fedavg_blur',
+                 'dp_fedavg_blurs', 'centaur', 'dp2fedsam', 'p_fedsam', 'dp_pfeddsu', 'dp_fedavg_fb',
+                 'ppsgd', 'pmtl_ft')
+
+
+def build(**overrides):
+  return train.build_experiment(tiny_config(**overrides))
+
+
+def one_round(exp, data=None, key=None):
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config,
+                                 MethodParams.from_config(exp.config)))
+  state = exp.init_state()
+  new, _ = step(state, exp.data if data is None else data, exp.root_key if key is None else key)
+  return state, new
+
+
+def shared_change(old, new):
+  return jax.tree.map(jnp.subtract, new.shared, old.shared)
+
+
+def flat(tree):
+  return np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+
+
+def test_every_issue_method_is_registered():
+  assert set(ISSUE_METHODS) <= set(METHODS)
+
+
+@pytest.mark.parametrize('name', sorted(METHODS))
+def test_two_round_run_writes_metrics(name, tmp_path):
+  config = tiny_config(method=name, num_rounds=2, eval_every=2, num_clients=4)
+  final = train.train_and_evaluate(config, str(tmp_path))
+  with open(os.path.join(tmp_path, 'metrics.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  assert [r['round'] for r in records] == [2]
+  assert 0.0 <= final['test_accuracy'] <= 1.0 and math.isfinite(final['train_loss'])
+  # Non-private methods report epsilon = inf; private ones a finite epsilon.
+  assert math.isinf(final['epsilon']) == (not METHODS[name].private)
+
+
+# ---------------------------------------------------------------- the pieces, one by one
+
+
+def test_topk_of_the_noised_sum_keeps_exactly_ceil_pd_coordinates():
+  """Central placement: DP-FedSAM-topk's update is top-k of exactly DP-FedSAM's noised update."""
+  dense_old, dense_new = one_round(build(method='dp_fedsam', sparsity=0.3))
+  old, new = one_round(build(method='dp_fedsam_topk', sparsity=0.3))
+  dense, sparse = shared_change(dense_old, dense_new), shared_change(old, new)
+  d = flat(sparse).size
+  assert np.count_nonzero(flat(sparse)) == math.ceil(0.3 * d)
+  chex.assert_trees_all_close(sparse, sparsify.apply_mask(dense, sparsify.topk_mask(dense, 0.3)),
+                              atol=1e-7)
+
+
+def test_topk_of_each_noised_upload_in_distributed_placement():
+  """The paper's placement: each client top-k's its own noised upload (k coordinates each)."""
+  exp = build(method='dp_fedsam_topk', sparsity=0.2, **{'dp.noise_placement': 'distributed'},
+              sampling_rate=1.0, num_clients=1, **{'dp.delta': 0.01})
+  old, new = one_round(exp)
+  change = flat(shared_change(old, new))
+  assert np.count_nonzero(change) == math.ceil(0.2 * change.size)
+  assert 'sigma/sqrt(m)' in exp.privacy_caveat
+  assert build(method='dp_fedsam_topk').privacy_caveat == ''
+
+
+def test_topk_mask_counts_with_ties():
+  tree = {'a': jnp.ones((7, 3)), 'b': jnp.zeros(5)}
+  for p in (0.01, 0.4, 1.0):
+    assert int(flat(sparsify.topk_mask(tree, p)).sum()) == math.ceil(p * 26)
+
+
+def test_randk_mask_does_not_depend_on_the_data():
+  key = jax.random.key(3)
+  a = {'w': jnp.arange(12.0).reshape(3, 4)}
+  b = {'w': -jnp.ones((3, 4)) * 1e6}
+  chex.assert_trees_all_equal(sparsify.randk_mask(key, a, 0.5), sparsify.randk_mask(key, b, 0.5))
+  # In the round: two different data sets, same keys -> the same coordinates move (mask + noise).
+  exp = build(method='fed_smp_randk', sparsity=0.25)
+  other = build(method='fed_smp_randk', sparsity=0.25, seed=0, **{'partition': 'pathological'})
+  old, new = one_round(exp)
+  _, new_other = one_round(exp, data=other.data)
+  moved = flat(shared_change(old, new)) != 0
+  moved_other = flat(shared_change(old, new_other)) != 0
+  np.testing.assert_array_equal(moved, moved_other)
+  assert moved.sum() == math.ceil(0.25 * moved.size)
+
+
+def test_fed_smp_topk_noise_only_on_private_masks_and_the_safe_variant_everywhere():
+  leaky = build(method='fed_smp_topk', sparsity=0.1, sampling_rate=1.0, num_clients=2)
+  safe = build(method='fed_smp_topk_safe', sparsity=0.1, sampling_rate=1.0, num_clients=2)
+  old, new = one_round(leaky)
+  moved = np.count_nonzero(flat(shared_change(old, new)))
+  d = flat(old.shared).size
+  assert 0 < moved <= 2 * math.ceil(0.1 * d)  # at most the union of two clients' top-k masks
+  old, new = one_round(safe)
+  assert np.count_nonzero(flat(shared_change(old, new))) == d
+  assert 'does not cover' in leaky.privacy_caveat and safe.privacy_caveat == ''
+
+
+def test_blur_penalty_has_a_gradient_only_beyond_the_clip_norm():
+  reg = pieces.Regularizer('blur', lam=2.0, clip_norm=1.0)
+  received = {'w': jnp.zeros(4)}
+  inside = {'w': jnp.array([0.3, 0.0, 0.4, 0.0])}  # ||Delta|| = 0.5 < C
+  outside = {'w': jnp.array([3.0, 0.0, 4.0, 0.0])}  # ||Delta|| = 5 > C
+  grad = lambda t: jax.grad(lambda t: reg(t, received))(t)['w']
+  np.testing.assert_array_equal(grad(inside), 0.0)
+  # d/dDelta (lam/2)(||Delta|| - C)^2 = lam (||Delta|| - C) Delta / ||Delta||.
+  np.testing.assert_allclose(grad(outside), 2.0 * 4.0 * outside['w'] / 5.0, rtol=1e-5)
+  assert float(reg(inside, received)) == 0.0
+
+
+def test_adaptive_norm_and_proximal_penalties():
+  received = {'w': jnp.zeros(2)}
+  theta = {'w': jnp.array([3.0, 4.0])}
+  mask = {'w': jnp.array([1.0, 0.0])}
+  dsu = pieces.Regularizer('adaptive_norm', lam=0.2, clip_norm=1.0)
+  np.testing.assert_allclose(dsu(theta, received, mask), 0.1 * abs(3.0 - 1.0), rtol=1e-6)
+  prox = pieces.Regularizer('proximal', lam=0.2, clip_norm=1.0)
+  np.testing.assert_allclose(prox(theta, received), 0.1 * 25.0, rtol=1e-6)
+
+
+class _TwoLayerExtractor(nn.Module):
+  """Two kernel layers, so DSU can mask the last one and leave the one below whole."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Dense(32, name='low')(x.reshape(x.shape[0], -1)))
+    return nn.relu(nn.Dense(32, name='high')(x))
+
+
+def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
+  exp = build(method='dp_pfeddsu', **{'dsu.masked_layers': 1, 'dsu.sparsity': 0.05,
+              'local.body_epochs': 1, 'local.batch_size': 512}, num_clients=2)
+  exp.model = SplitModel('two_layer', _TwoLayerExtractor(), nn.Dense(exp.data.num_classes),
+                         exp.data.num_classes, exp.data.input_shape)
+  model, data = exp.model, exp.data
+  paths = pieces.kernel_layer_paths(model)
+  assert paths == (('low',), ('high',))
+  state = exp.init_state()
+  shared = state.shared
+  mask = pieces.dsu_mask(shared, paths, 1, 0.05)
+  ext = mask['extractor']
+  assert all(np.all(np.asarray(x) == 1) for x in jax.tree.leaves(ext['low']))
+  kernel_mask = np.asarray(ext['high']['kernel'])
+  assert kernel_mask.sum() == math.ceil(0.05 * kernel_mask.size)
+
+  # The forward pass uses theta * M in `high`: a weight outside M does not change the output.
+  x = data.normalize(data.train_x[0, :8])
+  outside = tuple(np.argwhere(kernel_mask == 0)[0])
+  bumped = jax.tree.map(lambda a: a, shared)  # a copy we can edit
+  # Shrinking a weight outside M keeps it outside M.
+  bumped['extractor']['high']['kernel'] = shared['extractor']['high']['kernel'].at[outside].set(0.0)
+  head = jax.tree.map(lambda h: h[0], state.personal['head'])
+
+  def logits(s):
+    forward = sparsify.apply_mask(s, pieces.dsu_mask(s, paths, 1, 0.05))
+    return model.apply({**forward, 'head': head}, x)
+
+  np.testing.assert_allclose(logits(shared), logits(bumped), atol=1e-6)
+  dense = lambda s: model.apply({**s, 'head': head}, x)
+  assert not np.allclose(dense(shared), dense(bumped), atol=1e-6)  # the weight does matter unmasked
+
+  # One local step: `high` moves only inside its mask; the layer below moves everywhere.
+  client = make_client_update(exp.spec, model, exp.config.local, data.normalize,
+                              MethodParams.from_config(exp.config))
+  personal = jax.tree.map(lambda h: h[0], state.personal)
+  result = jax.jit(client)(shared, personal, data.train_x[0], data.train_y[0],
+                           data.train_count[0], jax.random.key(0), 0)
+  high_moved = np.asarray(result.delta['extractor']['high']['kernel']) != 0
+  assert high_moved.any() and not np.any(high_moved & (kernel_mask == 0))
+  assert np.mean(np.asarray(result.delta['extractor']['low']['kernel']) != 0) > 0.5
+
+
+def test_ft_methods_change_only_the_evaluation():
+  for base, ft in (('dp_fedavg', 'dp_fedavg_ft'), ('dp_fedsam', 'dp_fedsam_ft'),
+                   ('dp_fedavg', 'dp_fedavg_fb')):
+    a, b = build(method=base), build(method=ft)
+    assert dataclasses.replace(b.spec, name=base, paper='', evaluation='global') == \
+        dataclasses.replace(a.spec, paper='')
+    _, state_a = one_round(a)
+    _, state_b = one_round(b)
+    chex.assert_trees_all_equal(state_a, state_b)
+    key = jax.random.key(0)
+    acc_a = make_evaluate(a.spec, a.model, a.config.local)(state_a, a.data, key)
+    acc_b = make_evaluate(b.spec, b.model, b.config.local)(state_b, b.data, key)
+    assert float(acc_a['test_loss']) != float(acc_b['test_loss'])
+
+
+def test_method_pairs_differ_only_in_their_one_piece():
+  def same_but(a, b, **piece):
+    return dataclasses.replace(METHODS[a], name='x', paper='', **piece) == \
+        dataclasses.replace(METHODS[b], name='x', paper='')
+  assert same_but('centaur', 'dp2fedsam', body_optimizer='sam')
+  assert same_but('dp_fedavg', 'dp_fedsam', body_optimizer='sam')
+  assert same_but('fedavg', 'dp_fedavg', private=True)
+  assert same_but('dp2fedsam', 'p_fedsam', private=False)
+  assert same_but('fed_smp_topk', 'fed_smp_topk_safe', noise_on_mask=False)
+  assert same_but('dp_pfeddsu', 'dp_pfeddsu_safe', noise_on_mask=False)
+  assert same_but('dp_fedavg_blur', 'dp_fedavg_blurs', upload_mask='topk')
+
+
+def test_ppsgd_personal_model_is_global_plus_own_offset():
+  exp = build(method='ppsgd', sampling_rate=1.0)
+  state = exp.init_state()
+  assert set(state.personal) == {'head_offset'}
+  assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(state.personal))
+  _, new = one_round(exp)
+  offsets = new.personal['head_offset']['kernel']
+  assert not np.allclose(offsets[0], offsets[1])  # each client learns its own correction
+  assert 'head' in new.shared  # the global head is shared and aggregated
+
+
+def test_leaky_methods_say_so_in_metrics(tmp_path):
+  config = tiny_config(method='dp_pfeddsu', num_rounds=1, num_clients=4)
+  final = train.train_and_evaluate(config, str(tmp_path))
+  assert 'does not cover' in final['epsilon_caveat']
