@@ -14,7 +14,7 @@ from ml_collections import config_dict
 SAMPLINGS = ('poisson', 'fixed')
 NOISE_PLACEMENTS = ('central', 'distributed')
 ACCOUNTANTS = ('pld', 'rdp')
-PARTITIONS = ('iid', 'pathological', 'dirichlet')
+PARTITIONS = ('iid', 'pathological', 'dirichlet', 'natural')  # natural: one client per writer
 CONV_IMPLS = ('auto', 'xla', 'im2col')
 
 
