@@ -7,6 +7,7 @@ a message that names the field (as it is spelt on the command line) and says wha
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 from ml_collections import config_dict
@@ -38,6 +39,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
   c.cohort_capacity = config_dict.placeholder(int)  # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.seed = 0
+  # A msgpack file of {'extractor', 'head'} params (models.save_params): the extractor is restored,
+  # the head kept only if its shape fits, else freshly initialised. None: random init.
+  c.init_checkpoint = config_dict.placeholder(str)
 
   c.local = ml_collections.ConfigDict()
   c.local.head_epochs = 2
@@ -113,6 +117,11 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   for field in ('chunk_size', 'cohort_capacity'):
     if _get(config, field) is not None:
       _positive(config, field, integer=True)
+
+  path = config.get('init_checkpoint')
+  if path is not None and not (isinstance(path, str) and os.path.isfile(path)):
+    _fail('init_checkpoint', path, 'no such file; write one with '
+          'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
 
   q = config.sampling_rate
   if not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
