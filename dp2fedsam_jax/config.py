@@ -7,6 +7,7 @@ a message that names the field (as it is spelt on the command line) and says wha
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 from ml_collections import config_dict
@@ -14,7 +15,7 @@ from ml_collections import config_dict
 SAMPLINGS = ('poisson', 'fixed')
 NOISE_PLACEMENTS = ('central', 'distributed')
 ACCOUNTANTS = ('pld', 'rdp')
-PARTITIONS = ('iid', 'pathological', 'dirichlet')
+PARTITIONS = ('iid', 'pathological', 'dirichlet', 'natural')  # natural: one client per writer
 CONV_IMPLS = ('auto', 'xla', 'im2col')
 
 
@@ -46,6 +47,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.dsu.sparsity = 0.05     # fraction of weights kept in each masked layer (dp-pfeddsu.txt: S)
   c.dsu.masked_layers = 4   # the last k kernel layers of the extractor are masked
   c.dsu.lam = 0.2           # adaptive-norm penalty weight (lambda)
+  # A msgpack file of {'extractor', 'head'} params (models.save_params): the extractor is restored,
+  # the head kept only if its shape fits, else freshly initialised. None: random init.
+  c.init_checkpoint = config_dict.placeholder(str)
 
   c.local = ml_collections.ConfigDict()
   c.local.head_epochs = 2
@@ -122,6 +126,11 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   for field in ('chunk_size', 'cohort_capacity'):
     if _get(config, field) is not None:
       _positive(config, field, integer=True)
+
+  path = config.get('init_checkpoint')
+  if path is not None and not (isinstance(path, str) and os.path.isfile(path)):
+    _fail('init_checkpoint', path, 'no such file; write one with '
+          'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
 
   q = config.sampling_rate
   if not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:

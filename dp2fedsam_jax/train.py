@@ -25,6 +25,7 @@ from dp2fedsam_jax.config import validate_config, validate_privacy_fields
 from dp2fedsam_jax.data import FederatedData, make_federated_data
 from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.models import count_params, get_model
+from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.round import make_round_step, round_config_from, RoundConfig
 from dp2fedsam_jax.state import init_state, ServerState, split_params
@@ -81,7 +82,10 @@ class Experiment:
   round_config: RoundConfig
 
   def init_state(self) -> ServerState:
-    return init_state(self.spec, self.model, self.init_key, self.data.num_clients)
+    model = self.model
+    if self.config.get('init_checkpoint'):  # the extractor (and a fitting head) from a file
+      model = CheckpointInit(model, self.config.init_checkpoint)
+    return init_state(self.spec, model, self.init_key, self.data.num_clients)
 
   @property
   def root_key(self) -> jax.Array:

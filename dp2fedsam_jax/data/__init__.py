@@ -3,14 +3,20 @@
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.data.federated import build_federated_data
 from dp2fedsam_jax.data.federated import make_federated_data
+from dp2fedsam_jax.data.partition import NATURAL
 from dp2fedsam_jax.data.partition import PARTITIONS
 from dp2fedsam_jax.data.partition import dirichlet
 from dp2fedsam_jax.data.partition import iid
+from dp2fedsam_jax.data.partition import natural
 from dp2fedsam_jax.data.partition import partition
 from dp2fedsam_jax.data.partition import pathological
+from dp2fedsam_jax.data.sources import DATASETS_WITH_WRITERS
 from dp2fedsam_jax.data.sources import DEFAULT_FASHION_MNIST_DIR
+from dp2fedsam_jax.data.sources import TFDS_DATASETS
 from dp2fedsam_jax.data.sources import ArrayDataset
 from dp2fedsam_jax.data.sources import DatasetNotFoundError
+from dp2fedsam_jax.data.sources import channel_stats
+from dp2fedsam_jax.data.sources import dataset_names
 from dp2fedsam_jax.data.sources import load_dataset
 from dp2fedsam_jax.data.sources import load_fashion_mnist
 from dp2fedsam_jax.data.sources import read_idx
@@ -18,16 +24,22 @@ from dp2fedsam_jax.data.sources import synthetic
 
 __all__ = [
     'ArrayDataset',
+    'DATASETS_WITH_WRITERS',
     'DEFAULT_FASHION_MNIST_DIR',
     'DatasetNotFoundError',
     'FederatedData',
+    'NATURAL',
     'PARTITIONS',
+    'TFDS_DATASETS',
     'build_federated_data',
+    'channel_stats',
+    'dataset_names',
     'dirichlet',
     'iid',
     'load_dataset',
     'load_fashion_mnist',
     'make_federated_data',
+    'natural',
     'partition',
     'pathological',
     'read_idx',

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dp2fedsam_jax.data import sources
+from dp2fedsam_jax.data.partition import NATURAL
+from dp2fedsam_jax.data.partition import natural as _natural
 # Aliased: `make_federated_data` has an argument named `partition`.
 from dp2fedsam_jax.data.partition import partition as _partition
 
@@ -106,11 +108,23 @@ def make_federated_data(*, dataset: str, num_clients: int, partition: str, class
   """Loads the training split of `dataset`, partitions it over clients, splits each 90/10.
 
   All randomness (partition and per-client split) comes from np.random.default_rng(seed). Extra
-  `source_kwargs` go to the source (e.g. `num_examples=500` for 'synthetic').
+  `source_kwargs` go to the source (e.g. `num_examples=500` for 'synthetic'). Partition 'natural'
+  makes each of `num_clients` writers drawn with that rng a client (datasets with writers only).
   """
+  if partition == NATURAL and dataset not in sources.DATASETS_WITH_WRITERS:
+    # Checked before loading: the data may take minutes to read.
+    raise ValueError(
+        f'config.partition={NATURAL!r} (one client per writer) needs a dataset whose examples carry '
+        f'their writer, one of {list(sources.DATASETS_WITH_WRITERS)}; config.dataset={dataset!r} has '
+        "none. Use config.partition='iid', 'pathological' or 'dirichlet'.")
   ds = sources.load_dataset(dataset, data_dir=data_dir, split='train', **source_kwargs)
   rng = np.random.default_rng(seed)
-  client_indices = _partition(
-      ds.y, num_clients, partition, classes_per_client=classes_per_client,
-      dirichlet_alpha=dirichlet_alpha, rng=rng)
+  if partition == NATURAL:
+    if ds.writers is None:
+      raise ValueError(f'config.partition={NATURAL!r}: the loaded {dataset!r} data has no writers.')
+    client_indices = _natural(ds.writers, num_clients, rng)
+  else:
+    client_indices = _partition(
+        ds.y, num_clients, partition, classes_per_client=classes_per_client,
+        dirichlet_alpha=dirichlet_alpha, rng=rng)
   return build_federated_data(ds, client_indices, train_fraction=train_fraction, rng=rng)

@@ -1,6 +1,8 @@
-"""Splitting one dataset's examples over N clients (IID, pathological (N, S), Dirichlet(alpha)).
+"""Splitting one dataset's examples over N clients (IID, pathological (N, S), Dirichlet(alpha)),
+or by writer ('natural', for datasets whose examples carry their writer, e.g. FEMNIST).
 
-numpy only. Every function returns `num_clients` disjoint int64 index arrays into `labels`, each sorted.
+numpy only. Every function returns `num_clients` disjoint int64 index arrays into the examples,
+each sorted.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ import numbers
 
 import numpy as np
 
+# Partitions of a label array; `partition()` dispatches on these.
 PARTITIONS = ('iid', 'pathological', 'dirichlet')
+# One client per writer: a property of the data, not of its labels (see `natural`).
+NATURAL = 'natural'
 
 
 def _as_labels(labels) -> np.ndarray:
@@ -118,6 +123,26 @@ def dirichlet(labels, num_clients: int, alpha: float, rng: np.random.Generator,
       f'config.dirichlet_alpha (less skew) or fewer config.num_clients.')
 
 
+def natural(writers, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+  """One client per writer: `num_clients` writers drawn without replacement (rng), in writer order.
+
+  With num_clients equal to the number of writers every writer is a client (the draw is then only
+  a permutation, undone by the sort).
+  """
+  writers = np.asarray(writers)
+  if writers.ndim != 1 or not np.issubdtype(writers.dtype, np.integer):
+    raise ValueError(f'writers must be a 1-D integer array; got {writers.dtype} {writers.shape}.')
+  ids, inverse = np.unique(writers, return_inverse=True)
+  if not _is_int(num_clients) or not 1 <= num_clients <= len(ids):
+    raise ValueError(
+        f'config.num_clients={num_clients!r}: with config.partition={NATURAL!r} each client is one '
+        f'writer; must be an integer in [1, {len(ids)}] (the writers in the data).')
+  chosen = np.sort(rng.choice(len(ids), size=num_clients, replace=False))
+  order = np.argsort(inverse, kind='stable')
+  starts = np.searchsorted(inverse[order], np.arange(len(ids) + 1))
+  return _sorted_int64(order[starts[w]:starts[w + 1]] for w in chosen)
+
+
 def partition(labels, num_clients: int, kind: str, *, classes_per_client: int = 2,
               dirichlet_alpha: float = 0.5, rng: np.random.Generator) -> list[np.ndarray]:
   """Dispatches on `kind` ('iid', 'pathological', 'dirichlet'); see those functions."""
@@ -127,4 +152,8 @@ def partition(labels, num_clients: int, kind: str, *, classes_per_client: int = 
     return pathological(labels, num_clients, classes_per_client, rng)
   if kind == 'dirichlet':
     return dirichlet(labels, num_clients, dirichlet_alpha, rng)
-  raise ValueError(f'config.partition={kind!r}: unknown; choose one of {list(PARTITIONS)}.')
+  if kind == NATURAL:
+    raise ValueError(
+        f"config.partition={NATURAL!r} splits by writer, not by label: use partition.natural(writers, "
+        "...) (make_federated_data does, for datasets with writers such as 'femnist').")
+  raise ValueError(f'config.partition={kind!r}: unknown; choose one of {list(PARTITIONS) + [NATURAL]}.')

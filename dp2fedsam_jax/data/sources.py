@@ -49,6 +49,9 @@ class ArrayDataset:
     num_classes: number of classes.
     mean: per-channel mean of x / 255.
     std: per-channel std of x / 255.
+    writers: int32 [n], the writer (natural client) of each example, or None when the data has
+      no natural clients; needed by partition 'natural'.
+    writer_ids: the writers' names, indexed by `writers`.
   """
 
   x: np.ndarray
@@ -56,6 +59,8 @@ class ArrayDataset:
   num_classes: int
   mean: tuple[float, ...]
   std: tuple[float, ...]
+  writers: np.ndarray | None = None
+  writer_ids: tuple[str, ...] | None = None
 
   def __post_init__(self):
     if self.x.ndim != 4 or self.x.dtype != np.uint8:
@@ -75,6 +80,12 @@ class ArrayDataset:
       raise ValueError(
           f'labels must lie in [0, {self.num_classes}); got range '
           f'[{self.y.min()}, {self.y.max()}].')
+    if self.writers is not None:
+      if self.writers.shape != self.y.shape or not np.issubdtype(self.writers.dtype, np.integer):
+        raise ValueError(f'ArrayDataset.writers must be integer [{len(self.y)}]; got '
+                         f'{self.writers.dtype} {self.writers.shape}.')
+      if self.writer_ids is None or (self.writers.size and self.writers.max() >= len(self.writer_ids)):
+        raise ValueError('ArrayDataset.writer_ids must name every index in writers.')
 
   def __len__(self) -> int:
     return int(self.x.shape[0])
@@ -227,24 +238,78 @@ def synthetic(num_examples: int = 1000,
   )
 
 
+def channel_stats(x: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """Per-channel mean and std of x / 255 for uint8 [n, H, W, C], in chunks (no float copy of x)."""
+  c = x.shape[-1]
+  total = np.zeros(c, np.float64)
+  squares = np.zeros(c, np.float64)
+  for start in range(0, len(x), chunk):
+    part = x[start:start + chunk].reshape(-1, c).astype(np.float64)
+    total += part.sum(axis=0)
+    squares += np.square(part).sum(axis=0)
+  count = max(1, x.size // c)
+  mean = total / count / 255.0
+  var = np.maximum(squares / count / 255.0**2 - mean**2, 0.0)
+  std = np.maximum(np.sqrt(var), 1e-3)  # avoid /0 on constant data
+  return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+
 def _load_synthetic(data_dir=None, split='train', **kwargs) -> ArrayDataset:
   del data_dir  # generated in memory
   return synthetic(split=split, **kwargs)
 
 
+def _load_femnist(data_dir=None, split='train', **kwargs) -> ArrayDataset:
+  from dp2fedsam_jax.data import femnist  # pylint: disable=import-outside-toplevel  (cycle)
+  return femnist.load_femnist(data_dir, split, **kwargs)
+
+
+def _tfds_loader(tfds_name: str) -> Callable[..., ArrayDataset]:
+  def load(data_dir=None, split='train', **kwargs) -> ArrayDataset:
+    # TensorFlow is imported only inside tfds_source, only when a TFDS dataset is loaded.
+    from dp2fedsam_jax.data import tfds_source  # pylint: disable=import-outside-toplevel
+    return tfds_source.load_tfds(tfds_name, data_dir=data_dir, split=split, **kwargs)
+  return load
+
+
+# Datasets read through TFDS (the [tfds] extra): config name -> TFDS name. Any other TFDS image
+# classification dataset is available as 'tfds:<name>[/<config>]', e.g. 'tfds:fashion_mnist'.
+TFDS_DATASETS = {
+    'cifar10': 'cifar10',
+    'cifar100': 'cifar100',
+    'emnist': 'emnist/byclass',  # TFDS's default config: 62 classes
+    'emnist_byclass': 'emnist/byclass',
+    'emnist_bymerge': 'emnist/bymerge',
+    'emnist_balanced': 'emnist/balanced',
+    'emnist_letters': 'emnist/letters',
+    'emnist_digits': 'emnist/digits',
+    'emnist_mnist': 'emnist/mnist',
+}
+# Datasets whose examples carry their writer, so partition 'natural' (one client per writer) works.
+DATASETS_WITH_WRITERS = ('femnist',)
+
 _REGISTRY: dict[str, Callable[..., ArrayDataset]] = {
     'fashion_mnist': load_fashion_mnist,
+    'femnist': _load_femnist,
     'synthetic': _load_synthetic,
+    **{name: _tfds_loader(tfds_name) for name, tfds_name in TFDS_DATASETS.items()},
 }
+
+
+def dataset_names() -> list[str]:
+  return sorted(_REGISTRY) + ['tfds:<name>']
 
 
 def load_dataset(name: str, data_dir: str | None = None, split: str = 'train',
                  **kwargs) -> ArrayDataset:
-  """Loads dataset `name` ('fashion_mnist' or 'synthetic').
+  """Loads dataset `name`: 'fashion_mnist' (IDX files), 'femnist' (by writer), 'synthetic', a
+  TFDS dataset of TFDS_DATASETS, or any TFDS dataset as 'tfds:<name>' (e.g. 'tfds:fashion_mnist').
 
   Extra `kwargs` go to the source (e.g. `num_examples` for 'synthetic').
   """
+  if isinstance(name, str) and name.startswith('tfds:') and len(name) > 5:
+    return _tfds_loader(name[5:])(data_dir=data_dir, split=split, **kwargs)
   if name not in _REGISTRY:
     raise ValueError(
-        f'config.dataset={name!r} is unknown; choose one of {sorted(_REGISTRY)}.')
+        f'config.dataset={name!r} is unknown; choose one of {dataset_names()}.')
   return _REGISTRY[name](data_dir=data_dir, split=split, **kwargs)

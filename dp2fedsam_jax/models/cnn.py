@@ -47,3 +47,31 @@ class MLPExtractor(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.reshape(x.shape[0], -1)
     return nn.relu(nn.Dense(self.hidden, name='fc0')(x))
+
+
+class ConvConvDenseExtractor(nn.Module):
+  """Two conv layers (32, 64 filters), 2x2 max pool(s), one Dense + ReLU: the EMNIST CNN variants.
+
+  pool='each' pools after every conv (relu(pool(x)) == pool(relu(x))); pool='last' only after the
+  second conv, as in TFF's EMNIST conv model (here without its dropout: the engine draws no dropout
+  keys, and a deterministic model keeps clients' updates a pure function of their data and key).
+  """
+  kernel_size: int = 5
+  padding: str = 'VALID'
+  pool: str = 'each'
+  dense: int = 512
+  conv_impl: str = 'xla'
+  pool_impl: str = 'reshape'
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if self.pool not in ('each', 'last'):
+      raise ValueError(f"pool={self.pool!r} is unknown; choose 'each' or 'last'.")
+    k = (self.kernel_size, self.kernel_size)
+    for i, f in enumerate((32, 64)):
+      x = Conv2D(f, k, padding=self.padding, impl=self.conv_impl, name=f'conv{i}')(x)
+      if self.pool == 'each' or i == 1:
+        x = max_pool_2x2(x, self.pool_impl)
+      x = nn.relu(x)
+    x = x.reshape(x.shape[0], -1)
+    return nn.relu(nn.Dense(self.dense, name='fc0')(x))

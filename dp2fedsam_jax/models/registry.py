@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax.models import cnn
+from dp2fedsam_jax.models import resnet
 from dp2fedsam_jax.models.layers import resolve_conv_impl
 
 
@@ -78,6 +79,27 @@ def _emnist_cnn(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
   return cnn.EmnistCNNExtractor(conv_impl=conv_impl, pool_impl=pool_impl)
 
 
+def _emnist_cnn_fedavg(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
+  # McMahan et al. 2017's CNN: 5x5 SAME convs; 1,663,370 params at 10 classes, 1,690,046 at 62.
+  return cnn.ConvConvDenseExtractor(kernel_size=5, padding='SAME', pool='each', dense=512,
+                                    conv_impl=conv_impl, pool_impl=pool_impl)
+
+
+def _emnist_cnn_tff(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
+  # TFF's EMNIST conv model without dropout: 3x3 VALID convs, one pool, Dense 128;
+  # 1,206,590 params at 62 classes.
+  return cnn.ConvConvDenseExtractor(kernel_size=3, padding='VALID', pool='last', dense=128,
+                                    conv_impl=conv_impl, pool_impl=pool_impl)
+
+
+def _resnet18_gn(conv_impl: str, num_groups: int = 2) -> nn.Module:
+  return resnet.ResNet18Extractor(num_groups=num_groups, conv_impl=conv_impl)
+
+
+def _resnet20(conv_impl: str, num_groups: int = 2, shortcut: str = 'A') -> nn.Module:
+  return resnet.ResNet20Extractor(num_groups=num_groups, shortcut=shortcut, conv_impl=conv_impl)
+
+
 def _mlp(conv_impl: str, hidden: int = 64) -> nn.Module:
   del conv_impl  # no convolutions
   return cnn.MLPExtractor(hidden=hidden)
@@ -86,7 +108,11 @@ def _mlp(conv_impl: str, hidden: int = 64) -> nn.Module:
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     'cifar_cnn': _cifar_cnn,
     'emnist_cnn': _emnist_cnn,
+    'emnist_cnn_fedavg': _emnist_cnn_fedavg,
+    'emnist_cnn_tff': _emnist_cnn_tff,
     'mlp': _mlp,
+    'resnet18_gn': _resnet18_gn,
+    'resnet20': _resnet20,
 }
 
 
@@ -99,7 +125,8 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
   """Builds a SplitModel by name.
 
   model_kwargs go to the builder: `hidden` for 'mlp'; `pool_impl` ('reshape' or
-  'reduce_window') for the CNNs.
+  'reduce_window') for the CNNs; `num_groups` (GroupNorm, default 2) for the ResNets and
+  `shortcut` ('A' default, or 'B') for 'resnet20'.
   """
   if name not in _REGISTRY:
     raise ValueError(f'config.model={name!r} is unknown; choose one of {model_names()}')
