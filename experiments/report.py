@@ -72,7 +72,8 @@ def _setting_from_config(config: dict) -> dict:
 
 def load_runs(root: str) -> list[RunResult]:
   runs = []
-  for directory, _, files in sorted(os.walk(root)):
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))  # e.g. the sweep's .jax_cache
     if 'metrics.jsonl' not in files or 'config.json' not in files:
       continue
     with open(os.path.join(directory, 'config.json')) as f:

@@ -43,6 +43,9 @@ _EPS = flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the gr
 _GRID = flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only '
                                  'machine each run already uses every core: keep 1 there.')
+_CACHE = flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
+                           '(<root>/.jax_cache) between the runs: seeds of one setting compile the '
+                           'same programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.')
 _PLAN = flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.')
 
 _OVERRIDE_PREFIX = '--config.'
@@ -179,8 +182,13 @@ def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel: int = 1) -> dict:
-  """Runs every unfinished run, `parallel` at a time; returns {workdir: status}."""
+def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel: int = 1,
+              cache_dir: str | None = None) -> dict:
+  """Runs every unfinished run, `parallel` at a time; returns {workdir: status}.
+
+  cache_dir: a persistent JAX compilation cache shared by the runs (None: none, or the caller's
+  JAX_COMPILATION_CACHE_DIR).
+  """
   runs = plan(config_path, root, axes, overrides)
   results = {}
   pending = []
@@ -192,6 +200,9 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
       pending.append(run)
   running: list[tuple[Run, subprocess.Popen, float, object]] = []
   env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+  if cache_dir and 'JAX_COMPILATION_CACHE_DIR' not in env:
+    env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   total = len(pending)
   started = 0
   while pending or running:
@@ -259,7 +270,8 @@ def main(argv):
     for run in plan(_CONFIG.value, _ROOT.value, _axes(), _overrides):
       print(f'{run.status:24s} {run.workdir}')
     return
-  results = run_sweep(_CONFIG.value, _ROOT.value, _axes(), _overrides, _PARALLEL.value)
+  cache_dir = os.path.join(_ROOT.value, '.jax_cache') if _CACHE.value else None
+  results = run_sweep(_CONFIG.value, _ROOT.value, _axes(), _overrides, _PARALLEL.value, cache_dir)
   failed = [w for w, s in results.items() if s.startswith('failed')]
   counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
   _log(f'sweep: {len(results)} runs: {counts}')
