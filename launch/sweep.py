@@ -50,6 +50,8 @@ _PLAN = flags.DEFINE_bool('plan', False, 'Print the runs and their status, run n
 
 _OVERRIDE_PREFIX = '--config.'
 _overrides: list[str] = []  # the --config.x=y flags, taken out before absl parses the rest
+# Overrides a finished or unfinished run may change and still be the same run (see experiments.train).
+_RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.dp.target_epsilon=')
 
 
 def format_value(value) -> str:
@@ -116,6 +118,7 @@ class Run:
   num_rounds: int
   method: str
   config_name: str
+  overrides: tuple[str, ...] = ()
 
   @property
   def rounds_done(self) -> int:
@@ -126,8 +129,24 @@ class Run:
       lines = [l for l in f.read().splitlines() if l.strip()]
     return int(json.loads(lines[-1])['round']) if lines else 0
 
+  def conflict(self) -> str | None:
+    """Why this workdir holds another run (other arguments or overrides), or None."""
+    path = os.path.join(self.workdir, 'sweep.json')
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      old = json.load(f)
+    if arg_string(old['args']) != arg_string(self.args):
+      return f"arguments {arg_string(old['args'])!r} != {arg_string(self.args)!r}"
+    changed = set(old['overrides']) ^ set(self.overrides)
+    changed = sorted(o for o in changed if not o.startswith(_RESUMABLE_OVERRIDES))
+    return f'overrides differ: {changed}' if changed else None
+
   @property
   def status(self) -> str:
+    conflict = self.conflict()
+    if conflict:
+      return f'conflict ({conflict}; use another --root)'
     done = self.rounds_done
     if done >= self.num_rounds:
       return 'done'
@@ -167,7 +186,7 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
   for args in expand_grid(base, axes):
     config = apply_overrides(module.get_config(arg_string(args) or None), overrides)
     runs.append(Run(args, workdir_for(root, config_name, config, args), int(config.num_rounds),
-                    config.method, config_name))
+                    config.method, config_name, tuple(overrides)))
   return runs
 
 
@@ -193,9 +212,13 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
   results = {}
   pending = []
   for run in runs:
-    if run.status == 'done':
+    status = run.status
+    if status == 'done':
       results[run.workdir] = 'skipped (done)'
       _log(f'skip    {run.workdir} (finished: round {run.num_rounds})')
+    elif status.startswith('conflict'):
+      results[run.workdir] = f'failed ({status})'
+      _log(f'FAILED  {run.workdir}: {status}')
     else:
       pending.append(run)
   running: list[tuple[Run, subprocess.Popen, float, object]] = []

@@ -101,6 +101,9 @@ def test_sweep_runs_skips_finished_and_resumes_unfinished(tiny_config_path, tmp_
   # More rounds through an override: every finished run becomes a resume, nothing restarts.
   longer = sweep.plan(tiny_config_path, root, [], ['--config.num_rounds=3'])
   assert [r.status for r in longer] == ['resume from round 2'] * 4
+  # Another run in the same workdirs is refused, not skipped as if it were done.
+  other = sweep.run_sweep(tiny_config_path, root, [], ['--config.dp.clip_norm=0.5'])
+  assert all(s.startswith('failed (conflict (overrides differ') for s in other.values())
 
 
 def test_binary_plan_passes_overrides_and_axes(tiny_config_path, tmp_path):
