@@ -10,6 +10,7 @@ method and seed) and method, and writes to --out:
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
   <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when a setting has several
+  runs/...                  with --copy_runs: the runs' small files, for committing the results
 
 Matplotlib comes with the `[report]` extra.
 """
@@ -23,6 +24,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 from absl import app
@@ -30,6 +32,9 @@ from absl import flags
 
 _ROOT = flags.DEFINE_string('root', None, 'Directory holding the workdirs (searched recursively).')
 _OUT = flags.DEFINE_string('out', None, 'Output directory for results.md, results.csv and PNGs.')
+_COPY_RUNS = flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json '
+                               'and metrics.jsonl (not its checkpoints) to <out>/runs/, so the '
+                               'results can be committed and the report rebuilt from them.')
 
 
 @dataclasses.dataclass
@@ -301,12 +306,23 @@ def _group_final(runs: list[RunResult]) -> dict:
   return out
 
 
-def write_report(root: str, out: str) -> dict:
+def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
+  for run in runs:
+    target = os.path.join(out, 'runs', os.path.relpath(run.workdir, root))
+    os.makedirs(target, exist_ok=True)
+    for name in ('config.json', 'sweep.json', 'metrics.jsonl'):
+      if os.path.exists(os.path.join(run.workdir, name)):
+        shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
+
+
+def write_report(root: str, out: str, copy_runs: bool = False) -> dict:
   """Writes the tables and plots; returns their paths."""
   runs = load_runs(root)
   if not runs:
     raise ValueError(f'no workdir with metrics.jsonl and config.json under {root}')
   os.makedirs(out, exist_ok=True)
+  if copy_runs:
+    copy_run_files(runs, root, out)
   rows = summarize(runs)
   md, csv_path = write_tables(rows, out)
   plots = write_plots(runs, out)
@@ -319,7 +335,7 @@ def write_report(root: str, out: str) -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  paths = write_report(_ROOT.value, _OUT.value)
+  paths = write_report(_ROOT.value, _OUT.value, _COPY_RUNS.value)
   print(json.dumps(paths, indent=2))
 
 

@@ -104,3 +104,11 @@ def test_unfinished_runs_are_flagged_and_plain_workdirs_are_read(tmp_path):
 def test_empty_root_fails_clearly(tmp_path):
   with pytest.raises(ValueError, match='no workdir'):
     report.write_report(str(tmp_path), str(tmp_path / 'out'))
+
+
+def test_copied_runs_rebuild_the_same_table(root, tmp_path):
+  first = report.write_report(root, str(tmp_path / 'report'), copy_runs=True)
+  copied = str(tmp_path / 'report' / 'runs')
+  assert not any('checkpoints' in d for d, _, _ in os.walk(copied))
+  again = report.write_report(copied, str(tmp_path / 'again'))
+  assert open(again['csv']).read() == open(first['csv']).read()
