@@ -209,16 +209,25 @@ def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+  curves = {m: _curves(g, key) for m, g in sorted(by_method.items())}
+  means = np.concatenate([c[1] for c in curves.values()] or [np.zeros(0)])
+  # Update norms can blow up by orders of magnitude in the first rounds: use a log axis then.
+  log = bool(len(means)) and means.min() > 0 and means.max() / means.min() > 100
   for method, group in sorted(by_method.items()):
-    rounds, mean, std = _curves(group, key)
+    rounds, mean, std = curves[method]
     if not len(rounds):
       continue
+    lower, upper = mean - std, mean + std
+    if log:  # a band below zero cannot be drawn on a log axis: floor it under the lowest mean
+      lower = np.maximum(lower, 0.5 * means.min())
     ax.plot(rounds, scale * mean, marker='o', markersize=3, color=colors[method],
             label=f'{method} (n={len(group)})')
-    ax.fill_between(rounds, scale * (mean - std), scale * (mean + std), color=colors[method],
+    ax.fill_between(rounds, scale * lower, scale * upper, color=colors[method],
                     alpha=0.2, linewidth=0)
   ax.set_xlabel('round')
-  ax.set_ylabel(ylabel)
+  if log:
+    ax.set_yscale('log')
+  ax.set_ylabel(ylabel + (' (log scale)' if log else ''))
   ax.set_title(title, fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
