@@ -1,9 +1,9 @@
 r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unfinished ones resumed.
 
   python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs
-  python -m launch.sweep --config=experiments/configs/default.py --root=runs \
-      --methods=dp2fedsam,centaur --seeds=0,1 --eps=1,2 --grid=num_rounds_arg=... \
-      --parallel=2 --config.num_rounds=15
+  python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs \
+      --methods=dp2fedsam,centaur --seeds=0 --grid=N=1000 --grid=S=2,5 --config.num_rounds=50
+  python -m launch.sweep ... --plan     # list the runs and their status, run nothing
 
 The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
 empty entry; `--methods`, `--seeds`, `--eps` and each `--grid=key=v1,v2` replace that key in every
