@@ -2,11 +2,12 @@ r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unf
 
   python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs
   python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs \
-      --methods=dp2fedsam,centaur --seeds=0 --grid=N=1000 --grid=S=2,5 --config.num_rounds=50
+      --only=dataset=cifar10 --only=N=1000 --methods=dp2fedsam,centaur --seeds=0 \
+      --config.num_rounds=50
   python -m launch.sweep ... --plan     # list the runs and their status, run nothing
 
 The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
-empty entry; `--methods`, `--seeds`, `--eps` and each `--grid=key=v1,v2` replace that key in every
+empty entry; `--only=key=value` keeps the entries with that value; then `--methods`, `--seeds`, `--eps` and each `--grid=key=v1,v2` replace that key in every
 entry by each of the listed values (a product). Every entry runs as
 `python -m experiments.train --config=CONFIG:args --workdir=W [--config.x=y ...]` with its output
 appended to `W/train.log`, where
@@ -40,6 +41,8 @@ _ROOT = flags.DEFINE_string('root', None, 'Root directory of the workdirs.')
 _METHODS = flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).')
 _SEEDS = flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).')
 _EPS = flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).')
+_ONLY = flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
+                                  'key=value (e.g. --only=dataset=cifar10).')
 _GRID = flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only '
                                  'machine each run already uses every core: keep 1 there.')
@@ -173,7 +176,8 @@ def workdir_for(root: str, config_name: str, config, args: dict) -> str:
                       f'seed={config.seed}')
 
 
-def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: list[str]) -> list[Run]:
+def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: list[str],
+         only: list[str] = ()) -> list[Run]:
   """The runs of a sweep: one per grid entry, with its workdir and the rounds it must reach."""
   path, _, fixed = config_path.partition(':')
   module = load_config_module(path)
@@ -181,6 +185,11 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
   if fixed:
     fixed_args = dict(item.split('=', 1) for item in fixed.split(','))
     base = [{**e, **fixed_args} for e in base]
+  for item in only:
+    key, _, value = item.partition('=')
+    base = [e for e in base if key in e and format_value(e[key]) == format_value(_parse_literal(value))]
+    if not base:
+      raise ValueError(f'--only={item}: no grid entry of {path} has it')
   config_name = os.path.splitext(os.path.basename(path))[0]
   runs = []
   for args in expand_grid(base, axes):
@@ -202,13 +211,13 @@ def _log(message: str) -> None:
 
 
 def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel: int = 1,
-              cache_dir: str | None = None) -> dict:
+              cache_dir: str | None = None, only: list[str] = ()) -> dict:
   """Runs every unfinished run, `parallel` at a time; returns {workdir: status}.
 
   cache_dir: a persistent JAX compilation cache shared by the runs (None: none, or the caller's
   JAX_COMPILATION_CACHE_DIR).
   """
-  runs = plan(config_path, root, axes, overrides)
+  runs = plan(config_path, root, axes, overrides, only)
   results = {}
   pending = []
   for run in runs:
@@ -290,11 +299,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if _PLAN.value:
-    for run in plan(_CONFIG.value, _ROOT.value, _axes(), _overrides):
+    for run in plan(_CONFIG.value, _ROOT.value, _axes(), _overrides, _ONLY.value):
       print(f'{run.status:24s} {run.workdir}')
     return
   cache_dir = os.path.join(_ROOT.value, '.jax_cache') if _CACHE.value else None
-  results = run_sweep(_CONFIG.value, _ROOT.value, _axes(), _overrides, _PARALLEL.value, cache_dir)
+  results = run_sweep(_CONFIG.value, _ROOT.value, _axes(), _overrides, _PARALLEL.value, cache_dir,
+                      _ONLY.value)
   failed = [w for w, s in results.items() if s.startswith('failed')]
   counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
   _log(f'sweep: {len(results)} runs: {counts}')

@@ -116,3 +116,14 @@ def test_binary_plan_passes_overrides_and_axes(tiny_config_path, tmp_path):
       os.path.join(str(tmp_path), 'tiny', 'p_fedsam', f'eps={e}', f'seed={s}')
       for s in (3, 4) for e in (1, 2)]
   assert all(l.startswith('new') for l in lines)
+
+
+def test_only_filters_the_config_grid(tmp_path):
+  config = os.path.join(ROOT, 'experiments', 'configs', 'dp2fedsam_table2.py')
+  runs = sweep.plan(config, str(tmp_path), [('method', ['centaur']), ('seed', [0])], [],
+                    only=['dataset=cifar10', 'N=1000'])
+  assert sorted(sweep.arg_string(r.args) for r in runs) == [
+      'N=1000,S=2,dataset=cifar10,eps=1,method=centaur,seed=0',
+      'N=1000,S=5,dataset=cifar10,eps=1,method=centaur,seed=0']
+  with pytest.raises(ValueError, match='no grid entry'):
+    sweep.plan(config, str(tmp_path), [], [], only=['dataset=mnist'])
