@@ -27,6 +27,7 @@ from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
+from dp2fedsam_jax.progress import RoundProgress
 from dp2fedsam_jax.round import make_round_step, round_config_from, RoundConfig
 from dp2fedsam_jax.state import init_state, ServerState, split_params
 
@@ -205,15 +206,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   window: list[dict] = []
   window_start = time.perf_counter()
   record = records[-1] if records else {}
+  progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
   for r in range(start, config.num_rounds):
     state, metrics = round_step(state, data, key)
     metrics = jax.device_get(metrics)
+    if not bool(metrics['finite']):
+      progress.close()  # end the progress line before the error
     _check_finite(metrics, r + 1, workdir)
     window.append(metrics)
     done = r + 1
     if done % config.eval_every and done != config.num_rounds:
+      progress.update(done, (time.perf_counter() - window_start) / len(window))
       continue
     seconds = (time.perf_counter() - window_start) / len(window)
+    progress.clear()  # before evaluation and checkpointing log anything
     record = {
         'round': done,
         'epsilon': exp.privacy.epsilon_after(config, done),
@@ -230,5 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info('round %d/%d  acc %.4f  loss %.4f  eps %.3f  %.2f s/round', done,
                  config.num_rounds, record['test_accuracy'], record['train_loss'],
                  record['epsilon'], seconds)
+    progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
     window, window_start = [], time.perf_counter()
+  progress.close()
   return record

@@ -30,3 +30,9 @@ def get_config(arg: str | None = None):
   c.dp.target_epsilon = float(args.get('eps', 2.0))
   c.seed = int(args.get('seed', 0))
   return c
+
+
+def sweep_grid() -> list[dict]:
+  """The README's comparison: DP-FedAvg, DP-FedSAM, CENTAUR, DP²-FedSAM x 3 seeds at eps = 2."""
+  return [dict(method=m, eps=2.0, seed=s)
+          for m in ('dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam') for s in (0, 1, 2)]

@@ -1,0 +1,353 @@
+r"""Tables and plots from a root of workdirs: `python -m experiments.report --root=runs --out=report`.
+
+Reads every `metrics.jsonl` under --root (with its `config.json`, and `sweep.json` when
+launch/sweep.py made it), groups the runs by config, setting (the sweep's arguments other than
+method and seed) and method, and writes to --out:
+
+  results.md, results.csv   final-round test accuracy, mean ± sample std over seeds, per method and
+                            setting; the best round's accuracy in a separate, labelled column (it
+                            is chosen on test data, so it is optimistic); epsilon reached; seeds
+  <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
+  <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
+  <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when a setting has several
+  runs/...                  with --copy_runs: the runs' small files, for committing the results
+
+Matplotlib comes with the `[report]` extra.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+
+import numpy as np
+from absl import app
+from absl import flags
+
+_ROOT = flags.DEFINE_string('root', None, 'Directory holding the workdirs (searched recursively).')
+_OUT = flags.DEFINE_string('out', None, 'Output directory for results.md, results.csv and PNGs.')
+_COPY_RUNS = flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json '
+                               'and metrics.jsonl (not its checkpoints) to <out>/runs/, so the '
+                               'results can be committed and the report rebuilt from them.')
+
+
+@dataclasses.dataclass
+class RunResult:
+  workdir: str
+  config_name: str
+  setting: dict
+  method: str
+  seed: int
+  num_rounds: int           # what the config asks for
+  records: list[dict]       # metrics.jsonl, one per evaluated round
+
+  @property
+  def finished(self) -> bool:
+    return bool(self.records) and self.records[-1]['round'] >= self.num_rounds
+
+
+def _fmt(value) -> str:
+  if isinstance(value, float):
+    return 'inf' if math.isinf(value) else f'{value:g}'
+  return str(value)
+
+
+def setting_label(setting: dict) -> str:
+  return ','.join(f'{k}={_fmt(v)}' for k, v in sorted(setting.items())) or 'default'
+
+
+def _setting_from_config(config: dict) -> dict:
+  """For workdirs not made by launch/sweep.py: the fields that usually tell settings apart."""
+  setting = {'dataset': config.get('dataset'), 'N': config.get('num_clients')}
+  if config.get('partition') == 'pathological':
+    setting['S'] = config.get('classes_per_client')
+  elif config.get('partition') == 'dirichlet':
+    setting['alpha'] = config.get('dirichlet_alpha')
+  eps = (config.get('dp') or {}).get('target_epsilon')
+  if eps is not None:
+    setting['eps'] = eps
+  return setting
+
+
+def load_runs(root: str) -> list[RunResult]:
+  runs = []
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))  # e.g. the sweep's .jax_cache
+    if 'metrics.jsonl' not in files or 'config.json' not in files:
+      continue
+    with open(os.path.join(directory, 'config.json')) as f:
+      config = json.load(f)
+    with open(os.path.join(directory, 'metrics.jsonl')) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+    if not records:
+      continue
+    sweep_path = os.path.join(directory, 'sweep.json')
+    if os.path.exists(sweep_path):
+      with open(sweep_path) as f:
+        sweep = json.load(f)
+      config_name = sweep['config_name']
+      setting = {k: v for k, v in sweep['args'].items() if k not in ('method', 'seed')}
+    else:
+      config_name = os.path.relpath(directory, root).split(os.sep)[0]
+      setting = _setting_from_config(config)
+    runs.append(RunResult(directory, config_name, setting, config['method'], int(config['seed']),
+                          int(config['num_rounds']), records))
+  return runs
+
+
+def _mean_std(values) -> tuple[float, float]:
+  values = np.asarray(values, dtype=float)
+  std = float(np.std(values, ddof=1)) if len(values) > 1 else float('nan')
+  return float(np.mean(values)), std
+
+
+@dataclasses.dataclass
+class Row:
+  config_name: str
+  setting: str
+  method: str
+  epsilon: float
+  num_seeds: int
+  final_round: int
+  final_acc: tuple[float, float]
+  best_acc: tuple[float, float]
+  seconds_per_round: float
+  note: str
+
+
+def summarize(runs: list[RunResult]) -> list[Row]:
+  groups = collections.defaultdict(list)
+  for run in runs:
+    groups[(run.config_name, setting_label(run.setting), run.method)].append(run)
+  rows = []
+  for (config_name, setting, method), group in sorted(groups.items()):
+    group.sort(key=lambda r: r.seed)
+    finals = [r.records[-1] for r in group]
+    unfinished = [r.seed for r in group if not r.finished]
+    rounds = {f['round'] for f in finals}
+    notes = []
+    if unfinished:
+      notes.append(f'unfinished seeds {unfinished}')
+    if len(rounds) > 1:
+      notes.append(f'seeds end at different rounds {sorted(rounds)}')
+    rows.append(Row(
+        config_name, setting, method,
+        epsilon=float(np.mean([f['epsilon'] for f in finals])),
+        num_seeds=len(group), final_round=min(rounds),
+        final_acc=_mean_std([f['test_accuracy'] for f in finals]),
+        best_acc=_mean_std([max(rec['test_accuracy'] for rec in r.records) for r in group]),
+        seconds_per_round=float(np.mean([np.mean([rec['seconds'] for rec in r.records])
+                                         for r in group])),
+        note='; '.join(notes)))
+  return rows
+
+
+def _pct(mean_std: tuple[float, float]) -> str:
+  mean, std = mean_std
+  return f'{100 * mean:.2f}' + ('' if math.isnan(std) else f' ± {100 * std:.2f}')
+
+
+def _eps_text(eps: float) -> str:
+  return '∞' if math.isinf(eps) else f'{eps:.3g}'
+
+
+def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
+  csv_path, md_path = os.path.join(out, 'results.csv'), os.path.join(out, 'results.md')
+  with open(csv_path, 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
+                     'final_acc_mean', 'final_acc_std', 'best_round_acc_mean',
+                     'best_round_acc_std', 'seconds_per_round', 'note'])
+    for r in rows:
+      writer.writerow([r.config_name, r.setting, r.method, r.epsilon, r.num_seeds, r.final_round,
+                       r.final_acc[0], r.final_acc[1], r.best_acc[0], r.best_acc[1],
+                       r.seconds_per_round, r.note])
+  lines = ['# Results', '',
+           'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
+           'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
+           'global model, or fine-tuned copy). *Best round* is the maximum over evaluated '
+           'rounds, chosen on test data, so it is optimistic; it is shown only for comparison with '
+           'papers that report it. ε: reached after the final round (δ as in each config.json).', '']
+  for config_name in sorted({r.config_name for r in rows}):
+    lines += [f'## {config_name}', '',
+              '| setting | method | ε | seeds | round | final-round acc | best-round acc (optimistic) '
+              '| s/round | note |', '|---|---|---|---|---|---|---|---|---|']
+    for r in rows:
+      if r.config_name == config_name:
+        lines.append(f'| {r.setting} | {r.method} | {_eps_text(r.epsilon)} | {r.num_seeds} | '
+                     f'{r.final_round} | {_pct(r.final_acc)} | {_pct(r.best_acc)} | '
+                     f'{r.seconds_per_round:.2f} | {r.note} |')
+    lines.append('')
+  with open(md_path, 'w') as f:
+    f.write('\n'.join(lines))
+  return md_path, csv_path
+
+
+def _curves(group: list[RunResult], key: str):
+  """(rounds, mean, std) over seeds at the rounds every seed has evaluated."""
+  common = sorted(set.intersection(*({rec['round'] for rec in r.records if key in rec}
+                                     for r in group)))
+  values = np.array([[next(rec[key] for rec in r.records if rec['round'] == rnd) for rnd in common]
+                     for r in group], dtype=float)
+  std = values.std(axis=0, ddof=1) if len(group) > 1 else np.zeros(len(common))
+  return np.array(common), values.mean(axis=0), std
+
+
+def _safe(text: str) -> str:
+  return re.sub(r'[^A-Za-z0-9_.=,+-]+', '_', text)
+
+
+def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, colors: dict,
+                 scale=1.0) -> None:
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+  curves = {m: _curves(g, key) for m, g in sorted(by_method.items())}
+  means = np.concatenate([c[1] for c in curves.values()] or [np.zeros(0)])
+  # Update norms can blow up by orders of magnitude in the first rounds: use a log axis then.
+  log = bool(len(means)) and means.min() > 0 and means.max() / means.min() > 100
+  for method, group in sorted(by_method.items()):
+    rounds, mean, std = curves[method]
+    if not len(rounds):
+      continue
+    lower, upper = mean - std, mean + std
+    if log:  # a band below zero cannot be drawn on a log axis: floor it under the lowest mean
+      lower = np.maximum(lower, 0.5 * means.min())
+    ax.plot(rounds, scale * mean, marker='o', markersize=3, color=colors[method],
+            label=f'{method} (n={len(group)})')
+    ax.fill_between(rounds, scale * lower, scale * upper, color=colors[method],
+                    alpha=0.2, linewidth=0)
+  ax.set_xlabel('round')
+  if log:
+    ax.set_yscale('log')
+  ax.set_ylabel(ylabel + (' (log scale)' if log else ''))
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
+  """points: method -> list of (eps, mean, std); eps = inf is drawn as a horizontal line."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+  for method, pts in sorted(points.items()):
+    finite = sorted(p for p in pts if math.isfinite(p[0]))
+    if finite:
+      eps, mean, std = (np.array(v) for v in zip(*finite))
+      ax.errorbar(eps, 100 * mean, yerr=100 * np.nan_to_num(std), marker='o', capsize=3,
+                  color=colors[method], label=method)
+    unbounded = [p[1] for p in pts if not math.isfinite(p[0])]  # non-private: one line
+    if unbounded:
+      ax.axhline(100 * np.mean(unbounded), linestyle='--', color=colors[method],
+                 label=f'{method} (ε = ∞)')
+  ax.set_xlabel('ε (reached after the final round)')
+  ax.set_ylabel('final-round test accuracy (%)')
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def write_plots(runs: list[RunResult], out: str) -> list[str]:
+  paths = []
+  # One colour per method across every plot.
+  colors = {m: f'C{i % 10}' for i, m in enumerate(sorted({r.method for r in runs}))}
+  groups = collections.defaultdict(lambda: collections.defaultdict(list))
+  for run in runs:
+    groups[(run.config_name, setting_label(run.setting))][run.method].append(run)
+  for (config_name, setting), by_method in sorted(groups.items()):
+    directory = os.path.join(out, _safe(config_name))
+    os.makedirs(directory, exist_ok=True)
+    title = f'{config_name}: {setting} (mean ± std over seeds)'
+    path = os.path.join(directory, f'{_safe(setting)}_accuracy.png')
+    _plot_curves(by_method, 'test_accuracy', 'test accuracy (%)', title, path, colors,
+                 scale=100.0)
+    paths.append(path)
+    path = os.path.join(directory, f'{_safe(setting)}_update_norm.png')
+    _plot_curves(by_method, 'mean_update_norm', 'mean update norm before clipping', title, path,
+                 colors)
+    paths.append(path)
+
+  # Accuracy vs epsilon: settings that differ only in eps.
+  by_rest = collections.defaultdict(lambda: collections.defaultdict(list))
+  for row_group in _group_final(runs).items():
+    (config_name, rest, method), pts = row_group
+    by_rest[(config_name, rest)][method].extend(pts)
+  for (config_name, rest), points in sorted(by_rest.items()):
+    eps_values = {round(p[0], 6) for pts in points.values() for p in pts if math.isfinite(p[0])}
+    if len(eps_values) < 2:
+      continue
+    directory = os.path.join(out, _safe(config_name))
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f'{_safe(rest)}_accuracy_vs_eps.png')
+    _plot_vs_eps(points, f'{config_name}: final accuracy vs ε ({rest}; mean ± std over seeds)', path,
+                 colors)
+    paths.append(path)
+  return paths
+
+
+def _group_final(runs: list[RunResult]) -> dict:
+  """(config, setting without eps, method) -> [(eps reached, final acc mean, std)] per eps."""
+  groups = collections.defaultdict(list)
+  for run in runs:
+    rest = setting_label({k: v for k, v in run.setting.items() if k != 'eps'})
+    eps_key = _fmt(run.setting.get('eps', run.records[-1]['epsilon']))
+    groups[(run.config_name, rest, run.method, eps_key)].append(run)
+  out = collections.defaultdict(list)
+  for (config_name, rest, method, _), group in groups.items():
+    mean, std = _mean_std([r.records[-1]['test_accuracy'] for r in group])
+    eps = float(np.mean([r.records[-1]['epsilon'] for r in group]))
+    out[(config_name, rest, method)].append((eps, mean, std))
+  return out
+
+
+def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
+  for run in runs:
+    target = os.path.join(out, 'runs', os.path.relpath(run.workdir, root))
+    os.makedirs(target, exist_ok=True)
+    for name in ('config.json', 'sweep.json', 'metrics.jsonl'):
+      if os.path.exists(os.path.join(run.workdir, name)):
+        shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
+
+
+def write_report(root: str, out: str, copy_runs: bool = False) -> dict:
+  """Writes the tables and plots; returns their paths."""
+  runs = load_runs(root)
+  if not runs:
+    raise ValueError(f'no workdir with metrics.jsonl and config.json under {root}')
+  os.makedirs(out, exist_ok=True)
+  if copy_runs:
+    copy_run_files(runs, root, out)
+  rows = summarize(runs)
+  md, csv_path = write_tables(rows, out)
+  plots = write_plots(runs, out)
+  with open(md, 'a') as f:
+    f.write('\n## Plots\n\n' + '\n'.join(f'![{os.path.relpath(p, out)}]({os.path.relpath(p, out)})'
+                                          for p in plots) + '\n')
+  return {'markdown': md, 'csv': csv_path, 'plots': plots, 'num_runs': len(runs)}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  paths = write_report(_ROOT.value, _OUT.value, _COPY_RUNS.value)
+  print(json.dumps(paths, indent=2))
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['root', 'out'])
+  app.run(main)

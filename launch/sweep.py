@@ -1,0 +1,317 @@
+r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unfinished ones resumed.
+
+  python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs
+  python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs \
+      --only=dataset=cifar10 --only=N=1000 --methods=dp2fedsam,centaur --seeds=0 \
+      --config.num_rounds=50
+  python -m launch.sweep ... --plan     # list the runs and their status, run nothing
+
+The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
+empty entry; `--only=key=value` keeps the entries with that value; then `--methods`, `--seeds`, `--eps` and each `--grid=key=v1,v2` replace that key in every
+entry by each of the listed values (a product). Every entry runs as
+`python -m experiments.train --config=CONFIG:args --workdir=W [--config.x=y ...]` with its output
+appended to `W/train.log`, where
+
+  W = <root>/<config name>/<method>/<other args, sorted, k=v joined by ','>/seed=<seed>
+
+A run whose metrics.jsonl already reaches the config's num_rounds is skipped; one with a
+checkpoint resumes from it (experiments.train does that, bit for bit). Extra `--config.x=y`
+overrides go to every run unchanged; they are recorded in `W/sweep.json` but are not part of W, so
+a different override in the same root is refused by experiments.train when it would change the run
+(only num_rounds, eval_every and dp.target_epsilon may change on resume) — use another --root.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+_CONFIG = flags.DEFINE_string('config', None, 'Config file (experiments/configs/*.py), optionally '
+                              'with fixed arguments: path.py:key=value,...')
+_ROOT = flags.DEFINE_string('root', None, 'Root directory of the workdirs.')
+_METHODS = flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).')
+_SEEDS = flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).')
+_EPS = flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).')
+_ONLY = flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
+                                  'key=value (e.g. --only=dataset=cifar10).')
+_GRID = flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
+_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only '
+                                 'machine each run already uses every core: keep 1 there.')
+_CACHE = flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
+                           '(<root>/.jax_cache) between the runs: seeds of one setting compile the '
+                           'same programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.')
+_PLAN = flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.')
+
+_OVERRIDE_PREFIX = '--config.'
+_overrides: list[str] = []  # the --config.x=y flags, taken out before absl parses the rest
+# Overrides a finished or unfinished run may change and still be the same run (see experiments.train).
+_RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.dp.target_epsilon=')
+
+
+def format_value(value) -> str:
+  """Config-argument text of a value: 1.0 -> '1', 0.05 -> '0.05', inf -> 'inf'."""
+  if isinstance(value, float):
+    return f'{value:g}'
+  return str(value)
+
+
+def arg_string(args: dict) -> str:
+  """{'method': 'centaur', 'eps': 1.0} -> 'eps=1,method=centaur' (sorted, so stable)."""
+  return ','.join(f'{k}={format_value(v)}' for k, v in sorted(args.items()))
+
+
+def load_config_module(path: str):
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f'_sweep_config_{name}', path)
+  if spec is None or spec.loader is None:
+    raise ValueError(f'--config={path}: not a Python file')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _parse_literal(text: str):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def apply_overrides(config, overrides: list[str]):
+  """Applies '--config.a.b=value' texts (typed like the field) to a copy of the config."""
+  config = config.copy_and_resolve_references()
+  for item in overrides:
+    path, _, text = item[len(_OVERRIDE_PREFIX):].partition('=')
+    *parents, leaf = path.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    if leaf not in node:
+      raise ValueError(f'{item}: the config has no field {path!r}')
+    old = node[leaf]
+    if text in ('None', 'none'):
+      value = None
+    elif isinstance(old, bool):
+      value = text.lower() in ('1', 'true', 'yes')
+    elif isinstance(old, int) and float(text).is_integer():
+      value = int(float(text))
+    elif isinstance(old, (int, float)):
+      value = float(text)
+    elif isinstance(old, str):
+      value = text
+    else:
+      value = _parse_literal(text)
+    node[leaf] = value
+  return config
+
+
+@dataclasses.dataclass
+class Run:
+  args: dict
+  workdir: str
+  num_rounds: int
+  method: str
+  config_name: str
+  overrides: tuple[str, ...] = ()
+
+  @property
+  def rounds_done(self) -> int:
+    path = os.path.join(self.workdir, 'metrics.jsonl')
+    if not os.path.exists(path):
+      return 0
+    with open(path) as f:
+      lines = [l for l in f.read().splitlines() if l.strip()]
+    return int(json.loads(lines[-1])['round']) if lines else 0
+
+  def conflict(self) -> str | None:
+    """Why this workdir holds another run (other arguments or overrides), or None."""
+    path = os.path.join(self.workdir, 'sweep.json')
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      old = json.load(f)
+    if arg_string(old['args']) != arg_string(self.args):
+      return f"arguments {arg_string(old['args'])!r} != {arg_string(self.args)!r}"
+    changed = set(old['overrides']) ^ set(self.overrides)
+    changed = sorted(o for o in changed if not o.startswith(_RESUMABLE_OVERRIDES))
+    return f'overrides differ: {changed}' if changed else None
+
+  @property
+  def status(self) -> str:
+    conflict = self.conflict()
+    if conflict:
+      return f'conflict ({conflict}; use another --root)'
+    done = self.rounds_done
+    if done >= self.num_rounds:
+      return 'done'
+    return f'resume from round {done}' if done else 'new'
+
+
+def expand_grid(base: list[dict], axes: list[tuple[str, list]]) -> list[dict]:
+  """Replaces each axis key in every base entry by each of its values; drops duplicates."""
+  entries = [dict(e) for e in base] or [{}]
+  for key, values in axes:
+    entries = [{**e, key: v} for e in entries for v in values]
+  seen, unique = set(), []
+  for e in entries:
+    k = arg_string(e)
+    if k not in seen:
+      seen.add(k)
+      unique.append(e)
+  return unique
+
+
+def workdir_for(root: str, config_name: str, config, args: dict) -> str:
+  rest = {k: v for k, v in args.items() if k not in ('method', 'seed')}
+  return os.path.join(root, config_name, config.method, arg_string(rest) or 'default',
+                      f'seed={config.seed}')
+
+
+def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: list[str],
+         only: list[str] = ()) -> list[Run]:
+  """The runs of a sweep: one per grid entry, with its workdir and the rounds it must reach."""
+  path, _, fixed = config_path.partition(':')
+  module = load_config_module(path)
+  base = module.sweep_grid() if hasattr(module, 'sweep_grid') else [{}]
+  if fixed:
+    fixed_args = dict(item.split('=', 1) for item in fixed.split(','))
+    base = [{**e, **fixed_args} for e in base]
+  for item in only:
+    key, _, value = item.partition('=')
+    base = [e for e in base if key in e and format_value(e[key]) == format_value(_parse_literal(value))]
+    if not base:
+      raise ValueError(f'--only={item}: no grid entry of {path} has it')
+  config_name = os.path.splitext(os.path.basename(path))[0]
+  runs = []
+  for args in expand_grid(base, axes):
+    config = apply_overrides(module.get_config(arg_string(args) or None), overrides)
+    runs.append(Run(args, workdir_for(root, config_name, config, args), int(config.num_rounds),
+                    config.method, config_name, tuple(overrides)))
+  return runs
+
+
+def _command(config_path: str, run: Run, overrides: list[str]) -> list[str]:
+  path = os.path.abspath(config_path.partition(':')[0])
+  argstr = arg_string(run.args)
+  return [sys.executable, '-m', 'experiments.train', f'--config={path}:{argstr}' if argstr else
+          f'--config={path}', f'--workdir={run.workdir}', *overrides]
+
+
+def _log(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel: int = 1,
+              cache_dir: str | None = None, only: list[str] = ()) -> dict:
+  """Runs every unfinished run, `parallel` at a time; returns {workdir: status}.
+
+  cache_dir: a persistent JAX compilation cache shared by the runs (None: none, or the caller's
+  JAX_COMPILATION_CACHE_DIR).
+  """
+  runs = plan(config_path, root, axes, overrides, only)
+  results = {}
+  pending = []
+  for run in runs:
+    status = run.status
+    if status == 'done':
+      results[run.workdir] = 'skipped (done)'
+      _log(f'skip    {run.workdir} (finished: round {run.num_rounds})')
+    elif status.startswith('conflict'):
+      results[run.workdir] = f'failed ({status})'
+      _log(f'FAILED  {run.workdir}: {status}')
+    else:
+      pending.append(run)
+  running: list[tuple[Run, subprocess.Popen, float, object]] = []
+  env = {**os.environ, 'PYTHONUNBUFFERED': '1'}
+  if cache_dir and 'JAX_COMPILATION_CACHE_DIR' not in env:
+    env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+  total = len(pending)
+  started = 0
+  while pending or running:
+    while pending and len(running) < max(1, parallel):
+      run = pending.pop(0)
+      started += 1
+      os.makedirs(run.workdir, exist_ok=True)
+      command = _command(config_path, run, overrides)
+      with open(os.path.join(run.workdir, 'sweep.json'), 'w') as f:
+        json.dump({'config': config_path.partition(':')[0], 'config_name': run.config_name,
+                   'args': run.args, 'overrides': overrides, 'command': command}, f, indent=2)
+      log = open(os.path.join(run.workdir, 'train.log'), 'a')
+      log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} {run.status}: {" ".join(command)}\n')
+      log.flush()
+      _log(f'start   [{started}/{total}] {run.workdir} ({run.status})')
+      process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+      running.append((run, process, time.perf_counter(), log))
+    time.sleep(0.2)
+    for item in list(running):
+      run, process, t0, log = item
+      if process.poll() is None:
+        continue
+      running.remove(item)
+      log.close()
+      seconds = time.perf_counter() - t0
+      if process.returncode == 0 and run.rounds_done >= run.num_rounds:
+        results[run.workdir] = 'ran'
+        _log(f'done    {run.workdir} ({seconds:.0f} s)')
+      else:
+        results[run.workdir] = f'failed (exit {process.returncode})'
+        _log(f'FAILED  {run.workdir} (exit {process.returncode}, {seconds:.0f} s); last lines of '
+             f'{os.path.join(run.workdir, "train.log")}:')
+        with open(os.path.join(run.workdir, 'train.log')) as f:
+          for line in f.read().splitlines()[-8:]:
+            _log(f'        {line}')
+  return results
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl does not know --config.x=y: keep them aside for the runs, parse the rest."""
+  _overrides.extend(a for a in argv[1:] if a.startswith(_OVERRIDE_PREFIX))
+  return flags.FLAGS([a for a in argv if not a.startswith(_OVERRIDE_PREFIX)])
+
+
+def _axes() -> list[tuple[str, list]]:
+  axes = []
+  if _METHODS.value:
+    axes.append(('method', _METHODS.value))
+  if _SEEDS.value:
+    axes.append(('seed', [int(s) for s in _SEEDS.value]))
+  if _EPS.value:
+    axes.append(('eps', [float(e) for e in _EPS.value]))
+  for item in _GRID.value:
+    key, _, values = item.partition('=')
+    if not values:
+      raise app.UsageError(f'--grid={item}: expected key=v1,v2,...')
+    axes.append((key, [_parse_literal(v) for v in values.split(',')]))
+  return axes
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if _PLAN.value:
+    for run in plan(_CONFIG.value, _ROOT.value, _axes(), _overrides, _ONLY.value):
+      print(f'{run.status:24s} {run.workdir}')
+    return
+  cache_dir = os.path.join(_ROOT.value, '.jax_cache') if _CACHE.value else None
+  results = run_sweep(_CONFIG.value, _ROOT.value, _axes(), _overrides, _PARALLEL.value, cache_dir,
+                      _ONLY.value)
+  failed = [w for w, s in results.items() if s.startswith('failed')]
+  counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
+  _log(f'sweep: {len(results)} runs: {counts}')
+  if failed:
+    sys.exit(f'{len(failed)} run(s) failed: see train.log in ' + ', '.join(failed))
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'root'])
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,114 @@
+"""experiments/report.py on synthetic workdirs with known numbers: tables, labels, and PNGs."""
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip('matplotlib', reason='the [report] extra (matplotlib) is not installed')
+
+from experiments import report  # noqa: E402
+
+ACC = {  # method -> final accuracy per seed (the best round is 0.05 higher, at round 2)
+    'dp2fedsam': [0.70, 0.72, 0.74],
+    'centaur': [0.60, 0.61, 0.65],
+}
+
+
+def make_workdir(root, config_name, method, seed, eps, final_acc, rounds=(1, 2, 3), num_rounds=3,
+                 sweep=True, epsilon_reached=None):
+  args = {'eps': eps}
+  workdir = os.path.join(root, config_name, method, f'eps={eps:g}', f'seed={seed}')
+  os.makedirs(workdir)
+  config = {'method': method, 'seed': seed, 'num_rounds': num_rounds, 'dataset': 'fashion_mnist',
+            'num_clients': 100, 'partition': 'pathological', 'classes_per_client': 2,
+            'dp': {'target_epsilon': eps}}
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    json.dump(config, f)
+  if sweep:
+    with open(os.path.join(workdir, 'sweep.json'), 'w') as f:
+      json.dump({'config_name': config_name, 'args': {'method': method, 'seed': seed, **args}}, f)
+  accs = {1: 0.3, 2: final_acc + 0.05, 3: final_acc}
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for r in rounds:
+      f.write(json.dumps({'round': r, 'test_accuracy': accs[r], 'epsilon':
+                          (epsilon_reached or eps) * r / num_rounds, 'seconds': 1.5,
+                          'mean_update_norm': 1.0 / r + seed * 0.1, 'train_loss': 1.0}) + '\n')
+  return workdir
+
+
+@pytest.fixture
+def root(tmp_path):
+  root = str(tmp_path / 'runs')
+  for method, accs in ACC.items():
+    for seed, acc in enumerate(accs):
+      make_workdir(root, 'default', method, seed, 2.0, acc)
+  return root
+
+
+def test_table_has_final_mean_std_and_separate_best_round(root, tmp_path):
+  out = report.write_report(root, str(tmp_path / 'report'))
+  with open(out['csv']) as f:
+    rows = {r['method']: r for r in csv.DictReader(f)}
+  for method, accs in ACC.items():
+    row = rows[method]
+    assert float(row['final_acc_mean']) == pytest.approx(np.mean(accs))
+    assert float(row['final_acc_std']) == pytest.approx(np.std(accs, ddof=1))
+    assert float(row['best_round_acc_mean']) == pytest.approx(np.mean(accs) + 0.05)
+    assert int(row['num_seeds']) == 3 and int(row['final_round']) == 3
+    assert float(row['epsilon']) == pytest.approx(2.0) and row['setting'] == 'eps=2'
+    assert row['note'] == ''
+  md = open(out['markdown']).read()
+  assert 'final-round acc' in md and 'best-round acc (optimistic)' in md
+  assert f'{100 * np.mean(ACC["dp2fedsam"]):.2f} ± {100 * np.std(ACC["dp2fedsam"], ddof=1):.2f}' in md
+  assert out['num_runs'] == 6
+
+
+def test_plots_are_real_pngs(root, tmp_path):
+  import matplotlib.image
+  out = report.write_report(root, str(tmp_path / 'report'))
+  names = sorted(os.path.basename(p) for p in out['plots'])
+  assert names == ['eps=2_accuracy.png', 'eps=2_update_norm.png']  # one eps: no eps plot
+  for path in out['plots']:
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 500
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+    assert f'({os.path.relpath(path, tmp_path / "report")})' in open(out['markdown']).read()
+
+
+def test_accuracy_vs_eps_plot_when_several_eps(root, tmp_path):
+  for seed, acc in enumerate([0.5, 0.52, 0.55]):
+    make_workdir(root, 'default', 'dp2fedsam', seed, 1.0, acc)
+  out = report.write_report(root, str(tmp_path / 'report'))
+  assert any(p.endswith('default_accuracy_vs_eps.png') for p in out['plots'])
+  points = report._group_final(report.load_runs(root))[('default', 'default', 'dp2fedsam')]
+  assert sorted((round(e, 6), round(m, 6)) for e, m, _ in points) == [
+      (1.0, round(np.mean([0.5, 0.52, 0.55]), 6)), (2.0, round(np.mean(ACC['dp2fedsam']), 6))]
+
+
+def test_unfinished_runs_are_flagged_and_plain_workdirs_are_read(tmp_path):
+  root = str(tmp_path / 'runs')
+  make_workdir(root, 'cfg', 'centaur', 0, 1.0, 0.6)
+  make_workdir(root, 'cfg', 'centaur', 1, 1.0, 0.6, rounds=(1, 2))  # killed after round 2
+  make_workdir(root, 'other', 'p_fedsam', 0, 1.0, 0.8, sweep=False, epsilon_reached=math.inf)
+  rows = {(r.config_name, r.method): r for r in report.summarize(report.load_runs(root))}
+  row = rows[('cfg', 'centaur')]
+  assert 'unfinished seeds [1]' in row.note and row.final_round == 2
+  plain = rows[('other', 'p_fedsam')]
+  assert plain.setting == 'N=100,S=2,dataset=fashion_mnist,eps=1' and math.isinf(plain.epsilon)
+
+
+def test_empty_root_fails_clearly(tmp_path):
+  with pytest.raises(ValueError, match='no workdir'):
+    report.write_report(str(tmp_path), str(tmp_path / 'out'))
+
+
+def test_copied_runs_rebuild_the_same_table(root, tmp_path):
+  first = report.write_report(root, str(tmp_path / 'report'), copy_runs=True)
+  copied = str(tmp_path / 'report' / 'runs')
+  assert not any('checkpoints' in d for d, _, _ in os.walk(copied))
+  again = report.write_report(copied, str(tmp_path / 'again'))
+  assert open(again['csv']).read() == open(first['csv']).read()

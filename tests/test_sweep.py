@@ -1,0 +1,129 @@
+"""launch/sweep.py on a tiny synthetic config: 2 methods x 2 seeds, skip finished, resume unfinished."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dp2fedsam_jax import train
+from launch import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY_CONFIG = textwrap.dedent('''
+    from dp2fedsam_jax.config import base_config
+
+    def get_config(arg=None):
+      args = dict(item.split('=', 1) for item in arg.split(',')) if arg else {}
+      c = base_config()
+      c.method = args.get('method', 'dp2fedsam')
+      c.seed = int(args.get('seed', 0))
+      c.dataset, c.model, c.partition = 'synthetic', 'mlp', 'iid'
+      c.num_clients, c.sampling_rate = 6, 0.5
+      c.num_rounds, c.eval_every = 2, 1
+      c.local.head_epochs = c.local.body_epochs = 1
+      c.local.batch_size = 16
+      c.dp.clip_norm, c.dp.noise_multiplier = 1.0, 1.0
+      return c
+
+    def sweep_grid():
+      return [dict(method=m, seed=s) for m in ('dp2fedsam', 'centaur') for s in (0, 1)]
+''')
+
+
+@pytest.fixture
+def tiny_config_path(tmp_path):
+  path = tmp_path / 'tiny.py'
+  path.write_text(TINY_CONFIG)
+  return str(path)
+
+
+def _rounds(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(line)['round'] for line in f]
+
+
+def test_arg_string_and_grid_expansion():
+  assert sweep.arg_string({'seed': 0, 'eps': 1.0, 'method': 'centaur', 'alpha': float('inf')}) == \
+      'alpha=inf,eps=1,method=centaur,seed=0'
+  base = [{'method': 'a', 'seed': 0}, {'method': 'b', 'seed': 0}]
+  assert sweep.expand_grid(base, [('seed', [0, 1])]) == [
+      {'method': 'a', 'seed': 0}, {'method': 'a', 'seed': 1},
+      {'method': 'b', 'seed': 0}, {'method': 'b', 'seed': 1}]
+  # Replacing the method in every entry collapses the duplicates.
+  assert sweep.expand_grid(base, [('method', ['c'])]) == [{'method': 'c', 'seed': 0}]
+
+
+def test_overrides_are_typed_like_the_field(tiny_config_path):
+  module = sweep.load_config_module(tiny_config_path)
+  c = sweep.apply_overrides(module.get_config(), ['--config.num_rounds=5', '--config.dp.clip_norm=0.2',
+                                                  '--config.dp.target_epsilon=3',
+                                                  '--config.method=p_fedsam'])
+  assert (c.num_rounds, c.dp.clip_norm, c.dp.target_epsilon, c.method) == (5, 0.2, 3, 'p_fedsam')
+  with pytest.raises(ValueError, match='no field'):
+    sweep.apply_overrides(module.get_config(), ['--config.num_roundz=5'])
+
+
+def test_sweep_runs_skips_finished_and_resumes_unfinished(tiny_config_path, tmp_path):
+  root = str(tmp_path / 'runs')
+  runs = sweep.plan(tiny_config_path, root, [], [])
+  workdirs = [r.workdir for r in runs]
+  assert [os.path.relpath(w, root) for w in workdirs] == [
+      'tiny/dp2fedsam/default/seed=0', 'tiny/dp2fedsam/default/seed=1',
+      'tiny/centaur/default/seed=0', 'tiny/centaur/default/seed=1']
+  # A run killed after round 1 (same config, it was asked for 1 round).
+  half = workdirs[3]
+  config = sweep.load_config_module(tiny_config_path).get_config('method=centaur,seed=1')
+  config.num_rounds = 1
+  train.train_and_evaluate(config, half)
+  assert [r.status for r in sweep.plan(tiny_config_path, root, [], [])] == [
+      'new', 'new', 'new', 'resume from round 1']
+
+  cache = str(tmp_path / 'jax_cache')  # seeds share compiled programs: half the time per run
+  results = sweep.run_sweep(tiny_config_path, root, [], [], parallel=2, cache_dir=cache)
+  assert results == {w: 'ran' for w in workdirs}
+  for w in workdirs:
+    assert _rounds(w) == [1, 2]
+    assert json.load(open(os.path.join(w, 'sweep.json')))['config_name'] == 'tiny'
+  with open(os.path.join(half, 'train.log')) as f:
+    assert 'Resuming' in f.read()
+  with open(os.path.join(workdirs[0], 'train.log')) as f:
+    assert 'Resuming' not in f.read()
+
+  sizes = [os.path.getsize(os.path.join(w, 'train.log')) for w in workdirs]
+  again = sweep.run_sweep(tiny_config_path, root, [], [], parallel=2, cache_dir=cache)
+  assert again == {w: 'skipped (done)' for w in workdirs}
+  assert [os.path.getsize(os.path.join(w, 'train.log')) for w in workdirs] == sizes
+
+  # More rounds through an override: every finished run becomes a resume, nothing restarts.
+  longer = sweep.plan(tiny_config_path, root, [], ['--config.num_rounds=3'])
+  assert [r.status for r in longer] == ['resume from round 2'] * 4
+  # Another run in the same workdirs is refused, not skipped as if it were done.
+  other = sweep.run_sweep(tiny_config_path, root, [], ['--config.dp.clip_norm=0.5'])
+  assert all(s.startswith('failed (conflict (overrides differ') for s in other.values())
+
+
+def test_binary_plan_passes_overrides_and_axes(tiny_config_path, tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-m', 'launch.sweep', f'--config={tiny_config_path}', f'--root={tmp_path}',
+       '--methods=p_fedsam', '--seeds=3,4', '--grid=eps=1,2', '--config.num_rounds=7', '--plan'],
+      cwd=ROOT, capture_output=True, text=True, check=True, timeout=300)
+  lines = out.stdout.strip().splitlines()
+  assert [l.split()[-1] for l in lines] == [
+      os.path.join(str(tmp_path), 'tiny', 'p_fedsam', f'eps={e}', f'seed={s}')
+      for s in (3, 4) for e in (1, 2)]
+  assert all(l.startswith('new') for l in lines)
+
+
+def test_only_filters_the_config_grid(tmp_path):
+  config = os.path.join(ROOT, 'experiments', 'configs', 'dp2fedsam_table2.py')
+  runs = sweep.plan(config, str(tmp_path), [('method', ['centaur']), ('seed', [0])], [],
+                    only=['dataset=cifar10', 'N=1000'])
+  assert sorted(sweep.arg_string(r.args) for r in runs) == [
+      'N=1000,S=2,dataset=cifar10,eps=1,method=centaur,seed=0',
+      'N=1000,S=5,dataset=cifar10,eps=1,method=centaur,seed=0']
+  with pytest.raises(ValueError, match='no grid entry'):
+    sweep.plan(config, str(tmp_path), [], [], only=['dataset=mnist'])
