@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable
 
-from absl import logging
 
 SEEDS = (0, 1, 2)  # every paper: three runs, mean and std over the final round
 
@@ -58,33 +57,3 @@ def set_fields(config, values: dict[str, Any]) -> None:
     node[leaf] = value
 
 
-# Fields the papers set that are added to base_config() by other changes (the methods that read
-# them are being added too). Until a field exists, its paper value is logged and recorded in
-# returned by set_if_defined, never silently invented; once it exists, it is set like any other.
-PENDING_FIELD_NAMES = ('local.finetune_epochs', 'sparsity', 'dsu.sparsity', 'dsu.masked_layers',
-                       'dsu.lam', 'blur_lambda')
-
-
-def _has_field(config, path: str) -> bool:
-  node = config
-  for part in path.split('.'):
-    if not hasattr(node, 'keys') or part not in node:
-      return False
-    node = node[part]
-  return True
-
-
-def set_if_defined(config, values: dict[str, Any]) -> dict[str, Any]:
-  """Sets the fields that exist; returns (and logs) the paper values of those that do not yet."""
-  missing = {}
-  for path, value in values.items():
-    if path not in PENDING_FIELD_NAMES:
-      raise KeyError(f'{path!r} is not a known pending field; use set_fields for existing ones')
-    if _has_field(config, path):
-      set_fields(config, {path: value})
-    else:
-      missing[path] = value
-  if missing:
-    logging.log_first_n(logging.WARNING, 'config fields not defined yet, paper values not '
-                        'applied: %s', 1, missing)
-  return missing

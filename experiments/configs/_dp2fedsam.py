@@ -56,7 +56,7 @@ def paper_config(args: dict):
   })
   # -FT baselines fine-tune the downloaded model before testing; the paper does not give the
   # number of epochs: we use tau_h = 2.
-  _common.set_if_defined(c, {'local.finetune_epochs': 2})
+  _common.set_fields(c, {'local.finetune_epochs': 2})
   eps = args['eps']
   c.dp.target_epsilon = None if math.isinf(eps) else eps  # eps=inf: non-private methods only
   c.dp.delta = None  # 1 / N

@@ -52,7 +52,7 @@ def paper_config(args: dict):
       'dp.clip_norm': 0.01,
   })
   # The -fb / -FT baselines fine-tune the classifier for the paper's 15 classifier epochs.
-  _common.set_if_defined(c, {
+  _common.set_fields(c, {
       'local.finetune_epochs': 15, 'dsu.sparsity': args['sparsity'],
       'dsu.masked_layers': args['layers'], 'dsu.lam': args['lam'],
   })

@@ -58,7 +58,7 @@ def paper_config(args: dict):
       'local.lr_body': 0.1, 'local.lr_head': 0.1, 'local.lr_decay': 1.0, 'local.momentum': 0.5,
       'local.sam_rho': args['rho'], 'dp.clip_norm': 0.2, 'dp.accountant': 'rdp',
   })
-  _common.set_if_defined(c, {'sparsity': args['p']})
+  _common.set_fields(c, {'sparsity': args['p']})
   if args['eps'] > 0:
     c.dp.target_epsilon, c.dp.noise_multiplier = args['eps'], None
   else:

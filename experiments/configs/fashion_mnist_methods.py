@@ -5,12 +5,20 @@ experiment's (1000, 2) pathological split and hyperparameters, q = 0.01 (~10 cli
 30 rounds, sigma calibrated for eps. Fine-tuning evaluations (-ft, -fb, pmtl_ft) train every client,
 so they are evaluated only at the last round.
 
-  python -m launch.sweep ... or, one method:
+Grid (sweep_grid): every registered method at seed 0 (22 runs), plus DP-FedAvg, DP-FedSAM, CENTAUR
+and DP²-FedSAM at seeds 1 and 2 (8 runs): 30 runs.
+
+  python -m launch.sweep --config=experiments/configs/fashion_mnist_methods.py --root=runs/methods
+  or one method:
   python -m experiments.train --config=experiments/configs/fashion_mnist_methods.py:method=dp_fedsam \
       --workdir=runs/methods/dp_fedsam
 """
 
+from dp2fedsam_jax.algorithms import METHODS
 from experiments.configs import default
+
+# The issue-5 comparison, repeated over seeds; every other method once.
+SEEDED = ('dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam')
 
 
 def get_config(arg: str | None = None):
@@ -22,3 +30,9 @@ def get_config(arg: str | None = None):
   if c.method.endswith(('_ft', '_fb')):
     c.eval_every = c.num_rounds
   return c
+
+
+def sweep_grid() -> list[dict]:
+  """Every registered method at seed 0, and DP-FedAvg, DP-FedSAM, CENTAUR, DP²-FedSAM at seeds 1, 2."""
+  return ([dict(method=m, seed=0) for m in sorted(METHODS)]
+          + [dict(method=m, seed=s) for m in SEEDED for s in (1, 2)])
