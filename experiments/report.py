@@ -30,11 +30,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-_ROOT = flags.DEFINE_string('root', None, 'Directory holding the workdirs (searched recursively).')
-_OUT = flags.DEFINE_string('out', None, 'Output directory for results.md, results.csv and PNGs.')
-_COPY_RUNS = flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json '
-                               'and metrics.jsonl (not its checkpoints) to <out>/runs/, so the '
-                               'results can be committed and the report rebuilt from them.')
+FLAGS = flags.FLAGS
 
 
 @dataclasses.dataclass
@@ -341,13 +337,24 @@ def write_report(root: str, out: str, copy_runs: bool = False) -> dict:
   return {'markdown': md, 'csv': csv_path, 'plots': plots, 'num_runs': len(runs)}
 
 
+def define_flags() -> None:
+  """Registers the flags. Only the program does this, so that importing the module (tests, or a
+  sweep and a report in one process) never defines a second --root."""
+  flags.DEFINE_string('root', None, 'Directory holding the workdirs (searched recursively).')
+  flags.DEFINE_string('out', None, 'Output directory for results.md, results.csv and PNGs.')
+  flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json and '
+                    'metrics.jsonl (not its checkpoints) to <out>/runs/, so the results can be '
+                    'committed and the report rebuilt from them.')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  paths = write_report(_ROOT.value, _OUT.value, _COPY_RUNS.value)
+  paths = write_report(FLAGS.root, FLAGS.out, FLAGS.copy_runs)
   print(json.dumps(paths, indent=2))
 
 
 if __name__ == '__main__':
+  define_flags()
   flags.mark_flags_as_required(['root', 'out'])
   app.run(main)

@@ -35,21 +35,7 @@ import time
 from absl import app
 from absl import flags
 
-_CONFIG = flags.DEFINE_string('config', None, 'Config file (experiments/configs/*.py), optionally '
-                              'with fixed arguments: path.py:key=value,...')
-_ROOT = flags.DEFINE_string('root', None, 'Root directory of the workdirs.')
-_METHODS = flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).')
-_SEEDS = flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).')
-_EPS = flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).')
-_ONLY = flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
-                                  'key=value (e.g. --only=dataset=cifar10).')
-_GRID = flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
-_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only '
-                                 'machine each run already uses every core: keep 1 there.')
-_CACHE = flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
-                           '(<root>/.jax_cache) between the runs: seeds of one setting compile the '
-                           'same programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.')
-_PLAN = flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.')
+FLAGS = flags.FLAGS
 
 _OVERRIDE_PREFIX = '--config.'
 _overrides: list[str] = []  # the --config.x=y flags, taken out before absl parses the rest
@@ -273,21 +259,41 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
   return results
 
 
+def define_flags() -> None:
+  """Registers the flags. Only the program does this, so that importing the module (tests, or a
+  sweep and a report in one process) never defines a second --root."""
+  flags.DEFINE_string('config', None, 'Config file (experiments/configs/*.py), optionally with '
+                      'fixed arguments: path.py:key=value,...')
+  flags.DEFINE_string('root', None, 'Root directory of the workdirs.')
+  flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).')
+  flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).')
+  flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).')
+  flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
+                            'key=value (e.g. --only=dataset=cifar10).')
+  flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
+  flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only machine each '
+                       'run already uses every core: keep 1 there.')
+  flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
+                    '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
+                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.')
+  flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.')
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl does not know --config.x=y: keep them aside for the runs, parse the rest."""
   _overrides.extend(a for a in argv[1:] if a.startswith(_OVERRIDE_PREFIX))
-  return flags.FLAGS([a for a in argv if not a.startswith(_OVERRIDE_PREFIX)])
+  return FLAGS([a for a in argv if not a.startswith(_OVERRIDE_PREFIX)])
 
 
 def _axes() -> list[tuple[str, list]]:
   axes = []
-  if _METHODS.value:
-    axes.append(('method', _METHODS.value))
-  if _SEEDS.value:
-    axes.append(('seed', [int(s) for s in _SEEDS.value]))
-  if _EPS.value:
-    axes.append(('eps', [float(e) for e in _EPS.value]))
-  for item in _GRID.value:
+  if FLAGS.methods:
+    axes.append(('method', FLAGS.methods))
+  if FLAGS.seeds:
+    axes.append(('seed', [int(s) for s in FLAGS.seeds]))
+  if FLAGS.eps:
+    axes.append(('eps', [float(e) for e in FLAGS.eps]))
+  for item in FLAGS.grid:
     key, _, values = item.partition('=')
     if not values:
       raise app.UsageError(f'--grid={item}: expected key=v1,v2,...')
@@ -298,13 +304,13 @@ def _axes() -> list[tuple[str, list]]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if _PLAN.value:
-    for run in plan(_CONFIG.value, _ROOT.value, _axes(), _overrides, _ONLY.value):
+  if FLAGS.plan:
+    for run in plan(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.only):
       print(f'{run.status:24s} {run.workdir}')
     return
-  cache_dir = os.path.join(_ROOT.value, '.jax_cache') if _CACHE.value else None
-  results = run_sweep(_CONFIG.value, _ROOT.value, _axes(), _overrides, _PARALLEL.value, cache_dir,
-                      _ONLY.value)
+  cache_dir = os.path.join(FLAGS.root, '.jax_cache') if FLAGS.compilation_cache else None
+  results = run_sweep(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.parallel, cache_dir,
+                      FLAGS.only)
   failed = [w for w, s in results.items() if s.startswith('failed')]
   counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
   _log(f'sweep: {len(results)} runs: {counts}')
@@ -313,5 +319,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   flags.mark_flags_as_required(['config', 'root'])
   app.run(main, flags_parser=_parse_flags)
