@@ -179,7 +179,12 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
     stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
               'loss_sum': jnp.zeros(())}
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
-    support0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), state.shared) if spec.noise_on_mask else None
+    support0 = None
+    if spec.noise_on_mask:
+      # A public mask is noised even when nobody was sampled: an exact zero would reveal an empty
+      # cohort, which the accountant does not allow for.
+      support0 = round_mask if round_mask is not None else jax.tree.map(
+          lambda x: jnp.zeros(x.shape, jnp.float32), state.shared)
     _, upload_sum, support, personal, stats = jax.lax.while_loop(
         lambda carry: carry[0] * capacity < cohort, chunk,
         (jnp.zeros((), jnp.int32), zeros, support0, state.personal, stats0))

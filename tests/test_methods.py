@@ -111,6 +111,20 @@ def test_randk_mask_does_not_depend_on_the_data():
   assert moved.sum() == math.ceil(0.25 * moved.size)
 
 
+def test_randk_noises_its_public_mask_even_when_nobody_is_sampled():
+  exp = build(method='fed_smp_randk', sparsity=0.25, sampling_rate=0.01, num_clients=4)
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config,
+                                 MethodParams.from_config(exp.config)))
+  state = exp.init_state()
+  for seed in range(20):  # P(empty cohort) = 0.99**4: the first seeds find one
+    new, metrics = step(state, exp.data, jax.random.key(seed))
+    if int(metrics['cohort_size']) == 0:
+      break
+  assert int(metrics['cohort_size']) == 0
+  change = flat(shared_change(state, new))
+  assert np.count_nonzero(change) == math.ceil(0.25 * change.size)
+
+
 def test_fed_smp_topk_noise_only_on_private_masks_and_the_safe_variant_everywhere():
   leaky = build(method='fed_smp_topk', sparsity=0.1, sampling_rate=1.0, num_clients=2)
   safe = build(method='fed_smp_topk_safe', sparsity=0.1, sampling_rate=1.0, num_clients=2)
