@@ -199,12 +199,26 @@ def _safe(text: str) -> str:
   return re.sub(r'[^A-Za-z0-9_.=,+-]+', '_', text)
 
 
+def _new_axes():
+  import matplotlib
+  matplotlib.use('Agg')  # files only: no display needed
+  import matplotlib.pyplot as plt
+  return plt.subplots(figsize=(6.4, 4.2), dpi=120)
+
+
+def _save(fig, ax, title: str, path: str) -> None:
+  import matplotlib.pyplot as plt
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
 def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, colors: dict,
                  scale=1.0) -> None:
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+  fig, ax = _new_axes()
   curves = {m: _curves(g, key) for m, g in sorted(by_method.items())}
   means = np.concatenate([c[1] for c in curves.values()] or [np.zeros(0)])
   # Update norms can blow up by orders of magnitude in the first rounds: use a log axis then.
@@ -224,20 +238,12 @@ def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, 
   if log:
     ax.set_yscale('log')
   ax.set_ylabel(ylabel + (' (log scale)' if log else ''))
-  ax.set_title(title, fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
+  _save(fig, ax, title, path)
 
 
 def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
   """points: method -> list of (eps, mean, std); eps = inf is drawn as a horizontal line."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+  fig, ax = _new_axes()
   for method, pts in sorted(points.items()):
     finite = sorted(p for p in pts if math.isfinite(p[0]))
     if finite:
@@ -250,12 +256,7 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
                  label=f'{method} (ε = ∞)')
   ax.set_xlabel('ε (reached after the final round)')
   ax.set_ylabel('final-round test accuracy (%)')
-  ax.set_title(title, fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
+  _save(fig, ax, title, path)
 
 
 def write_plots(runs: list[RunResult], out: str) -> list[str]:
