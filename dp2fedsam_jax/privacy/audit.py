@@ -222,10 +222,14 @@ def audit_scores(exp, settings: AuditSettings):
   for world, sign in ((1, 1.0), (2, neighbour_sign(exp.config.dp.sampling))):
     keys = jax.random.split(jax.random.fold_in(root, world), settings.num_trials)
     parts = []
-    for start in range(0, settings.num_trials, settings.batch_trials):
-      batch = keys[start:start + settings.batch_trials]
-      signs = jnp.full((batch.shape[0],), sign, jnp.float32)
-      parts.append(np.asarray(scores(state0, exp.data, batch, signs)))
+    size = min(settings.batch_trials, settings.num_trials)
+    signs = jnp.full((size,), sign, jnp.float32)
+    for start in range(0, settings.num_trials, size):
+      batch = keys[start:start + size]
+      real = batch.shape[0]
+      if real < size:  # pad the last batch with repeated keys: one shape, one compilation
+        batch = jnp.concatenate([batch, keys[:size - real]])
+      parts.append(np.asarray(scores(state0, exp.data, batch, signs))[:real])
     out.append(np.concatenate(parts))
   return out[0], out[1]
 
