@@ -94,9 +94,13 @@ def _get(config, field: str):
   return node
 
 
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive(config, field: str, *, integer: bool = False, allow_zero: bool = False) -> None:
   value = _get(config, field)
-  bad_type = not isinstance(value, (int, float)) or isinstance(value, bool)
+  bad_type = not _is_number(value)
   if integer and not bad_type:
     bad_type = not float(value).is_integer()
   if bad_type or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
@@ -109,6 +113,17 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   """Raises ConfigError naming the first invalid field. `methods`: the registered method names."""
   if methods is not None and config.method not in methods:
     _fail('method', config.method, f'unknown method; choose one of {sorted(methods)}.')
+  # Imported here: importing config.py must stay cheap and free of cycles.
+  from dp2fedsam_jax.data import sources  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.models import registry  # pylint: disable=import-outside-toplevel
+  dataset = config.dataset
+  if not (dataset in sources.dataset_names()
+          or (isinstance(dataset, str) and dataset.startswith('tfds:') and len(dataset) > 5)):
+    _fail('dataset', dataset, f'unknown; choose one of {sources.dataset_names()}.')
+  data_dir = config.get('data_dir')
+  if data_dir is not None and not isinstance(data_dir, str):
+    _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
+  _choice(config, 'model', registry.model_names())
   _choice(config, 'partition', PARTITIONS)
   _choice(config, 'conv_impl', CONV_IMPLS)
   _choice(config, 'executor', ('vmap', 'sequential'))
@@ -133,12 +148,12 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
           'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
 
   q = config.sampling_rate
-  if not isinstance(q, (int, float)) or not 0.0 < q <= 1.0:
+  if not _is_number(q) or not 0.0 < q <= 1.0:
     _fail('sampling_rate', q, 'the client sampling rate q must lie in (0, 1].')
 
   for field in ('sparsity', 'dsu.sparsity'):
     value = _get(config, field)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0:
+    if not _is_number(value) or not 0.0 < value <= 1.0:
       _fail(field, value, 'the fraction of coordinates kept must lie in (0, 1].')
   for field in ('blur_lambda', 'pmtl_lambda', 'dsu.lam'):
     _positive(config, field, allow_zero=True)
@@ -151,18 +166,18 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     _positive(config, field, allow_zero=field != 'local.lr_decay')
   _positive(config, 'local.sam_rho', allow_zero=True)
   m = config.local.momentum
-  if not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+  if not _is_number(m) or not 0.0 <= m < 1.0:
     _fail('local.momentum', m, 'momentum must lie in [0, 1).')
 
   _positive(config, 'dp.clip_norm')
   sigma, eps = config.dp.noise_multiplier, config.dp.target_epsilon
   if sigma is not None:
-    if not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma < 0:
+    if not _is_number(sigma) or not math.isfinite(sigma) or sigma < 0:
       _fail('dp.noise_multiplier', sigma, 'the noise multiplier sigma must be a number >= 0.')
   if eps is not None:
     _positive(config, 'dp.target_epsilon')
   delta = config.dp.delta
-  if delta is not None and not 0.0 < delta < 1.0:
+  if delta is not None and not (_is_number(delta) and 0.0 < delta < 1.0):
     _fail('dp.delta', delta, 'delta must lie in (0, 1); leave it unset for 1/num_clients.')
   if config.dp.sampling == 'fixed' and config.dp.accountant != 'rdp':
     _fail('dp.accountant', config.dp.accountant,

@@ -6,6 +6,7 @@ writing `config.json` and `metrics.jsonl`. The round itself is one jitted call.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -170,6 +171,28 @@ def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
         f'{workdir} is intact.')
 
 
+class OutOfMemoryError(RuntimeError):
+  """The device ran out of memory in the round step; the message names the fields that bound it."""
+
+
+@contextlib.contextmanager
+def _hint_on_oom(config, where: str, workdir: str):
+  """Re-raises XLA's RESOURCE_EXHAUSTED with the config fields that bound the round's memory."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    raise OutOfMemoryError(
+        f'{where}: out of device memory ({str(e).splitlines()[0][:200]}). The round vmaps every '
+        'client slot of a chunk at once (config.chunk_size='
+        f'{config.chunk_size}, config.cohort_capacity={config.cohort_capacity}). Set '
+        '--config.chunk_size=K to train K clients at a time (a loop over vmapped sub-chunks), or '
+        '--config.executor=sequential, or lower --config.cohort_capacity or '
+        f'--config.local.batch_size; re-running with the same --workdir={workdir} resumes from the '
+        'last checkpoint.') from e
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) the experiment in `workdir`; returns the last metrics record."""
   exp = build_experiment(config)
@@ -201,15 +224,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   key = exp.root_key
   # Compiled ahead of the loop so that `seconds` measures rounds, not compilation.
   compile_start = time.perf_counter()
-  round_step = round_step.lower(state, data, key).compile()
+  with _hint_on_oom(config, 'compiling the round step', workdir):
+    round_step = round_step.lower(state, data, key).compile()
   logging.info('Compiled the round step in %.1f s.', time.perf_counter() - compile_start)
   window: list[dict] = []
   window_start = time.perf_counter()
   record = records[-1] if records else {}
   progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
   for r in range(start, config.num_rounds):
-    state, metrics = round_step(state, data, key)
-    metrics = jax.device_get(metrics)
+    with _hint_on_oom(config, f'round {r + 1}', workdir):
+      state, metrics = round_step(state, data, key)
+      metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
     if not bool(metrics['finite']):
       progress.close()  # end the progress line before the error
     _check_finite(metrics, r + 1, workdir)

@@ -1,0 +1,262 @@
+"""Failure behaviour: every config field validated (property-based), clipping and padding invariants,
+NaN/Inf stops with the round and a resumable checkpoint, out-of-memory and missing-data hints."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from conftest import tiny_config
+from dp2fedsam_jax import checkpoint, data, train
+from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.client import make_client_update
+from dp2fedsam_jax.config import CONV_IMPLS, ConfigError, PARTITIONS, base_config, validate_config
+from dp2fedsam_jax.models.registry import model_names
+from dp2fedsam_jax.privacy import accounting, clipping
+from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.round import _masked_sum, make_round_step
+
+QUICK = settings(max_examples=40, deadline=None,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# ------------------------------------------------------------------ config validation
+
+NAN, INF = float('nan'), float('inf')
+
+
+def _other_text(choices):
+  return st.text(max_size=12).filter(lambda s: s not in choices and not s.startswith('tfds:'))
+
+
+_floats = lambda **kw: st.floats(allow_nan=False, **kw)
+_not_finite = st.sampled_from([NAN, INF, -INF])
+NON_POSITIVE_INT = st.integers(max_value=0)
+NEGATIVE_INT = st.integers(max_value=-1)
+NON_POSITIVE = _floats(max_value=0.0) | _not_finite
+NEGATIVE = _floats(max_value=-1e-300) | _not_finite
+NOT_A_FRACTION = _floats(max_value=0.0) | _floats(min_value=1.0 + 1e-12) | st.just(NAN)
+
+# Every field of base_config() and values of its type that must be refused (ConfigDict itself
+# refuses values of another type, e.g. 1.5 for an int field).
+INVALID = {
+    'method': _other_text(set(METHODS)),
+    'dataset': _other_text(set(data.dataset_names())),
+    'model': _other_text(set(model_names())),
+    'conv_impl': _other_text(CONV_IMPLS),
+    'partition': _other_text(PARTITIONS),
+    'executor': _other_text({'vmap', 'sequential'}),
+    'dp.sampling': _other_text({'poisson', 'fixed'}),
+    'dp.noise_placement': _other_text({'central', 'distributed'}),
+    'dp.accountant': _other_text({'pld', 'rdp'}),
+    'num_clients': NON_POSITIVE_INT,
+    'classes_per_client': NON_POSITIVE_INT,
+    'eval_every': NON_POSITIVE_INT,
+    'local.batch_size': NON_POSITIVE_INT,
+    'chunk_size': NON_POSITIVE_INT,
+    'cohort_capacity': NON_POSITIVE_INT,
+    'num_rounds': NEGATIVE_INT,
+    'seed': NEGATIVE_INT,
+    'dsu.masked_layers': NEGATIVE_INT,
+    'local.head_epochs': NEGATIVE_INT,
+    'local.body_epochs': NEGATIVE_INT,
+    'local.finetune_epochs': NEGATIVE_INT,
+    'dirichlet_alpha': NON_POSITIVE,
+    'server_lr': NON_POSITIVE,
+    'local.lr_decay': NON_POSITIVE,
+    'dp.clip_norm': NON_POSITIVE,
+    'dp.target_epsilon': NON_POSITIVE,
+    'blur_lambda': NEGATIVE,
+    'pmtl_lambda': NEGATIVE,
+    'dsu.lam': NEGATIVE,
+    'local.lr_head': NEGATIVE,
+    'local.lr_body': NEGATIVE,
+    'local.sam_rho': NEGATIVE,
+    'dp.noise_multiplier': NEGATIVE,
+    'sampling_rate': NOT_A_FRACTION,
+    'sparsity': NOT_A_FRACTION,
+    'dsu.sparsity': NOT_A_FRACTION,
+    'local.momentum': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
+    'dp.delta': _floats(max_value=0.0) | _floats(min_value=1.0) | st.just(NAN),
+    'init_checkpoint': st.text(min_size=1, max_size=12).map(lambda s: '/nonexistent/' + s),
+}
+# Any string is a valid directory name here; a missing one fails at load with the dataset's hint.
+NO_INVALID_VALUE = {'data_dir'}
+
+
+def _leaf_fields(c, prefix=''):
+  for k, v in c.items():
+    if hasattr(v, 'items'):
+      yield from _leaf_fields(v, f'{prefix}{k}.')
+    else:
+      yield f'{prefix}{k}'
+
+
+def test_every_config_field_has_invalid_values_under_test():
+  assert set(_leaf_fields(base_config())) == set(INVALID) | NO_INVALID_VALUE
+
+
+def _set(config, field, value):
+  node = config
+  *parents, leaf = field.split('.')
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+
+
+@QUICK
+@given(st.data())
+def test_any_invalid_field_is_refused_naming_that_field(draw):
+  field = draw.draw(st.sampled_from(sorted(INVALID)), label='field')
+  value = draw.draw(INVALID[field], label='value')
+  config = tiny_config()
+  _set(config, field, value)
+  with pytest.raises(ConfigError, match='^config.' + field.replace('.', r'\.') + '='):
+    validate_config(config, set(METHODS))
+
+
+@QUICK
+@given(q=_floats(min_value=1e-9, max_value=1.0), clip=_floats(min_value=1e-9, max_value=1e9),
+       sigma=_floats(min_value=0.0, max_value=1e6), delta=_floats(min_value=1e-12, max_value=0.999),
+       momentum=_floats(min_value=0.0, max_value=0.999), rounds=st.integers(0, 10**6),
+       method=st.sampled_from(sorted(METHODS)), sampling=st.sampled_from(['poisson', 'fixed']))
+def test_valid_values_pass(q, clip, sigma, delta, momentum, rounds, method, sampling):
+  config = tiny_config(**{'sampling_rate': q, 'dp.clip_norm': clip, 'dp.noise_multiplier': sigma,
+                          'dp.delta': delta, 'local.momentum': momentum, 'num_rounds': rounds,
+                          'method': method, 'dp.sampling': sampling,
+                          'dp.accountant': 'rdp' if sampling == 'fixed' else 'pld'})
+  validate_config(config, set(METHODS))
+
+
+@QUICK
+@given(st.data())
+def test_accounting_refuses_invalid_arguments_naming_them(draw):
+  field, value = draw.draw(st.sampled_from(['noise_multiplier', 'sampling_rate', 'delta']).flatmap(
+      lambda f: st.tuples(st.just(f), {'noise_multiplier': NEGATIVE, 'sampling_rate': NOT_A_FRACTION,
+                                       'delta': INVALID['dp.delta']}[f])))
+  kwargs = dict(noise_multiplier=1.0, sampling_rate=0.1, delta=1e-5)
+  kwargs[field] = value
+  with pytest.raises(ValueError, match=field):
+    accounting.compute_epsilon(kwargs['noise_multiplier'], kwargs['sampling_rate'], 3,
+                               kwargs['delta'])
+
+
+# ------------------------------------------------------------------ clipping and padding invariants
+
+_shapes = st.sampled_from([(3,), (2, 5), (4, 1, 2)])
+_BIG = float(np.float32(1e30))
+_values = _floats(min_value=-_BIG, max_value=_BIG, width=32)
+
+
+@st.composite
+def _trees(draw):
+  leaves = draw(st.lists(_shapes, min_size=1, max_size=3))
+  return {f'l{i}': draw(hnp.arrays(np.float32, s, elements=_values)) for i, s in enumerate(leaves)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=_trees(), clip=_floats(min_value=1e-3, max_value=1e3))
+def test_clipped_global_norm_is_at_most_c_and_the_direction_is_kept(tree, clip):
+  clipped, norm = clipping.clip_by_global_norm(jax.tree.map(jnp.asarray, tree), clip)
+  assert float(clipping.global_norm(clipped)) <= clip * (1 + 1e-5)
+  scale = min(1.0, clip / float(norm)) if float(norm) > 0 else 1.0
+  for key in tree:  # one scale for the whole update: clipping is global, never per tensor
+    np.testing.assert_allclose(np.asarray(clipped[key], np.float64),
+                               tree[key].astype(np.float64) * scale, rtol=1e-5,
+                               atol=1e-6 * clip)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=hnp.arrays(np.float32, (5, 3), elements=_floats(min_value=-1e6, max_value=1e6,
+                                                             width=32)),
+       valid=hnp.arrays(np.bool_, (5,)),
+       garbage=st.sampled_from([NAN, INF, -INF, 1e30]))
+def test_padded_slots_never_change_the_sum(rows, valid, garbage):
+  padded = np.where(valid[:, None], rows, np.float32(garbage))
+  total = _masked_sum({'a': jnp.asarray(padded)}, jnp.asarray(valid))['a']
+  np.testing.assert_allclose(np.asarray(total), rows[valid].sum(axis=0), rtol=1e-5, atol=1e-2)
+
+
+@pytest.fixture(scope='module')
+def client_update():
+  exp = train.build_experiment(tiny_config())
+  update = jax.jit(make_client_update(exp.spec, exp.model, exp.config.local, exp.data.normalize))
+  state = exp.init_state()
+  personal = jax.tree.map(lambda p: p[0], state.personal)
+  return exp, lambda x, y, n: update(state.shared, personal, x, y, n, jax.random.key(3), 0)
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pad_x=hnp.arrays(np.uint8, (24, 8, 8, 1)), pad_y=hnp.arrays(np.int32, (24,),
+                                                                    elements=st.integers(0, 3)))
+def test_padding_examples_never_change_a_client_update(client_update, pad_x, pad_y):
+  exp, update = client_update
+  n = int(exp.data.train_count[0])
+  x, y = exp.data.train_x[0][:n], exp.data.train_y[0][:n]
+  clean = update(jnp.concatenate([x, jnp.zeros_like(pad_x)]),
+                 jnp.concatenate([y, jnp.zeros_like(pad_y)]), n)
+  dirty = update(jnp.concatenate([x, pad_x]), jnp.concatenate([y, pad_y]), n)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               clean, dirty)
+
+
+# ------------------------------------------------------------------ NaN / Inf, OOM, missing data
+
+
+def test_inf_update_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, monkeypatch):
+  workdir = str(tmp_path)
+
+  def poisoned_round_step(self):  # the real round, whose client updates are +inf from round 2 on
+    def step(state, data, key):
+      hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(state.round >= 1, x + jnp.inf, x), d)
+      return make_round_step(self.spec, self.model, self.config.local, self.round_config,
+                             MethodParams.from_config(self.config), update_hook=hook)(state, data, key)
+    return step
+
+  monkeypatch.setattr(train.Experiment, 'round_step', poisoned_round_step)
+  with pytest.raises(FloatingPointError, match=r'^round 2: .*NaN/Inf.*last good checkpoint'):
+    train.train_and_evaluate(tiny_config(num_rounds=3), workdir)
+  monkeypatch.undo()
+  assert [json.loads(l)['round'] for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()] == [1]
+  state, _ = checkpoint.restore(workdir, train.build_experiment(tiny_config()).init_state())
+  assert int(state.round) == 1
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.shared))
+  # The same command without the fault resumes from round 1.
+  final = train.train_and_evaluate(tiny_config(num_rounds=3), workdir)
+  lines = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [l['round'] for l in lines] == [1, 2, 3] and math.isfinite(final['train_loss'])
+
+
+_OOM = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.00GiB.'
+
+
+def test_out_of_memory_says_to_set_chunk_size(tmp_path, monkeypatch):
+  def exhausted(self):
+    def step(state, data, key):
+      raise jax.errors.JaxRuntimeError(_OOM)
+    return step
+
+  monkeypatch.setattr(train.Experiment, 'round_step', exhausted)
+  with pytest.raises(train.OutOfMemoryError, match='compiling the round step.*config.chunk_size') as e:
+    train.train_and_evaluate(tiny_config(), str(tmp_path))
+  assert isinstance(e.value.__cause__, jax.errors.JaxRuntimeError)
+  # The same hint wraps every round; other runtime errors pass through untouched.
+  with pytest.raises(train.OutOfMemoryError, match=r'^round 7: .*--config\.chunk_size=K'):
+    with train._hint_on_oom(tiny_config(), 'round 7', str(tmp_path)):
+      raise jax.errors.JaxRuntimeError(_OOM)
+  with pytest.raises(jax.errors.JaxRuntimeError, match='INTERNAL'):
+    with train._hint_on_oom(tiny_config(), 'round 7', str(tmp_path)):
+      raise jax.errors.JaxRuntimeError('INTERNAL: something else')
+
+
+def test_missing_dataset_says_how_to_get_it(tmp_path):
+  config = tiny_config(dataset='fashion_mnist', data_dir=str(tmp_path / 'nowhere'))
+  with pytest.raises(data.DatasetNotFoundError,
+                     match=r'apt-get install dataset-fashion-mnist.*--config\.data_dir'):
+    train.build_experiment(config)
