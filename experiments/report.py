@@ -206,11 +206,22 @@ def _new_axes():
   return plt.subplots(figsize=(6.4, 4.2), dpi=120)
 
 
+def method_styles(methods: list[str]) -> dict:
+  """One look per method across every plot; past 10 methods the colours repeat, so the line style
+  and marker change with them and no two methods look alike."""
+  return {m: {'color': f'C{i % 10}', 'linestyle': ('-', '--', ':')[i // 10 % 3],
+              'marker': ('o', 's', '^')[i // 10 % 3]} for i, m in enumerate(methods)}
+
+
 def _save(fig, ax, title: str, path: str) -> None:
   import matplotlib.pyplot as plt
   ax.set_title(title, fontsize=9)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  if len(ax.get_legend_handles_labels()[1]) > 6:  # many methods: the legend goes beside the axes
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.set_size_inches(9.6, 4.8)
+  else:
+    ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path)
   plt.close(fig)
@@ -230,9 +241,10 @@ def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, 
     lower, upper = mean - std, mean + std
     if log:  # a band below zero cannot be drawn on a log axis: floor it under the lowest mean
       lower = np.maximum(lower, 0.5 * means.min())
-    ax.plot(rounds, scale * mean, marker='o', markersize=3, color=colors[method],
+    ax.plot(rounds, scale * mean, marker=colors[method]['marker'], markersize=3,
+            color=colors[method]['color'], linestyle=colors[method]['linestyle'],
             label=f'{method} (n={len(group)})')
-    ax.fill_between(rounds, scale * lower, scale * upper, color=colors[method],
+    ax.fill_between(rounds, scale * lower, scale * upper, color=colors[method]['color'],
                     alpha=0.2, linewidth=0)
   ax.set_xlabel('round')
   if log:
@@ -249,10 +261,10 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
     if finite:
       eps, mean, std = (np.array(v) for v in zip(*finite))
       ax.errorbar(eps, 100 * mean, yerr=100 * np.nan_to_num(std), marker='o', capsize=3,
-                  color=colors[method], label=method)
+                  color=colors[method]['color'], label=method)
     unbounded = [p[1] for p in pts if not math.isfinite(p[0])]  # non-private: one line
     if unbounded:
-      ax.axhline(100 * np.mean(unbounded), linestyle='--', color=colors[method],
+      ax.axhline(100 * np.mean(unbounded), linestyle='--', color=colors[method]['color'],
                  label=f'{method} (ε = ∞)')
   ax.set_xlabel('ε (reached after the final round)')
   ax.set_ylabel('final-round test accuracy (%)')
@@ -262,7 +274,7 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
 def write_plots(runs: list[RunResult], out: str) -> list[str]:
   paths = []
   # One colour per method across every plot.
-  colors = {m: f'C{i % 10}' for i, m in enumerate(sorted({r.method for r in runs}))}
+  colors = method_styles(sorted({r.method for r in runs}))
   groups = collections.defaultdict(lambda: collections.defaultdict(list))
   for run in runs:
     groups[(run.config_name, setting_label(run.setting))][run.method].append(run)
