@@ -51,6 +51,8 @@ def restore(workdir: str, initial_state):
 
 def write_metrics(path: str, records: list[dict]) -> None:
   """metrics.jsonl: one JSON object per evaluated round, replaced atomically."""
+  if jax.process_index() != 0:  # multi-host: one writer on the shared workdir
+    return
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
     for record in records:

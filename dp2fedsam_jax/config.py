@@ -17,6 +17,8 @@ NOISE_PLACEMENTS = ('central', 'distributed')
 ACCOUNTANTS = ('pld', 'rdp')
 PARTITIONS = ('iid', 'pathological', 'dirichlet', 'natural')  # natural: one client per writer
 CONV_IMPLS = ('auto', 'xla', 'im2col')
+# sharded: client slots split over all devices (a multiple of the device count per chunk).
+EXECUTORS = ('vmap', 'sequential', 'sharded')
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -35,7 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_rounds = 10
   c.eval_every = 1
   c.server_lr = 1.0
-  c.executor = 'vmap'
+  c.executor = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (cohort split over jax.devices())
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
   c.cohort_capacity = config_dict.placeholder(int)  # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.seed = 0
@@ -126,7 +128,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   _choice(config, 'model', registry.model_names())
   _choice(config, 'partition', PARTITIONS)
   _choice(config, 'conv_impl', CONV_IMPLS)
-  _choice(config, 'executor', ('vmap', 'sequential'))
+  _choice(config, 'executor', EXECUTORS)
   _choice(config, 'dp.sampling', SAMPLINGS)
   _choice(config, 'dp.noise_placement', NOISE_PLACEMENTS)
   _choice(config, 'dp.accountant', ACCOUNTANTS)

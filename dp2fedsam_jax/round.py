@@ -24,10 +24,11 @@ import jax.numpy as jnp
 
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
+from dp2fedsam_jax import sharding
 from dp2fedsam_jax.privacy import clipping, noise, sampling, sparsify
 from dp2fedsam_jax.state import ServerState
 
-EXECUTORS = ('vmap', 'sequential')
+EXECUTORS = ('vmap', 'sequential', 'sharded')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,15 +41,23 @@ class RoundConfig:
   noise_multiplier: float  # noise std on the sum / clip_norm; 0 for non-private methods
   noise_placement: str   # 'central' | 'distributed'
   server_lr: float
-  executor: str = 'vmap'
+  executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots split over all devices)
   chunk_size: int | None = None     # clients vmapped at once (None: the whole chunk)
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
 
   @property
   def capacity(self) -> int:
     if self.cohort_capacity is not None:
-      return min(self.cohort_capacity, self.num_clients)
-    return sampling.default_capacity(self.sampling, self.sampling_rate, self.num_clients)
+      capacity = min(self.cohort_capacity, self.num_clients)
+    else:
+      capacity = sampling.default_capacity(self.sampling, self.sampling_rate, self.num_clients)
+    if self.chunk_size is not None:
+      # A chunk's uploads ([slots, params]) are summed before the next chunk trains: slots beyond
+      # chunk_size would only hold more of them in memory at once.
+      capacity = min(capacity, self.chunk_size)
+    if self.executor == 'sharded':  # the same number of slots on every device
+      capacity = sharding.round_up(capacity, sharding.num_shards())
+    return capacity
 
 
 def round_config_from(config, num_clients: int, noise_multiplier: float) -> RoundConfig:
@@ -68,6 +77,9 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
     return lambda f, *xs: jax.lax.map(lambda a: f(*a), xs, batch_size=chunk_size)
   if executor == 'sequential':
     return lambda f, *xs: jax.lax.map(lambda a: f(*a), xs)
+  if executor == 'sharded':  # each device vmaps its slice of the slots (capacity <= chunk_size)
+    mesh = sharding.client_mesh()
+    return lambda f, *xs: jax.vmap(f)(*sharding.shard_clients(xs, mesh))
   raise ValueError(f'config.executor={executor!r}: unknown; choose one of {list(EXECUTORS)}.')
 
 
@@ -211,6 +223,10 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
         'clipped_fraction': stats['clipped'] / n,
         'finite': finite & jnp.isfinite(stats['loss_sum']),
     }
-    return ServerState(round=state.round + 1, shared=shared, personal=personal), metrics
+    new_state = ServerState(round=state.round + 1, shared=shared, personal=personal)
+    if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
+      new_state, metrics = jax.lax.with_sharding_constraint(
+          (new_state, metrics), sharding.replicated(sharding.client_mesh()))
+    return new_state, metrics
 
   return round_step

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import checkpoint
+from dp2fedsam_jax import checkpoint, sharding
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
@@ -130,6 +130,8 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
 
 
 def _write_json_atomic(path: str, obj) -> None:
+  if jax.process_index() != 0:  # multi-host: one writer on the shared workdir
+    return
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
     json.dump(obj, f, indent=2, sort_keys=True)
@@ -221,7 +223,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                config.method, config.dataset, data.num_clients, exp.privacy.noise_multiplier,
                exp.privacy.epsilon, exp.privacy.delta, config.num_rounds)
 
-  key = exp.root_key
+  # sharded: state, data and keys whole on every device of the mesh (of every process).
+  place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
+  state, data, key = place((state, data, exp.root_key))
   # Compiled ahead of the loop so that `seconds` measures rounds, not compilation.
   compile_start = time.perf_counter()
   with _hint_on_oom(config, 'compiling the round step', workdir):
@@ -251,7 +255,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         'seconds': seconds,
         **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
            for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
-        **{k: float(v) for k, v in jax.device_get(evaluate(state, data, exp.eval_key(done))).items()},
+        **{k: float(v) for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
     }
     if exp.privacy_caveat:
       record['epsilon_caveat'] = exp.privacy_caveat

@@ -1,0 +1,251 @@
+r"""Client throughput of one federated round: vmapped vs sequential (vs sharded) clients.
+
+    python -m benchmarks.client_throughput --model=cifar_cnn --clients=10,50 --samples_per_client=45 \
+        --batch_size=10 --modes=vmap,sequential --method=dp2fedsam --rounds=3 --json_out=out.json
+
+Every mode runs the same jitted round step (`make_round_step`; only `executor` differs) on synthetic
+data of the model's input shape, with every client sampled (fixed sampling, q = 1), so a round trains
+exactly `--clients` clients. Compilation and one warm-up round are excluded; the reported time is the
+median over `--rounds` rounds. FLOPs come from XLA's cost analysis of the client function
+(`benchmarks/flops.py`; the same count for every mode, since every mode does the same work).
+With torch installed (`pip install -e '.[bench]'`) and the CIFAR CNN + dp2fedsam, a PyTorch CPU loop
+over the same clients (`benchmarks/torch_baseline.py`) is timed as the comparison line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import flops as flops_lib
+from dp2fedsam_jax import sharding
+from dp2fedsam_jax.algorithms import get_method
+from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.config import base_config
+from dp2fedsam_jax.data import FederatedData
+from dp2fedsam_jax.models import count_params, get_model
+from dp2fedsam_jax.round import make_round_step, RoundConfig
+from dp2fedsam_jax.state import init_state
+
+INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3), 'resnet18_gn': (32, 32, 3),
+                'emnist_cnn': (28, 28, 1), 'emnist_cnn_fedavg': (28, 28, 1),
+                'emnist_cnn_tff': (28, 28, 1), 'mlp': (28, 28, 1)}
+
+_MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES), 'Model.')
+_CLIENTS = flags.DEFINE_list('clients', ['10', '50'], 'Cohort sizes (clients trained per round).')
+_SAMPLES = flags.DEFINE_integer('samples_per_client', 45, 'Training examples per client.')
+_BATCH = flags.DEFINE_integer('batch_size', 10, 'Local batch size.')
+_HEAD_EPOCHS = flags.DEFINE_integer('head_epochs', 2, 'Head-phase epochs (tau_h).')
+_BODY_EPOCHS = flags.DEFINE_integer('body_epochs', 2, 'Shared-phase epochs (tau_phi).')
+_MODES = flags.DEFINE_list('modes', ['vmap', 'sequential'], 'Executors: vmap, sequential, sharded.')
+_METHOD = flags.DEFINE_string('method', 'dp2fedsam', 'Method (algorithms registry name).')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); the median is reported.')
+_CONV_IMPL = flags.DEFINE_enum('conv_impl', 'auto', ['auto', 'xla', 'im2col'], 'Conv lowering.')
+_CHUNK = flags.DEFINE_integer('chunk_size', None, 'Clients per chunk (memory bound); None: whole cohort.')
+_JSON_OUT = flags.DEFINE_string('json_out', None, 'Write the results as JSON here.')
+_TORCH = flags.DEFINE_bool('torch', True, 'Time the PyTorch baseline too (cifar_cnn + dp2fedsam, '
+                           'if torch is importable).')
+_TORCH_THREADS = flags.DEFINE_list('torch_threads', [str(os.cpu_count())],
+                                   'torch.set_num_threads values to time the baseline with.')
+_TORCH_CLIENTS = flags.DEFINE_list('torch_clients', None, 'Cohort sizes for the PyTorch baseline '
+                                   '(default: --clients). Its clients run one after another, so '
+                                   'seconds per client do not depend on the cohort.')
+_MATMUL = flags.DEFINE_integer('matmul_size', 2048, 'Square f32 matmul size for the machine peak '
+                               '(0: skip).')
+
+
+def _load() -> list[float]:
+  return [round(x, 2) for x in os.getloadavg()]
+
+
+def device_description() -> dict:
+  d = jax.devices()[0]
+  desc = {'platform': d.platform, 'device_kind': d.device_kind, 'device_count': jax.device_count(),
+          'process_count': jax.process_count(), 'jax_version': jax.__version__,
+          'host_cpus': os.cpu_count(), 'machine': platform.machine()}
+  try:
+    with open('/proc/cpuinfo') as f:
+      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
+    desc['cpu_model'] = names[0] if names else None
+  except OSError:
+    pass
+  return desc
+
+
+def matmul_peak_gflops(n: int, repeats: int = 10) -> float:
+  """Best f32 n x n matmul rate on the default device (GFLOP/s): the machine's practical peak."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    f(a).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * n ** 3 / min(times) / 1e9
+
+
+def peak_memory() -> dict:
+  """Peak device memory where the backend reports it (GPU/TPU), else this process's peak RSS."""
+  stats = jax.devices()[0].memory_stats()
+  if stats and 'peak_bytes_in_use' in stats:
+    return {'peak_device_memory_bytes': int(stats['peak_bytes_in_use'])}
+  # Linux reports KiB. Process-wide and monotone: a later entry includes earlier ones.
+  return {'peak_rss_bytes_process': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  x = rng.integers(0, 256, (num_clients, samples, *input_shape), dtype=np.uint8)
+  y = rng.integers(0, num_classes, (num_clients, samples)).astype(np.int32)
+  count = np.full((num_clients,), samples, np.int32)
+  c = input_shape[-1]
+  return FederatedData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(count),
+                       jnp.asarray(x[:, :1]), jnp.asarray(y[:, :1]), jnp.ones((num_clients,), jnp.int32),
+                       num_classes=num_classes, mean=(0.5,) * c, std=(0.25,) * c)
+
+
+def local_config():
+  lc = base_config().local
+  lc.head_epochs, lc.body_epochs, lc.batch_size = _HEAD_EPOCHS.value, _BODY_EPOCHS.value, _BATCH.value
+  return lc
+
+
+def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
+  data = synthetic_data(cohort, _SAMPLES.value, model.input_shape, model.num_classes)
+  rc = RoundConfig(num_clients=cohort, sampling='fixed', sampling_rate=1.0, clip_norm=0.1,
+                   noise_multiplier=1.0 if spec.private else 0.0, noise_placement='central',
+                   server_lr=1.0, executor=mode, chunk_size=_CHUNK.value)
+  step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
+  state = init_state(spec, model, jax.random.key(0), cohort)
+  key = jax.random.key(1)
+  if mode == 'sharded':
+    state, data, key = sharding.replicate((state, data, key))
+  load_before = _load()
+  start = time.perf_counter()
+  compiled = step.lower(state, data, key).compile()
+  compile_seconds = time.perf_counter() - start
+  mem = compiled.memory_analysis()
+  state, metrics = compiled(state, data, key)  # warm-up round
+  jax.block_until_ready(state)
+  times = []
+  for _ in range(_ROUNDS.value):
+    start = time.perf_counter()
+    state, metrics = compiled(state, data, key)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - start)
+  assert int(metrics['cohort_size']) == cohort and bool(metrics['finite']), metrics
+  seconds = statistics.median(times)
+  return {'mode': mode, 'clients': cohort, 'seconds_per_round': seconds, 'round_seconds': times,
+          'clients_per_second': cohort / seconds,
+          'examples_per_second': cohort * _SAMPLES.value * (_HEAD_EPOCHS.value * spec.head_phase
+                                                            + _BODY_EPOCHS.value) / seconds,
+          'compile_seconds': compile_seconds, 'capacity': rc.capacity,
+          'xla_temp_bytes': int(getattr(mem, 'temp_size_in_bytes', 0) or 0),
+          **peak_memory(), 'load_before': load_before, 'load_after': _load()}
+
+
+def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
+  try:
+    from benchmarks import torch_baseline
+  except ImportError:
+    print('torch is not importable: no PyTorch baseline (pip install -e ".[bench]").')
+    return []
+  rows = []
+  for threads in _TORCH_THREADS.value:
+    for cohort in cohorts:
+      load_before = _load()
+      r = torch_baseline.run(cohort, _SAMPLES.value, batch_size=lc.batch_size,
+                             head_epochs=lc.head_epochs, body_epochs=lc.body_epochs,
+                             rounds=_ROUNDS.value, threads=int(threads), lr_head=lc.lr_head,
+                             lr_body=lc.lr_body, momentum=lc.momentum, rho=lc.sam_rho)
+      s = r['seconds_per_round']
+      rows.append({'mode': f'torch_sequential_{threads}t', 'clients': cohort, **r,
+                   'clients_per_second': cohort / s,
+                   'examples_per_second': cohort * _SAMPLES.value * (lc.head_epochs + lc.body_epochs) / s,
+                   # JAX's executed count (padded last batch included); PyTorch skips the padding.
+                   'gflops_per_second': cohort * client_gflop / s,
+                   'load_before': load_before, 'load_after': _load()})
+  return rows
+
+
+def main(argv):
+  del argv
+  spec = get_method(_METHOD.value)
+  model = get_model(_MODEL.value, 10, INPUT_SHAPES[_MODEL.value], _CONV_IMPL.value)
+  lc = local_config()
+  cohorts = [int(c) for c in _CLIENTS.value]
+  data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes)
+  cf = flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
+  layers = flops_lib.layer_matmul_flops(model)
+  conv = sum(v for k, v in layers.items() if k.startswith('conv:'))
+  machine = device_description()
+  if _MATMUL.value:
+    machine['matmul_peak_gflops'] = matmul_peak_gflops(_MATMUL.value)
+    machine['matmul_size'] = _MATMUL.value
+  result = {
+      'config': {'model': _MODEL.value, 'num_params': count_params(jax.eval_shape(
+                     model.init, jax.random.key(0))), 'conv_impl': model.conv_impl,
+                 'method': _METHOD.value, 'samples_per_client': _SAMPLES.value,
+                 'batch_size': _BATCH.value, 'head_epochs': _HEAD_EPOCHS.value,
+                 'body_epochs': _BODY_EPOCHS.value, 'rounds': _ROUNDS.value,
+                 'chunk_size': _CHUNK.value},
+      'device': machine,
+      'client_flops': {'total': cf.total, 'head_phase': cf.head_phase, 'body_phase': cf.body_phase,
+                       'features_once': cf.features, 'head_step': cf.head_step,
+                       'body_step': cf.body_step, 'head_steps': cf.head_steps,
+                       'body_steps': cf.body_steps,
+                       'forward_matmul_flops_per_example': layers,
+                       'conv_fraction_of_forward_matmul': conv / max(sum(layers.values()), 1.0)},
+      'results': [],
+  }
+  for cohort in cohorts:
+    for mode in _MODES.value:
+      row = time_mode(mode, cohort, spec, model, lc)
+      row['gflops_per_second'] = cohort * cf.total / row['seconds_per_round'] / 1e9
+      if 'matmul_peak_gflops' in machine:
+        row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
+      result['results'].append(row)
+      print(f"{mode:>10} {cohort:>5} clients: {row['seconds_per_round']:.3f} s/round", flush=True)
+  if (_TORCH.value and _MODEL.value == 'cifar_cnn' and _METHOD.value == 'dp2fedsam'
+      and jax.process_count() == 1):
+    torch_cohorts = [int(c) for c in (_TORCH_CLIENTS.value or cohorts)]
+    for row in torch_rows(torch_cohorts, lc, cf.total / 1e9):
+      if 'matmul_peak_gflops' in machine:
+        row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
+      result['results'].append(row)
+
+  print(f"\n{machine.get('cpu_model') or machine['device_kind']} ({machine['platform']}, "
+        f"{machine['device_count']} device(s)); matmul peak "
+        f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
+        f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
+        f"(head phase {cf.head_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
+  header = ('mode', 'clients', 's/round', 'clients/s', 'examples/s', 'GFLOP/s', '% peak',
+            'compile s', 'peak mem MB', 'load')
+  print(' | '.join(header))
+  for r in result['results']:
+    mem = r.get('peak_device_memory_bytes', r.get('peak_rss_bytes_process'))
+    print(' | '.join([r['mode'], str(r['clients']), f"{r['seconds_per_round']:.3f}",
+                      f"{r['clients_per_second']:.2f}", f"{r['examples_per_second']:.0f}",
+                      f"{r['gflops_per_second']:.1f}",
+                      f"{r.get('percent_of_matmul_peak', float('nan')):.0f}",
+                      f"{r.get('compile_seconds', float('nan')):.1f}",
+                      f"{mem / 2**20:.0f}" if mem else '-', str(r['load_before'][0])]))
+  if _JSON_OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)
+    with open(_JSON_OUT.value, 'w') as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,112 @@
+"""FLOPs of one client's local work, from XLA's cost analysis of the real client function.
+
+XLA's cost analysis counts the body of a while loop (every `lax.scan`, `lax.map`, the round's chunk
+loop) once, whatever its trip count, so the cost of a compiled round says little. Here the real
+`make_client_update` is compiled with every loop of trip count 1 (one batch of data, at most one
+epoch per phase), and the differences between such variants give the cost of one step of each
+phase; the client's cost is then assembled from the step counts it really executes (padded steps
+included: they are computed and masked, so the hardware does them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.client import make_client_update
+from dp2fedsam_jax.models.layers import Conv2D
+from dp2fedsam_jax.state import init_state
+
+
+def cost_flops(fn, *args) -> float:
+  """XLA's FLOP count of fn(*args), compiled for the default backend."""
+  analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+    analysis = analysis[0]
+  return float(analysis.get('flops', 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientFlops:
+  features: float    # the extractor's forward pass over the client's padded data, once (head phase)
+  head_step: float   # one SGD step of the head on cached features
+  body_step: float   # one step of the shared phase (SAM: two gradients)
+  overhead: float    # the update Delta, once
+  head_steps: int    # head_epochs * steps per epoch
+  body_steps: int
+
+  @property
+  def head_phase(self) -> float:
+    return self.features + self.head_steps * self.head_step
+
+  @property
+  def body_phase(self) -> float:
+    return self.body_steps * self.body_step
+
+  @property
+  def total(self) -> float:
+    return self.head_phase + self.body_phase + self.overhead
+
+
+def client_flops(spec, model, local_config, samples: int, normalize) -> ClientFlops:
+  """FLOPs one client executes in a round, for `samples` examples per client."""
+  batch = local_config.batch_size
+  steps_per_epoch = math.ceil(samples / batch)
+  shape = model.input_shape
+  state = jax.eval_shape(lambda k: init_state(spec, model, k, 1), jax.random.key(0))
+  shared = state.shared
+  personal = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), state.personal)
+  x = jax.ShapeDtypeStruct((batch, *shape), jnp.uint8)
+  y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  count = jnp.int32(batch)
+
+  def variant(head_epochs: int, body_epochs: int) -> float:
+    lc = ml_collections.ConfigDict(local_config.to_dict())
+    lc.head_epochs, lc.body_epochs = head_epochs, body_epochs
+    update = make_client_update(spec, model, lc, normalize, MethodParams())
+    def run(*args):  # both outputs, or XLA drops the head phase as dead code
+      result = update(*args, jnp.int32(0))
+      return result.delta, result.personal
+    return cost_flops(run, shared, personal, x, y, count, jax.random.key(0))
+
+  base = variant(0, 0)
+  body_step = variant(0, 1) - base if local_config.body_epochs else 0.0
+  features = head_step = 0.0
+  if spec.head_phase and local_config.head_epochs:
+    features_b = cost_flops(lambda p, a: model.features(p['extractor'], normalize(a)), shared, x)
+    head_step = variant(1, 0) - base - features_b
+    features = features_b * steps_per_epoch  # the padded data: steps_per_epoch * batch examples
+  head_steps = local_config.head_epochs * steps_per_epoch if spec.head_phase else 0
+  return ClientFlops(features, head_step, body_step, base, head_steps,
+                     local_config.body_epochs * steps_per_epoch)
+
+
+def layer_matmul_flops(model, batch: int = 1) -> dict[str, float]:
+  """Forward multiply-add FLOPs (2 per MAC) per layer for `batch` examples, from the traced shapes.
+
+  A training step costs about 3x this (forward, input gradient, weight gradient); the conv/dense
+  split is what matters for where the time goes.
+  """
+  out: dict[str, float] = {}
+
+  def record(next_fun, args, kwargs, context):
+    y = next_fun(*args, **kwargs)
+    module = context.module
+    if context.method_name == '__call__' and isinstance(module, (Conv2D, nn.Dense)):
+      kernel = module.variables['params']['kernel']  # HWIO or [in, out]: fan-in x out
+      name = '/'.join(module.scope.path) or 'head'
+      kind = 'conv' if isinstance(module, Conv2D) else 'dense'
+      out[f'{kind}:{name}'] = 2.0 * math.prod(y.shape[:-1]) * math.prod(kernel.shape)
+    return y
+
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  x = jax.ShapeDtypeStruct((batch, *model.input_shape), jnp.float32)
+  with nn.intercept_methods(record):
+    jax.eval_shape(model.apply, params, x)
+  return out

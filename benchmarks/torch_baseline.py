@@ -1,0 +1,121 @@
+"""A PyTorch CPU baseline of one DP²-FedSAM round: the same CIFAR CNN, clients one after another.
+
+Per client, as `dp2fedsam_jax.client` does it: features of the client's data computed once with the
+received extractor; `head_epochs` of SGD (momentum) on the personal head over cached features; then
+`body_epochs` of SAM on the extractor with the new head fixed (eps = rho g/||g|| on the same batch,
+gradient at phi + eps, SGD step with momentum); Delta = phi_i - phi clipped to global L2 norm C.
+The server adds N(0, sigma^2 C^2) to the sum and averages. Batches are real examples only (a partial
+last batch is smaller), which is what a PyTorch user would write.
+
+Needs the [bench] extra (torch, CPU wheel).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class CifarCNN(nn.Module):
+  """dp2fedsam_jax's cifar_cnn in PyTorch: 667,402 params at 10 classes."""
+
+  def __init__(self, num_classes: int = 10):
+    super().__init__()
+    self.extractor = nn.Sequential(
+        nn.Conv2d(3, 64, 3), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(64, 128, 3), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(128, 256, 3), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Flatten(), nn.Linear(256 * 2 * 2, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU())
+    self.head = nn.Linear(128, num_classes)
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator):
+  order = torch.randperm(n, generator=generator)
+  return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def client_update(model: CifarCNN, global_ext: dict, head_state: dict, x, y, *, batch_size: int,
+                  head_epochs: int, body_epochs: int, lr_head: float, lr_body: float,
+                  momentum: float, rho: float, generator: torch.Generator):
+  """Returns (Delta as a list of tensors, the new head state dict)."""
+  model.extractor.load_state_dict(global_ext)
+  model.head.load_state_dict(head_state)
+  loss_fn = nn.CrossEntropyLoss()
+  with torch.no_grad():  # phi is fixed in the head phase: features once
+    feats = model.extractor(x)
+  opt = torch.optim.SGD(model.head.parameters(), lr=lr_head, momentum=momentum)
+  for _ in range(head_epochs):
+    for idx in _batches(len(x), batch_size, generator):
+      opt.zero_grad()
+      loss_fn(model.head(feats[idx]), y[idx]).backward()
+      opt.step()
+
+  params = list(model.extractor.parameters())
+  for p in model.head.parameters():
+    p.requires_grad_(False)
+  opt = torch.optim.SGD(params, lr=lr_body, momentum=momentum)
+  for _ in range(body_epochs):
+    for idx in _batches(len(x), batch_size, generator):
+      xb, yb = x[idx], y[idx]
+      grads = torch.autograd.grad(loss_fn(model.head(model.extractor(xb)), yb), params)
+      scale = rho / torch.sqrt(sum((g * g).sum() for g in grads)).clamp_min(1e-12)
+      with torch.no_grad():
+        eps = [g * scale for g in grads]
+        for p, e in zip(params, eps):
+          p.add_(e)
+      opt.zero_grad()
+      loss_fn(model.head(model.extractor(xb)), yb).backward()
+      with torch.no_grad():
+        for p, e in zip(params, eps):
+          p.sub_(e)
+      opt.step()
+  for p in model.head.parameters():
+    p.requires_grad_(True)
+  with torch.no_grad():
+    delta = [p.detach() - global_ext[k] for k, p in model.extractor.state_dict().items()]
+  return delta, {k: v.clone() for k, v in model.head.state_dict().items()}
+
+
+def run(cohort: int, samples_per_client: int, *, batch_size: int = 10, head_epochs: int = 2,
+        body_epochs: int = 2, rounds: int = 3, warmup: int = 1, threads: int | None = None,
+        clip_norm: float = 0.1, noise_multiplier: float = 1.0, lr_head: float = 0.005,
+        lr_body: float = 0.1, momentum: float = 0.7, rho: float = 0.1, seed: int = 0) -> dict:
+  """Times `rounds` rounds (after `warmup`) of a cohort of `cohort` clients; returns a summary."""
+  threads = threads or os.cpu_count()
+  torch.set_num_threads(threads)
+  torch.manual_seed(seed)
+  rng = np.random.default_rng(seed)
+  # Synthetic CIFAR-shaped data, normalized like the JAX side's uint8 / 255.
+  xs = torch.from_numpy(rng.integers(0, 256, (cohort, samples_per_client, 3, 32, 32)).astype(np.float32) / 255.0)
+  ys = torch.from_numpy(rng.integers(0, 10, (cohort, samples_per_client)).astype(np.int64))
+  model = CifarCNN(10)
+  heads = [{k: v.clone() for k, v in model.head.state_dict().items()} for _ in range(cohort)]
+  generator = torch.Generator().manual_seed(seed)
+  times = []
+  for r in range(warmup + rounds):
+    start = time.perf_counter()
+    global_ext = {k: v.clone() for k, v in model.extractor.state_dict().items()}
+    total = [torch.zeros_like(v) for v in global_ext.values()]
+    for i in range(cohort):
+      delta, heads[i] = client_update(
+          model, global_ext, heads[i], xs[i], ys[i], batch_size=batch_size, head_epochs=head_epochs,
+          body_epochs=body_epochs, lr_head=lr_head, lr_body=lr_body, momentum=momentum, rho=rho,
+          generator=generator)
+      norm = torch.sqrt(sum((d * d).sum() for d in delta))
+      factor = min(1.0, clip_norm / max(float(norm), 1e-12))
+      for t, d in zip(total, delta):
+        t.add_(d, alpha=factor)
+    with torch.no_grad():
+      new = {k: v + (t + torch.randn_like(t) * noise_multiplier * clip_norm) / cohort
+             for (k, v), t in zip(global_ext.items(), total)}
+    model.extractor.load_state_dict(new)
+    if r >= warmup:
+      times.append(time.perf_counter() - start)
+  n_params = sum(p.numel() for p in model.parameters())
+  return {'seconds_per_round': statistics.median(times), 'round_seconds': times,
+          'threads': threads, 'num_params': n_params, 'torch_version': torch.__version__}

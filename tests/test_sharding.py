@@ -1,0 +1,95 @@
+"""The 'sharded' executor gives the vmap executor's state, on 8 forced CPU devices and on 1.
+
+Each check runs in a fresh process: the device count is fixed when JAX initialises, and another
+test may already have initialised it in this one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_config
+from dp2fedsam_jax.config import ConfigError, validate_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _child(devices: int) -> dict:
+  """Runs 2 rounds per executor variant and reports the largest difference to vmap."""
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from dp2fedsam_jax import sharding, train
+  from dp2fedsam_jax.round import make_round_step
+
+  assert jax.device_count() == devices, jax.devices()
+  # 12 clients, q = 0.7: the cohort spans several slots per device; chunk_size=4 forces 2 chunks.
+  exp = train.build_experiment(tiny_config(num_clients=12, sampling_rate=0.7))
+
+  def run(**variant):
+    rc = dataclasses.replace(exp.round_config, **variant)
+    state, data, key = exp.init_state(), exp.data, exp.root_key
+    if rc.executor == 'sharded':
+      state, data, key = sharding.replicate((state, data, key))
+    # Compiled once, explicitly, so the HLO checked below is the program that ran.
+    step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, rc)).lower(
+        state, data, key).compile()
+    for _ in range(2):
+      state, metrics = step(state, data, key)
+    return rc, step.as_text(), state, metrics
+
+  _, _, reference, ref_metrics = run()
+  variants = {'sharded': dict(executor='sharded')}
+  if devices > 1:
+    variants['sharded_chunked'] = dict(executor='sharded', chunk_size=4)
+  out = {}
+  for name, variant in variants.items():
+    rc, hlo, state, metrics = run(**variant)
+    diffs = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
+             for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(state))]
+    leaf = jax.tree.leaves(state.shared)[0]
+    out[name] = {
+        'max_abs_diff': max(diffs),
+        'loss_diff': abs(float(metrics['train_loss']) - float(ref_metrics['train_loss'])),
+        'cohort': int(metrics['cohort_size']),
+        'capacity': rc.capacity,
+        'state_devices': len(leaf.sharding.device_set),
+        'state_replicated': bool(leaf.sharding.is_fully_replicated),
+        'all_reduce': 'all-reduce' in hlo,
+    }
+  return out
+
+
+@pytest.mark.parametrize('devices', [8, 1])
+def test_sharded_executor_matches_vmap(devices):
+  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+             JAX_PLATFORMS='cpu',
+             PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, 'tests'),
+                                         os.environ.get('PYTHONPATH', '')]))
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(devices)], env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name, r in result.items():
+    assert r['max_abs_diff'] <= 1e-5 and r['loss_diff'] <= 1e-5, (name, r)
+    assert r['cohort'] > 0 and r['capacity'] % devices == 0, (name, r)
+    assert r['state_devices'] == devices and r['state_replicated'], (name, r)
+  if devices > 1:  # the cohort really was split: the upload sum is a cross-device reduction
+    assert result['sharded']['all_reduce'], result
+    # 10 default slots -> 16; chunk_size=4 caps a chunk at 4 slots, rounded up to 8 devices.
+    assert result['sharded']['capacity'] == 16 and result['sharded_chunked']['capacity'] == 8
+
+
+def test_config_accepts_the_sharded_executor_and_names_the_choices():
+  validate_config(tiny_config(executor='sharded'))
+  with pytest.raises(ConfigError, match=r"config\.executor='pmap'.*'sharded'"):
+    validate_config(tiny_config(executor='pmap'))
+
+
+if __name__ == '__main__':
+  print(json.dumps(_child(int(sys.argv[1]))))
