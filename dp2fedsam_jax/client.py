@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax import local
+from dp2fedsam_jax import keys, local
 from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.privacy import sparsify
@@ -59,20 +59,15 @@ def make_client_update(spec: MethodSpec, model, local_config, normalize,
                            local_config.momentum, local_config.sam_rho)
   regularizer = pieces.Regularizer(spec.regularizer, params.regularizer_lambda(spec.regularizer),
                                    params.clip_norm)
-  layer_paths = pieces.kernel_layer_paths(model) if spec.weight_mask == 'dsu' else ()
-
-  def weight_mask(shared):
-    if spec.weight_mask == 'dsu':
-      return pieces.dsu_mask(shared, layer_paths, params.dsu_masked_layers, params.dsu_sparsity)
-    return None
+  weight_mask = pieces.WeightMask.for_method(spec, model, params)
 
   def client_update(shared, personal, x, y, count, key, round_index):
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** round_index
-    head_key, body_key = jax.random.split(key)
+    head_key, body_key = keys.head_and_body(key)
     inputs = normalize(x)
 
-    if spec.head_phase:
-      features = model.features(shared['extractor'], inputs)
+    if spec.head_phase:  # DSU: the head learns on the features of theta * M, as it is tested
+      features = model.features(weight_mask.forward(shared)['extractor'], inputs)
       personal = train_head(shared, personal, features, y, count, head_key,
                             local_config.lr_head * decay)
 

@@ -6,7 +6,13 @@ A client's model depends on the method's `evaluation` piece:
   personal        the global shared part with the client's own personal part (head or head offset)
   finetune        a copy of the global model fine-tuned on the client's training data (-FT methods)
   finetune_head   the global model with its head fine-tuned on the client's data (DP-FedAvg-fb)
-Fine-tuning happens on copies inside the evaluation: it never touches the server state.
+Fine-tuning happens on copies inside the evaluation: it never touches the server state. Methods
+with a forward-pass mask (DSU) are tested through theta * M, the network they train.
+
+Besides the mean over all clients with test data, the evaluation reports `participation` (the
+fraction of clients sampled at least once) and `test_accuracy_participated` (the mean over the
+clients that trained at least once; NaN before anyone has): in short runs most personal heads are
+still at their initialisation, which dominates the plain mean.
 """
 
 from __future__ import annotations
@@ -15,13 +21,17 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import local
-from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax.algorithms import pieces
+from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.state import model_params
 
 
-def make_evaluate(spec: MethodSpec, model, local_config, clients_per_batch: int = 64):
-  """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss'}, averaged over clients
-  with test data. `key` seeds the fine-tuning minibatch order (unused by other evaluations)."""
+def make_evaluate(spec: MethodSpec, model, local_config, params: MethodParams = MethodParams(),
+                  clients_per_batch: int = 64):
+  """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
+  'test_accuracy_participated'}, averaged over clients with test data. `key` seeds the fine-tuning
+  minibatch order (unused by other evaluations)."""
+  weight_mask = pieces.WeightMask.for_method(spec, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
                          local_config.momentum)
 
@@ -29,7 +39,7 @@ def make_evaluate(spec: MethodSpec, model, local_config, clients_per_batch: int 
     return local.masked_cross_entropy(model.apply(params, x), y, mask)
 
   def client_model(state, personal, x, y, count, key):
-    params = model_params(spec, state.shared, personal)
+    params = model_params(spec, weight_mask.forward(state.shared), personal)
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** state.round
     if spec.evaluation == 'finetune':
       params, _ = local.run_phase(finetune, ce_loss, params, x, y, count, key,
@@ -63,7 +73,12 @@ def make_evaluate(spec: MethodSpec, model, local_config, clients_per_batch: int 
         batch_size=min(clients_per_batch, num_clients))
     has_test = (data.test_count > 0).astype(jnp.float32)
     clients = jnp.maximum(has_test.sum(), 1.0)
+    took_part = (state.times_sampled > 0).astype(jnp.float32)
+    tested_part = has_test * took_part
     return {'test_accuracy': jnp.sum(accuracy * has_test) / clients,
-            'test_loss': jnp.sum(loss * has_test) / clients}
+            'test_loss': jnp.sum(loss * has_test) / clients,
+            'participation': jnp.mean(took_part),
+            'test_accuracy_participated': jnp.where(
+                tested_part.sum() > 0, jnp.sum(accuracy * tested_part) / tested_part.sum(), jnp.nan)}
 
   return evaluate

@@ -11,6 +11,14 @@ The data flow (Algorithm 2 of dp2-fedsam.txt; DESIGN §3):
       sum the clipped updates; write back the sampled clients' heads (lines 22-24 keep the rest)
     [central] + N(0, s^2 C^2) on the sum
     phi <- phi + server_lr * sum / m         line 25 (m = expected cohort size for Poisson)
+
+Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
+noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (split by
+client id) gives its training and upload-noise streams. No key is both split and folded (keys.py).
+
+A client whose local training diverged (a non-finite update, loss or head) uploads a zero update and
+keeps its old head: the zero is a function of its own data with norm 0 <= C, so the guarantee holds;
+the round counts such clients in `nonfinite_clients`.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import jax.numpy as jnp
 
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax import sharding
+from dp2fedsam_jax import keys, sharding
 from dp2fedsam_jax.privacy import clipping, noise, sampling, sparsify
 from dp2fedsam_jax.state import ServerState
 
@@ -83,6 +91,10 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
   raise ValueError(f'config.executor={executor!r}: unknown; choose one of {list(EXECUTORS)}.')
 
 
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def _masked_max(tree, valid):
   """Elementwise max over the leading (client) axis of the entries where valid is True (0 if none)."""
   def leaf_max(x):
@@ -127,28 +139,32 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
 
   def round_step(state: ServerState, data, key):
     client_update = make_client_update(spec, model, local_config, data.normalize, params)
-    round_key = jax.random.fold_in(key, state.round)
-    sample_key, clients_key, noise_key = jax.random.split(round_key, 3)
-    sampled = sampling.sample_cohort(sample_key, rc.sampling, rc.sampling_rate, rc.num_clients)
+    streams = keys.round_keys(key, state.round)
+    sampled = sampling.sample_cohort(streams.sample, rc.sampling, rc.sampling_rate, rc.num_clients)
     cohort = jnp.sum(sampled, dtype=jnp.int32)
     # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's run.
-    client_keys = jax.random.split(clients_key, rc.num_clients)
+    client_keys = keys.client_keys(streams.clients, rc.num_clients)
     # Sampled ids first (ascending), then the rest; padded with the out-of-range id N.
     order = jnp.argsort(~sampled, stable=True)
     order = jnp.pad(order, (0, num_chunks_max * capacity - rc.num_clients),
                     constant_values=rc.num_clients)
     # Distributed noise: each client adds its share, so the sum carries N(0, noise_std^2) in total.
     client_noise_std = noise_std / jnp.sqrt(jnp.maximum(cohort, 1).astype(jnp.float32))
-    # A public rand-k mask, the same for every client: drawn from the round key, never from data.
-    round_mask = (sparsify.randk_mask(jax.random.fold_in(noise_key, 1), state.shared, params.sparsity)
+    # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
+    round_mask = (sparsify.randk_mask(streams.public_mask, state.shared, params.sparsity)
                   if spec.upload_mask == 'randk' else None)
 
     def one_client(x, y, count, personal, client_key, client_id):
-      train_key, upload_key = jax.random.split(client_key)
+      train_key, upload_key = keys.train_and_upload(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
       delta = result.delta
       if update_hook is not None:
         delta = update_hook(client_id, delta)
+      # A diverged client is a failed client: it uploads zero and keeps its old head.
+      finite = _all_finite((delta, result.personal, result.train_loss))
+      delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), delta)
+      new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                  result.personal, personal)
       mask = upload_mask(spec, delta, result.mask, round_mask, params.sparsity)
       if mask is not None:
         delta = sparsify.apply_mask(delta, mask)
@@ -162,7 +178,7 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
         if spec.postprocess == 'topk':  # the paper's client-side top-k of its own noised upload
           upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
       support = mask if spec.noise_on_mask else None
-      return upload, result.personal, norm, result.train_loss, support
+      return upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite
 
     def chunk(carry):
       k, upload_sum, support, personal, stats = carry
@@ -170,7 +186,7 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       valid = k * capacity + jnp.arange(capacity) < cohort
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
-      uploads, new_personal, norms, losses, masks = map_clients(
+      uploads, new_personal, norms, losses, masks, finite = map_clients(
           one_client, data.train_x[safe_ids], data.train_y[safe_ids], data.train_count[safe_ids],
           take(personal), client_keys[safe_ids], safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
@@ -181,15 +197,17 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
                               personal, new_personal)
       clipped = (norms > rc.clip_norm) if private else jnp.zeros_like(valid)
+      counted = valid & finite  # training statistics are over the clients that did not diverge
       stats = jax.tree.map(jnp.add, stats, {
-          'norm_sum': jnp.sum(jnp.where(valid, norms, 0.0)),
-          'clipped': jnp.sum(valid & clipped, dtype=jnp.int32),
-          'loss_sum': jnp.sum(jnp.where(valid, losses, 0.0)),
+          'norm_sum': jnp.sum(jnp.where(counted, norms, 0.0)),
+          'clipped': jnp.sum(counted & clipped, dtype=jnp.int32),
+          'loss_sum': jnp.sum(jnp.where(counted, losses, 0.0)),
+          'nonfinite': jnp.sum(valid & ~finite, dtype=jnp.int32),
       })
       return k + 1, upload_sum, support, personal, stats
 
     stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
-              'loss_sum': jnp.zeros(())}
+              'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32)}
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
     support0 = None
     if spec.noise_on_mask:
@@ -205,7 +223,7 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       # Central: the server adds all the noise. Distributed: the clients did; if nobody was sampled
       # the server adds it so the release is the same mechanism the accountant assumed.
       server_std = noise_std if not distributed else jnp.where(cohort == 0, noise_std, 0.0)
-      upload_sum = noise.add_gaussian_noise(noise_key, upload_sum, server_std, support)
+      upload_sum = noise.add_gaussian_noise(streams.noise, upload_sum, server_std, support)
       if spec.postprocess == 'topk' and not distributed:  # post-processing of the noised sum
         upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
       # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
@@ -214,16 +232,17 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       denominator = jnp.maximum(cohort, 1).astype(jnp.float32)
     shared = jax.tree.map(lambda p, s: p + rc.server_lr * s / denominator, state.shared, upload_sum)
 
-    n = jnp.maximum(cohort, 1).astype(jnp.float32)
-    finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(shared)]))
+    n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
     metrics = {
         'cohort_size': cohort,
         'train_loss': stats['loss_sum'] / n,
         'mean_update_norm': stats['norm_sum'] / n,
         'clipped_fraction': stats['clipped'] / n,
-        'finite': finite & jnp.isfinite(stats['loss_sum']),
+        'nonfinite_clients': stats['nonfinite'],
+        'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
     }
-    new_state = ServerState(round=state.round + 1, shared=shared, personal=personal)
+    new_state = ServerState(round=state.round + 1, shared=shared, personal=personal,
+                            times_sampled=state.times_sampled + sampled.astype(jnp.int32))
     if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
       new_state, metrics = jax.lax.with_sharding_constraint(
           (new_state, metrics), sharding.replicated(sharding.client_mesh()))

@@ -16,6 +16,7 @@ class ServerState:
   round: jax.Array  # int32 scalar: rounds completed so far
   shared: Any       # the global params the server aggregates, e.g. {'extractor': ...}
   personal: Any     # every client's personal params stacked on a leading [num_clients] axis
+  times_sampled: jax.Array  # int32[num_clients]: rounds each client took part in (for evaluation)
 
 
 def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:
@@ -39,4 +40,5 @@ def init_state(spec: MethodSpec, model, key: jax.Array, num_clients: int) -> Ser
   """Global init; every client's personal head starts as the same initial head."""
   shared, personal = split_params(spec, model.init(key))
   personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_clients,) + p.shape).copy(), personal)
-  return ServerState(round=jnp.zeros((), jnp.int32), shared=shared, personal=personal)
+  return ServerState(round=jnp.zeros((), jnp.int32), shared=shared, personal=personal,
+                     times_sampled=jnp.zeros((num_clients,), jnp.int32))

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, sharding
+from dp2fedsam_jax import checkpoint, keys, sharding
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
@@ -68,11 +68,6 @@ def resolve_privacy(config, spec: MethodSpec) -> Privacy:
   return Privacy(True, float(sigma), delta, epsilon)
 
 
-# Round r uses fold_in(root, r); initialisation and evaluation use streams no round reaches.
-_INIT_STREAM = 2**31 - 1
-_EVAL_STREAM = 2**31 - 2
-
-
 @dataclasses.dataclass
 class Experiment:
   """Everything built from a config before the first round."""
@@ -95,18 +90,25 @@ class Experiment:
 
   @property
   def init_key(self) -> jax.Array:
-    return jax.random.fold_in(self.root_key, _INIT_STREAM)
+    return keys.init_key(self.root_key)
 
   def eval_key(self, round_index: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(self.root_key, _EVAL_STREAM), round_index)
+    return keys.eval_key(self.root_key, round_index)
 
   @property
   def privacy_caveat(self) -> str:
     return self.spec.privacy_caveat(self.config.dp.noise_placement)
 
+  @property
+  def method_params(self) -> MethodParams:
+    return MethodParams.from_config(self.config)
+
   def round_step(self):
     return make_round_step(self.spec, self.model, self.config.local, self.round_config,
-                           MethodParams.from_config(self.config))
+                           self.method_params)
+
+  def evaluate(self):
+    return make_evaluate(self.spec, self.model, self.config.local, self.method_params)
 
   def param_counts(self) -> dict[str, int]:
     params = jax.eval_shape(self.model.init, self.init_key)
@@ -165,10 +167,16 @@ def _check_same_run(workdir: str, resolved: dict) -> None:
                      'Use a new --workdir, or the same config to resume.')
 
 
+def _json_number(value) -> float | None:
+  """A float for metrics.jsonl; None where it is undefined (NaN: strict JSON has no NaN)."""
+  value = float(value)
+  return None if math.isnan(value) else value
+
+
 def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
   if not bool(metrics['finite']):
     raise FloatingPointError(
-        f'round {round_index}: the loss or the new shared parameters are NaN/Inf. Lower '
+        f'round {round_index}: the new shared parameters are NaN/Inf. Lower '
         '--config.local.lr_body / --config.local.lr_head (or sam_rho); the last good checkpoint in '
         f'{workdir} is intact.')
 
@@ -210,7 +218,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
-  evaluate = jax.jit(make_evaluate(exp.spec, exp.model, config.local))
+  evaluate = jax.jit(exp.evaluate())
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   state, records = checkpoint.restore(workdir, exp.init_state())
   start = int(state.round)
@@ -255,7 +263,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         'seconds': seconds,
         **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
            for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
-        **{k: float(v) for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
+        # Clients whose local training diverged (zero upload) in the rounds since the last record.
+        'nonfinite_clients': int(sum(int(m['nonfinite_clients']) for m in window)),
+        **{k: _json_number(v)
+           for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
     }
     if exp.privacy_caveat:
       record['epsilon_caveat'] = exp.privacy_caveat

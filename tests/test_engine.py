@@ -214,3 +214,25 @@ def test_sampler_and_accountant_agree(q, n):
   assert set(np.asarray(fixed.sum(axis=1)).tolist()) == {event.sample_size}
   # Without replacement and uniform: every client equally likely.
   np.testing.assert_allclose(fixed.mean(axis=0), event.sample_size / n, atol=0.1)
+
+
+def test_evaluation_reports_participation_and_the_participants_accuracy():
+  """Hand-computed: each client's own-head accuracy on its real test examples; the plain mean over
+  clients with test data, and the mean over those sampled at least once."""
+  exp = build(num_clients=6, sampling_rate=0.4)
+  state, metrics = run_rounds(exp, rounds=1)
+  took_part = np.asarray(state.times_sampled) > 0
+  assert took_part.sum() == int(metrics['cohort_size']) and 0 < took_part.sum() < 6
+  data = exp.data
+  accuracies = []
+  for i in range(data.num_clients):
+    n = int(data.test_count[i])
+    head = jax.tree.map(lambda h: h[i], state.personal)
+    logits = exp.model.apply({**state.shared, **head}, data.normalize(data.test_x[i, :n]))
+    accuracies.append(float(np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(data.test_y[i, :n]))))
+  accuracies = np.array(accuracies)
+  result = jax.jit(exp.evaluate())(state, data, exp.eval_key(1))
+  np.testing.assert_allclose(float(result['participation']), took_part.mean(), rtol=1e-6)
+  np.testing.assert_allclose(float(result['test_accuracy']), accuracies.mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(result['test_accuracy_participated']),
+                             accuracies[took_part].mean(), rtol=1e-5)

@@ -4,6 +4,7 @@ NaN/Inf stops with the round and a resumable checkpoint, out-of-memory and missi
 import json
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -209,14 +210,47 @@ def test_padding_examples_never_change_a_client_update(client_update, pad_x, pad
 # ------------------------------------------------------------------ NaN / Inf, OOM, missing data
 
 
-def test_inf_update_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, monkeypatch):
+def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
+  """One client's update is NaN: it counts in nonfinite_clients, contributes exactly a zero update
+  (the same release as a client whose update is zero), and its head is not written."""
+  exp = train.build_experiment(tiny_config(sampling_rate=1.0, **{'dp.delta': 0.1}))
+  state = exp.init_state()
+  params = MethodParams.from_config(exp.config)
+
+  def step_with(poison):
+    hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, poison, x), d)
+    return jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config, params,
+                                   update_hook=hook))
+
+  nan_state, nan_metrics = step_with(jnp.nan)(state, exp.data, exp.root_key)
+  zero_state, zero_metrics = step_with(0.0)(state, exp.data, exp.root_key)
+  assert int(nan_metrics['nonfinite_clients']) == 1 and int(zero_metrics['nonfinite_clients']) == 0
+  assert bool(nan_metrics['finite'])
+  chex.assert_trees_all_equal(nan_state.shared, zero_state.shared)
+  head = lambda s, i: jax.tree.map(lambda h: np.asarray(h[i]), s.personal)
+  chex.assert_trees_all_equal(head(nan_state, 2), head(state, 2))        # not written
+  assert not np.array_equal(head(zero_state, 2)['head']['kernel'], head(state, 2)['head']['kernel'])
+  chex.assert_trees_all_equal(head(nan_state, 1), head(zero_state, 1))   # the others are
+  assert np.isfinite(float(nan_metrics['train_loss']))
+
+
+def test_diverging_clients_do_not_end_a_run(tmp_path):
+  """Every client's local training blows up: each uploads zero, the run finishes and says so."""
+  config = tiny_config(num_rounds=2, **{'local.lr_body': 1e30, 'local.lr_head': 1e30})
+  final = train.train_and_evaluate(config, str(tmp_path))
+  assert final['round'] == 2 and final['nonfinite_clients'] >= 1
+  assert math.isfinite(final['test_loss'])
+
+
+def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, monkeypatch):
   workdir = str(tmp_path)
 
-  def poisoned_round_step(self):  # the real round, whose client updates are +inf from round 2 on
+  def poisoned_round_step(self):  # the real round, on shared parameters that are +inf from round 2
+    real = make_round_step(self.spec, self.model, self.config.local, self.round_config,
+                           MethodParams.from_config(self.config))
     def step(state, data, key):
-      hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(state.round >= 1, x + jnp.inf, x), d)
-      return make_round_step(self.spec, self.model, self.config.local, self.round_config,
-                             MethodParams.from_config(self.config), update_hook=hook)(state, data, key)
+      poisoned = jax.tree.map(lambda x: jnp.where(state.round >= 1, x + jnp.inf, x), state.shared)
+      return real(state.replace(shared=poisoned), data, key)
     return step
 
   monkeypatch.setattr(train.Experiment, 'round_step', poisoned_round_step)

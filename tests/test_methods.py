@@ -257,3 +257,37 @@ def test_leaky_methods_say_so_in_metrics(tmp_path):
   config = tiny_config(method='dp_pfeddsu', num_rounds=1, num_clients=4)
   final = train.train_and_evaluate(config, str(tmp_path))
   assert 'does not cover' in final['epsilon_caveat']
+
+
+@pytest.mark.parametrize('name', ['dp_pfeddsu', 'dp_pfeddsu_safe'])
+def test_dsu_trains_and_tests_the_same_masked_network(name):
+  """Every forward pass is through theta * M (dp-pfeddsu.txt eq. 7): the head phase and the test
+  of a state see exactly what they would see on the explicitly masked state."""
+  exp = build(method=name, **{'dsu.masked_layers': 2, 'dsu.sparsity': 0.1})
+  state = exp.init_state()
+  params = MethodParams.from_config(exp.config)
+  weight_mask = pieces.WeightMask.for_method(exp.spec, exp.model, params)
+  masked = state.replace(shared=weight_mask.forward(state.shared))
+  # Only kernels are masked; the biases of masked layers are kept whole.
+  mask = weight_mask(state.shared)
+  for path, m in jax.tree_util.tree_leaves_with_path(mask):
+    if jax.tree_util.keystr(path).endswith("['bias']"):
+      assert np.all(np.asarray(m) == 1), path
+  assert min(float(np.mean(np.asarray(m))) for m in jax.tree.leaves(mask)) < 0.11
+
+  evaluate = jax.jit(exp.evaluate())
+  key = jax.random.key(0)
+  chex.assert_trees_all_close(evaluate(state, exp.data, key), evaluate(masked, exp.data, key))
+  # The dense network is a different one (so the check above is not vacuous).
+  dense = make_evaluate(dataclasses.replace(exp.spec, weight_mask='none', upload_mask='none',
+                                            noise_on_mask=False), exp.model, exp.config.local)
+  assert float(dense(state, exp.data, key)['test_loss']) != float(
+      evaluate(state, exp.data, key)['test_loss'])
+
+  # The head phase learns on the masked features: the new head is the same from theta * M.
+  client = jax.jit(make_client_update(exp.spec, exp.model, exp.config.local, exp.data.normalize,
+                                      params))
+  personal = jax.tree.map(lambda h: h[0], state.personal)
+  args = (exp.data.train_x[0], exp.data.train_y[0], exp.data.train_count[0], jax.random.key(1), 0)
+  chex.assert_trees_all_close(client(state.shared, personal, *args).personal,
+                              client(masked.shared, personal, *args).personal, atol=1e-6)

@@ -76,14 +76,45 @@ def kernel_layer_paths(model) -> tuple[tuple[str, ...], ...]:
 
 def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
   """DP-pFedDSU eqs. (6), (8): in the last `masked_layers` kernel layers of the extractor, keep the
-  `sparsity` fraction of largest-magnitude entries of each array; everything else is kept whole."""
+  `sparsity` fraction of largest-magnitude entries of each kernel; biases and every other layer are
+  kept whole (TopKAST / DSU sparsify weights, not biases)."""
   masked = set(layer_paths[-masked_layers:]) if masked_layers > 0 else set()
 
   def build(tree, path):
-    if path in masked:
-      return sparsify.leafwise_topk_mask(jax.lax.stop_gradient(tree), sparsity)
     if isinstance(tree, dict):
       return {k: build(v, path + (k,)) for k, v in tree.items()}
+    if path[:-1] in masked and path[-1] == 'kernel':
+      return sparsify.leafwise_topk_mask(jax.lax.stop_gradient(tree), sparsity)
     return jnp.ones(tree.shape, jnp.float32)
 
   return {k: (build(v, ()) if k == 'extractor' else sparsify.ones_like(v)) for k, v in shared.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightMask:
+  """The forward-pass mask of a method (DSU: theta * M, M from the current weights), or none.
+
+  Every forward pass of a DSU method goes through `forward(shared)`: the head phase, the shared
+  phase, evaluation and fine-tuning all see the same network theta * M (dp-pfeddsu.txt eq. 7).
+  """
+  kind: str = 'none'               # 'none' | 'dsu'
+  layer_paths: tuple = ()          # kernel layers of the extractor in forward order
+  masked_layers: int = 0
+  sparsity: float = 1.0
+
+  @classmethod
+  def for_method(cls, spec, model, params) -> 'WeightMask':
+    if spec.weight_mask != 'dsu':
+      return cls()
+    return cls('dsu', kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_sparsity)
+
+  def __call__(self, shared):
+    """The 0/1 mask over `shared` (None for methods without one)."""
+    if self.kind == 'none':
+      return None
+    return dsu_mask(shared, self.layer_paths, self.masked_layers, self.sparsity)
+
+  def forward(self, shared):
+    """The params the network computes with: theta * M, or theta itself."""
+    mask = self(shared)
+    return shared if mask is None else sparsify.apply_mask(shared, mask)

@@ -1,0 +1,75 @@
+"""Every random stream of a run, derived in one place from named constants.
+
+In this JAX, `jax.random.split(k, n)[i]` is bit-identical to `jax.random.fold_in(k, i)`, so a parent
+key that is both split and folded hands the same key to two streams (e.g. a public mask and the noise:
+the noise would then be a function of public data and epsilon void). The rule here: a parent key is
+either *folded* with the distinct constants below, or *split* into a fresh array of keys, never both.
+
+    root = key(seed)                                  folded: round r, INIT, EVAL
+      round key = fold_in(root, r)                    folded: SAMPLE, CLIENTS, NOISE, PUBLIC_MASK
+        clients key                                   split into one key per client id
+          client key                                  folded: TRAIN, UPLOAD
+            train key                                 folded: HEAD, BODY (each split per epoch)
+            upload key                                split per array (the client's noise share)
+        noise key                                     split per array (the server's noise)
+      eval key = fold_in(fold_in(root, EVAL), r)      split per client id (fine-tuning order)
+      init key = fold_in(root, INIT)                  the model's initialiser
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+# Children of the root key. Rounds use fold_in(root, r) for r < 2**31 - 2; these two lie beyond.
+INIT = 2**31 - 1
+EVAL = 2**31 - 2
+
+# Children of a round key.
+SAMPLE = 1        # who takes part
+CLIENTS = 2       # parent of the per-client keys (split by client id)
+NOISE = 3         # the server's Gaussian noise (split per array)
+PUBLIC_MASK = 4   # rand-k's public mask, the same for every client
+
+# Children of a client key.
+TRAIN = 1         # local training (parent of HEAD and BODY)
+UPLOAD = 2        # the client's own noise share (distributed placement; split per array)
+
+# Children of a train key.
+HEAD = 1
+BODY = 2
+
+
+class RoundKeys(NamedTuple):
+  sample: jax.Array
+  clients: jax.Array
+  noise: jax.Array
+  public_mask: jax.Array
+
+
+def round_keys(root: jax.Array, round_index) -> RoundKeys:
+  """The four streams of round `round_index` (0-based) of the run whose root key is `root`."""
+  round_key = jax.random.fold_in(root, round_index)
+  return RoundKeys(*(jax.random.fold_in(round_key, s) for s in (SAMPLE, CLIENTS, NOISE, PUBLIC_MASK)))
+
+
+def client_keys(clients_key: jax.Array, num_clients: int) -> jax.Array:
+  """One key per client id: a client's run does not depend on its slot, chunk or executor."""
+  return jax.random.split(clients_key, num_clients)
+
+
+def train_and_upload(client_key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return jax.random.fold_in(client_key, TRAIN), jax.random.fold_in(client_key, UPLOAD)
+
+
+def head_and_body(train_key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return jax.random.fold_in(train_key, HEAD), jax.random.fold_in(train_key, BODY)
+
+
+def init_key(root: jax.Array) -> jax.Array:
+  return jax.random.fold_in(root, INIT)
+
+
+def eval_key(root: jax.Array, round_index: int) -> jax.Array:
+  return jax.random.fold_in(jax.random.fold_in(root, EVAL), round_index)
