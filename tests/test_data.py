@@ -8,6 +8,8 @@ import sys
 import chex
 import jax
 import jax.numpy as jnp
+import math
+
 import numpy as np
 import pytest
 
@@ -208,6 +210,24 @@ def test_pathological_balanced_class_use():
   np.testing.assert_array_equal(holders, np.full(10, 20))  # N*S/K each
   sizes = [len(p) for p in parts]
   assert min(sizes) == max(sizes) == 10
+
+
+@pytest.mark.parametrize('s', [2, 5, 10])
+def test_pathological_deals_random_shards_so_label_sets_vary(s):
+  """FedRep shards: many distinct label sets (a cyclic assignment gives only K), every client
+  exactly S classes, equal sizes for equal classes, and every example handed out once."""
+  labels = _labels(num_classes=10, per_class=600)
+  parts = data.pathological(labels, 100, s, np.random.default_rng(3))
+  allidx = _check_disjoint(parts, labels, 100)
+  np.testing.assert_array_equal(np.sort(allidx), np.arange(len(labels)))
+  label_sets = {tuple(np.unique(labels[p])) for p in parts}
+  assert all(len(np.unique(labels[p])) == s for p in parts)
+  assert len(label_sets) >= min(40, math.comb(10, s))  # all 45 pairs occur for S = 2
+  assert {len(p) for p in parts} == {60}
+  # Each class's examples are split evenly over its N S / K shards.
+  for c in range(10):
+    held = [np.sum(labels[p] == c) for p in parts if np.any(labels[p] == c)]
+    assert len(held) == 10 * s and set(held) == {600 // (10 * s)}
 
 
 def test_pathological_too_few_examples_per_class():

@@ -46,44 +46,83 @@ def iid(labels, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
   return _sorted_int64(np.array_split(rng.permutation(len(labels)), num_clients))
 
 
+def _shards_per_class(sizes: np.ndarray, total: int, cap: int, rng: np.random.Generator) -> np.ndarray:
+  """`total` shards over classes in proportion to their sizes (largest remainder, ties at random),
+  at most `cap` per class."""
+  exact = total * sizes / sizes.sum()
+  counts = np.floor(exact).astype(np.int64)
+  tiebreak = rng.permutation(len(sizes))
+  for c in np.lexsort((tiebreak, -(exact - counts)))[:total - counts.sum()]:
+    counts[c] += 1
+  while np.any(counts > cap):  # a class too large for distinct holders gives shards to the others
+    excess = int(np.sum(np.maximum(counts - cap, 0)))
+    counts = np.minimum(counts, cap)
+    room = np.flatnonzero(counts < cap)
+    if len(room) == 0:
+      break
+    for c in room[np.argsort(-sizes[room] / (counts[room] + 1), kind='stable')][:excess]:
+      counts[c] += 1
+  return counts
+
+
+def _deal_distinct(shard_classes: np.ndarray, num_clients: int, per_client: int,
+                   rng: np.random.Generator) -> np.ndarray:
+  """A random [num_clients, per_client] arrangement of the shards in which no client holds two
+  shards of one class: shuffle, then swap each repeated shard with a random one that fits (of a
+  class the client lacks, from a client that lacks the repeated class), so no swap repeats a
+  class anywhere and clients already fixed stay fixed.
+  """
+  slots = rng.permutation(len(shard_classes)).reshape(num_clients, per_client)
+  for i in range(num_clients):
+    while True:
+      row = shard_classes[slots[i]]
+      repeated = [a for a in range(per_client) if row[a] in row[:a]]
+      if not repeated:
+        break
+      a = repeated[0]
+      held = shard_classes[slots]
+      fits = ~np.isin(held, row) & ~np.any(held == row[a], axis=1, keepdims=True)
+      candidates = np.argwhere(fits)
+      if len(candidates) == 0:
+        raise RuntimeError('could not deal the shards with distinct classes per client')
+      j, b = candidates[rng.integers(len(candidates))]
+      slots[i, a], slots[j, b] = slots[j, b], slots[i, a]
+  return slots
+
+
 def pathological(labels, num_clients: int, classes_per_client: int,
                  rng: np.random.Generator) -> list[np.ndarray]:
-  """FedRep-style (N, S) split: every client gets exactly S distinct classes, disjoint samples.
+  """FedRep-style (N, S) split: every client gets S shards of S distinct classes, disjoint samples.
 
-  With a random permutation pi of the K classes present, client i holds classes pi[(i + j) % K] for
-  j < S, so each class is shared by about N*S/K clients; a class's shuffled examples are split evenly
-  over its holders. Classes held by nobody (when N*S < K) are left out.
+  The examples of each class are shuffled and cut into shards, N*S shards in all (a class's share
+  in proportion to its size); each client is dealt S random shards of distinct classes. So label
+  sets vary across clients (about K^S / S! of them occur, not K), and client sizes are balanced.
   """
   labels = _as_labels(labels)
   _check_num_clients(labels, num_clients)
-  classes = np.unique(labels)
+  classes, sizes = np.unique(labels, return_counts=True)
   k = len(classes)
   if not _is_int(classes_per_client) or not 1 <= classes_per_client <= k:
     raise ValueError(
         f'config.classes_per_client={classes_per_client!r}: must be an integer in [1, {k}] '
         f'(the number of classes in the data).')
 
-  pi = rng.permutation(classes)
-  holders: dict[int, list[int]] = {int(c): [] for c in classes}
-  for i in range(num_clients):
-    for j in range(classes_per_client):
-      holders[int(pi[(i + j) % k])].append(i)
-
-  parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-  for c in pi:  # a fixed order keeps the result a pure function of rng
-    owners = holders[int(c)]
-    if not owners:
-      continue
+  total = num_clients * classes_per_client
+  counts = _shards_per_class(sizes, total, num_clients, rng)
+  if counts.sum() != total or np.any(counts > sizes):
+    c = int(np.argmax(counts - sizes))
+    raise ValueError(
+        f'config.num_clients={num_clients}, config.classes_per_client={classes_per_client}: '
+        f'{total} shards of distinct classes per client do not fit the data (class '
+        f'{int(classes[c])} has {sizes[c]} examples for {counts[c]} shards); use fewer clients or '
+        'fewer classes per client.')
+  shards, shard_classes = [], []
+  for c, n in zip(classes, counts):
     idx = rng.permutation(np.flatnonzero(labels == c))
-    if len(idx) < len(owners):
-      # Otherwise some client would get fewer than S classes.
-      raise ValueError(
-          f'config.num_clients={num_clients}, config.classes_per_client={classes_per_client}: class '
-          f'{int(c)} has {len(idx)} examples but {len(owners)} clients must share it; use fewer clients '
-          f'or fewer classes per client.')
-    for owner, share in zip(owners, np.array_split(idx, len(owners))):
-      parts[owner].append(share)
-  return _sorted_int64(np.concatenate(p) if p else np.empty(0, np.int64) for p in parts)
+    shards += np.array_split(idx, n) if n else []
+    shard_classes += [c] * n
+  slots = _deal_distinct(np.asarray(shard_classes), num_clients, classes_per_client, rng)
+  return _sorted_int64(np.concatenate([shards[j] for j in row]) for row in slots)
 
 
 def dirichlet(labels, num_clients: int, alpha: float, rng: np.random.Generator,
