@@ -175,7 +175,7 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       if private and distributed:
         upload = noise.add_gaussian_noise(upload_key, upload, client_noise_std,
                                           mask if spec.noise_on_mask else None)
-        if spec.postprocess == 'topk':  # the paper's client-side top-k of its own noised upload
+        if spec.postprocess == 'topk_client':  # the paper's top-k of the client's own noised upload
           upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
       support = mask if spec.noise_on_mask else None
       return upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite
@@ -224,7 +224,7 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       # the server adds it so the release is the same mechanism the accountant assumed.
       server_std = noise_std if not distributed else jnp.where(cohort == 0, noise_std, 0.0)
       upload_sum = noise.add_gaussian_noise(streams.noise, upload_sum, server_std, support)
-      if spec.postprocess == 'topk' and not distributed:  # post-processing of the noised sum
+      if spec.postprocess == 'topk_server':  # post-processing of the noised sum
         upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
       # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
       denominator = sampling.cohort_size(rc.sampling, rc.sampling_rate, rc.num_clients)

@@ -23,7 +23,7 @@ from dp2fedsam_jax import checkpoint, keys, sharding
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
-from dp2fedsam_jax.data import FederatedData, make_federated_data
+from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
 from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -97,7 +97,7 @@ class Experiment:
 
   @property
   def privacy_caveat(self) -> str:
-    return self.spec.privacy_caveat(self.config.dp.noise_placement)
+    return self.spec.privacy_caveat()
 
   @property
   def method_params(self) -> MethodParams:
@@ -110,17 +110,12 @@ class Experiment:
   def evaluate(self):
     return make_evaluate(self.spec, self.model, self.config.local, self.method_params)
 
-  def param_counts(self) -> dict[str, int]:
-    params = jax.eval_shape(self.model.init, self.init_key)
-    shared, personal = split_params(self.spec, params)
-    return {'num_params': count_params(params), 'num_shared_params': count_params(shared),
-            'num_personal_params': count_params(personal)}
-
 
 def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
   """Validates the config, loads and partitions the data, builds the model, resolves privacy."""
   validate_config(config, METHODS)
   spec = get_method(config.method)
+  spec.check_noise_placement(config.dp.noise_placement)
   privacy = resolve_privacy(config, spec)  # before loading data: a bad dp field fails fast
   data = make_federated_data(
       dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
@@ -129,6 +124,30 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
   model = get_model(config.model, data.num_classes, data.input_shape, config.conv_impl)
   rc = round_config_from(config, data.num_clients, privacy.noise_multiplier)
   return Experiment(config, spec, model, data, privacy, rc)
+
+
+def describe(config: ml_collections.ConfigDict) -> dict:
+  """Model size and privacy of an experiment without loading its data (what `--dry_run` prints).
+
+  Datasets of `sources.DATASET_SHAPES` are sized from that table; only a 'tfds:<name>' dataset is
+  loaded to learn its shape."""
+  validate_config(config, METHODS)
+  spec = get_method(config.method)
+  spec.check_noise_placement(config.dp.noise_placement)
+  privacy = resolve_privacy(config, spec)
+  if config.dataset in sources.DATASET_SHAPES:
+    num_classes, input_shape = sources.DATASET_SHAPES[config.dataset]
+  else:
+    ds = sources.load_dataset(config.dataset, data_dir=config.data_dir)
+    num_classes, input_shape = ds.num_classes, ds.image_shape
+  model = get_model(config.model, num_classes, input_shape, config.conv_impl)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  shared, personal = split_params(spec, params)
+  caveat = spec.privacy_caveat()
+  return {'method': config.method, 'num_params': count_params(params),
+          'num_shared_params': count_params(shared), 'num_personal_params': count_params(personal),
+          'noise_multiplier': privacy.noise_multiplier, 'epsilon': privacy.epsilon,
+          'delta': privacy.delta, **({'epsilon_caveat': caveat} if caveat else {})}
 
 
 def _write_json_atomic(path: str, obj) -> None:

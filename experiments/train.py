@@ -38,11 +38,7 @@ def main(argv):
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   config = _CONFIG.value
   if _DRY_RUN.value:
-    exp = train.build_experiment(config)
-    print(json.dumps({'method': config.method, **exp.param_counts(),
-                      'noise_multiplier': exp.privacy.noise_multiplier,
-                      'epsilon': exp.privacy.epsilon, 'delta': exp.privacy.delta,
-                      **({'epsilon_caveat': exp.privacy_caveat} if exp.privacy_caveat else {})}))
+    print(json.dumps(train.describe(config)))  # reads no data
     return
   if not _WORKDIR.value:
     sys.exit('--workdir is required (where config.json, metrics.jsonl and checkpoints are written).')

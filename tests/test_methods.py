@@ -20,7 +20,9 @@ from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.models.registry import SplitModel
 from dp2fedsam_jax.privacy import sparsify
+from dp2fedsam_jax.config import ConfigError
 from dp2fedsam_jax.round import make_round_step
+from experiments.configs import _common
 
 ISSUE_METHODS = ('fedavg', 'fedsam', 'fedrep', 'dp_fedavg', 'dp_fedavg_ft', 'dp_fedsam',
                  'dp_fedsam_ft', 'dp_fedsam_topk', 'fed_smp_randk', 'fed_smp_topk', 'dp_fedavg_blur',
@@ -54,7 +56,8 @@ def test_every_issue_method_is_registered():
 
 @pytest.mark.parametrize('name', sorted(METHODS))
 def test_two_round_run_writes_metrics(name, tmp_path):
-  config = tiny_config(method=name, num_rounds=2, eval_every=2, num_clients=4)
+  config = tiny_config(method=name, num_rounds=2, eval_every=2, num_clients=4,
+                       **{'dp.noise_placement': _common.noise_placement_for(name)})
   final = train.train_and_evaluate(config, str(tmp_path))
   with open(os.path.join(tmp_path, 'metrics.jsonl')) as f:
     records = [json.loads(line) for line in f]
@@ -70,7 +73,7 @@ def test_two_round_run_writes_metrics(name, tmp_path):
 def test_topk_of_the_noised_sum_keeps_exactly_ceil_pd_coordinates():
   """Central placement: DP-FedSAM-topk's update is top-k of exactly DP-FedSAM's noised update."""
   dense_old, dense_new = one_round(build(method='dp_fedsam', sparsity=0.3))
-  old, new = one_round(build(method='dp_fedsam_topk', sparsity=0.3))
+  old, new = one_round(build(method='dp_fedsam_topk_server', sparsity=0.3))
   dense, sparse = shared_change(dense_old, dense_new), shared_change(old, new)
   d = flat(sparse).size
   assert np.count_nonzero(flat(sparse)) == math.ceil(0.3 * d)
@@ -86,7 +89,10 @@ def test_topk_of_each_noised_upload_in_distributed_placement():
   change = flat(shared_change(old, new))
   assert np.count_nonzero(change) == math.ceil(0.2 * change.size)
   assert 'sigma/sqrt(m)' in exp.privacy_caveat
-  assert build(method='dp_fedsam_topk').privacy_caveat == ''
+  assert build(method='dp_fedsam_topk_server').privacy_caveat == ''
+  # Option II with central noise would sparsify the clean update: refused, naming the fix.
+  with pytest.raises(ConfigError, match='noise_placement=distributed.*dp_fedsam_topk_server'):
+    build(method='dp_fedsam_topk')
 
 
 def test_topk_mask_counts_with_ties():
@@ -156,7 +162,7 @@ def test_adaptive_norm_and_proximal_penalties():
   dsu = pieces.Regularizer('adaptive_norm', lam=0.2, clip_norm=1.0)
   np.testing.assert_allclose(dsu(theta, received, mask), 0.1 * abs(3.0 - 1.0), rtol=1e-6)
   prox = pieces.Regularizer('proximal', lam=0.2, clip_norm=1.0)
-  np.testing.assert_allclose(prox(theta, received), 0.1 * 25.0, rtol=1e-6)
+  np.testing.assert_allclose(prox(theta, received), 0.2 * 25.0, rtol=1e-6)  # lam ||.||^2
 
 
 class _TwoLayerExtractor(nn.Module):

@@ -44,8 +44,9 @@ class Regularizer:
       # DP-pFedDSU eq. (10): (lam/2) | ||(theta - theta0) * M|| - C |.
       return 0.5 * self.lam * jnp.abs(_norm(_delta(trainable, received, mask)) - self.clip_norm)
     if self.kind == 'proximal':
-      # Mean-regularized multi-task learning: (lam/2) ||theta - theta_mean||^2.
-      return 0.5 * self.lam * jnp.square(_norm(_delta(trainable, received)))
+      # Mean-regularized multi-task learning as the CENTAUR reference code writes it:
+      # lam ||theta - theta_mean||^2 (no 1/2).
+      return self.lam * jnp.square(_norm(_delta(trainable, received)))
     raise ValueError(f'unknown regularizer {self.kind!r}')
 
 

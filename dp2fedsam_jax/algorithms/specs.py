@@ -7,7 +7,8 @@ A method is data, not a loop. One round of any method is
              Delta = new shared - received shared
              Delta <- Delta * upload_mask                          (before clipping)
              clip Delta to global L2 norm C; [distributed] + noise (only on the mask if noise_on_mask)
-    server:  sum; [central] + noise; [postprocess: top-k of the noised update]; phi += lr * sum / m
+             [postprocess: top-k of the own noised upload]
+    server:  sum; [central] + noise; [postprocess: top-k of the noised sum]; phi += lr * sum / m
     test:    global model | own head | fine-tuned copy | fine-tuned head
 
 `dp2fedsam_jax.round.make_round_step` turns any spec into one jitted round; the pieces live in
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dp2fedsam_jax.config import ConfigError
 from dp2fedsam_jax.local import OPTIMIZERS
 
 SHARED = ('extractor', 'full')
@@ -25,7 +27,9 @@ PERSONAL = ('none', 'head', 'head_offset')
 REGULARIZERS = ('none', 'blur', 'adaptive_norm', 'proximal')
 WEIGHT_MASKS = ('none', 'dsu')
 UPLOAD_MASKS = ('none', 'randk', 'topk', 'dsu')
-POSTPROCESS = ('none', 'topk')
+# topk_client: each client top-k's its own noised upload (needs distributed noise);
+# topk_server: the server top-k's the noised sum (post-processing).
+POSTPROCESS = ('none', 'topk_client', 'topk_server')
 EVALUATIONS = ('personal', 'global', 'finetune', 'finetune_head')
 
 
@@ -60,6 +64,18 @@ class MethodSpec:
       raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
     if (self.weight_mask == 'dsu') != (self.upload_mask == 'dsu'):
       raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
+    if self.postprocess != 'none' and not self.private:
+      raise ValueError(f'method {self.name!r}: top-k of the noised update needs noise')
+
+  def check_noise_placement(self, noise_placement: str) -> None:
+    """Client-side top-k sparsifies the client's own *noised* upload: it needs distributed noise
+    (with central noise the client would sparsify its clean update, a leak)."""
+    if self.postprocess == 'topk_client' and noise_placement != 'distributed':
+      raise ConfigError(
+          f'config.dp.noise_placement={noise_placement!r}: {self.name} sparsifies each client\'s '
+          "own noised upload (dp-fedsam-topk.txt Option II), so noise must be added by the clients: "
+          f"set --config.dp.noise_placement=distributed, or use {self.name}_server (the server "
+          'sparsifies the noised sum).')
 
   @property
   def shared_keys(self) -> tuple[str, ...]:
@@ -70,7 +86,7 @@ class MethodSpec:
     """The upload mask is computed from the client's own data (not from the round key)."""
     return self.upload_mask in ('topk', 'dsu')
 
-  def privacy_caveat(self, noise_placement: str) -> str:
+  def privacy_caveat(self) -> str:
     """What the accounted epsilon does not cover for this method ('' if it covers everything)."""
     if not self.private:
       return ''
@@ -78,11 +94,12 @@ class MethodSpec:
       return (f'{self.name}: noise is added only where a mask computed from the client\'s own update '
               'is 1, so the mask (which coordinates changed most) is released without noise; the '
               'reported epsilon does not cover it. Use the _safe variant for a covered release.')
-    if self.postprocess == 'topk' and noise_placement == 'distributed':
+    if self.postprocess == 'topk_client':
       return (f'{self.name}: each client sparsifies its own noised upload, which carries only '
-              'sigma/sqrt(m) of the noise; the reported epsilon (sigma on the sum) does not cover '
-              'that release. With dp.noise_placement=central the server sparsifies the noised sum, '
-              'which is post-processing and covered.')
+              'sigma/sqrt(m) of the noise; the reported epsilon (sigma on the sum) covers the '
+              'sum, not each upload the server sees without secure aggregation (and secure '
+              'aggregation cannot sum top-k masks it must not see). '
+              f'{self.name}_server sparsifies the noised sum, which is post-processing and covered.')
     return ''
 
 
@@ -144,8 +161,12 @@ register(MethodSpec('dp_fedasam', body_optimizer='asam',
                     paper='DP-FedSAM with ASAM (what the reference code runs: its --adaptive flag)'))
 register(MethodSpec('dp_fedsam_ft', body_optimizer='sam', evaluation='finetune',
                     paper='DP-FedSAM + local fine-tuning before testing'))
-register(MethodSpec('dp_fedsam_topk', body_optimizer='sam', postprocess='topk',
-                    paper='DP-FedSAM-topk, Algorithm 1 Option II: top-k of the noised update'))
+register(MethodSpec('dp_fedsam_topk', body_optimizer='sam', postprocess='topk_client',
+                    paper='DP-FedSAM-topk, dp-fedsam-topk.txt Algorithm 1 Option II (eq. 12): each '
+                          'client top-k\'s its own noised update (distributed noise)'))
+register(MethodSpec('dp_fedsam_topk_server', body_optimizer='sam', postprocess='topk_server',
+                    paper='DP-FedSAM-topk variant: the server top-k\'s the noised sum '
+                          '(post-processing, covered by epsilon)'))
 register(MethodSpec('fed_smp_randk', upload_mask='randk', noise_on_mask=True,
                     paper='Fed-SMP-randk (Hu et al., 2023): data-independent rand-k mask, noise on it'))
 register(MethodSpec('fed_smp_topk', upload_mask='topk', noise_on_mask=True,
@@ -178,6 +199,7 @@ register(MethodSpec('dp_fedavg_fb', evaluation='finetune_head',
 register(MethodSpec('ppsgd', personal='head_offset', head_phase=True, evaluation='personal',
                     paper='PPSGD (Bietti et al., 2022): global model + own additive head, '
                           'alternating local steps'))
-register(MethodSpec('pmtl_ft', regularizer='proximal', evaluation='finetune',
-                    paper='Private mean-regularized multi-task learning (Hu et al., 2021) + '
-                          'fine-tuning'))
+register(MethodSpec('pmtl_ft', regularizer='proximal', evaluation='finetune_head',
+                    paper='Private mean-regularized multi-task learning (Hu et al., 2021) as the '
+                          'CENTAUR reference runs it: lam ||theta - theta_mean||^2, the head '
+                          'fine-tuned to test'))

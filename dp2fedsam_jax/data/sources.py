@@ -287,6 +287,22 @@ TFDS_DATASETS = {
 }
 # Datasets whose examples carry their writer, so partition 'natural' (one client per writer) works.
 DATASETS_WITH_WRITERS = ('femnist',)
+# (num_classes, image shape) of each named dataset, so `--dry_run` can size a model without
+# reading the data (or importing TensorFlow). 'synthetic' as `synthetic()` makes it by default.
+DATASET_SHAPES = {
+    'fashion_mnist': (10, (28, 28, 1)),
+    'femnist': (62, (28, 28, 1)),
+    'synthetic': (4, (8, 8, 1)),
+    'cifar10': (10, (32, 32, 3)),
+    'cifar100': (100, (32, 32, 3)),
+    'emnist': (62, (28, 28, 1)),
+    'emnist_byclass': (62, (28, 28, 1)),
+    'emnist_bymerge': (47, (28, 28, 1)),
+    'emnist_balanced': (47, (28, 28, 1)),
+    'emnist_letters': (37, (28, 28, 1)),
+    'emnist_digits': (10, (28, 28, 1)),
+    'emnist_mnist': (10, (28, 28, 1)),
+}
 
 _REGISTRY: dict[str, Callable[..., ArrayDataset]] = {
     'fashion_mnist': load_fashion_mnist,

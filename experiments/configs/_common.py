@@ -10,6 +10,8 @@ import itertools
 from typing import Any, Iterable
 
 
+from dp2fedsam_jax.algorithms import METHODS
+
 SEEDS = (0, 1, 2)  # every paper: three runs, mean and std over the final round
 
 # Dataset and model names as the data/model registries spell them.
@@ -57,3 +59,9 @@ def set_fields(config, values: dict[str, Any]) -> None:
     node[leaf] = value
 
 
+
+
+def noise_placement_for(method: str) -> str:
+  """'distributed' for methods that sparsify each client's own noised upload (DP-FedSAM-topk
+  Option II), else 'central' (the same total noise, covered by epsilon without secure aggregation)."""
+  return 'distributed' if METHODS[method].postprocess == 'topk_client' else 'central'

@@ -8,6 +8,13 @@ the last fully connected layer. FEMNIST: 500 of the 3,550 writers, ResNet-18 (Gr
 11,181,642 params; CIFAR-10: pathological (N, S) split, the 667,402-param CNN. Each client's data is
 split 90 % train / 10 % test.
 
+Learning rates, which reading: §5.1 writes "the learning rate for the shared representation
+extractor eta_h ... 0.1 and for the personal classifier eta_phi ... 0.005", which swaps the symbols
+of Algorithm 2 (there eta_h steps the head h, eta_phi the extractor phi). We follow the roles the
+sentence names, not its symbols: extractor 0.1 (`local.lr_body`), head 0.005 (`local.lr_head`).
+The other reading (head 0.1, extractor 0.005) is `--config.local.lr_head=0.1
+--config.local.lr_body=0.005`.
+
 Not stated in the paper (our choices, overridable): local batch size 10, Poisson sampling with PLD
 accounting (the paper does not name its accountant), evaluation every 5 rounds. Both models were
 pretrained on ImageNet in the paper: pass `--config.init_checkpoint=PATH` (the data/model change adds

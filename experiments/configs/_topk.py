@@ -7,6 +7,12 @@ eps in {4, 6, 8, 10} (Table 2); delta = 1/M; privacy analysed with Renyi DP (acc
 3 trials. EMNIST (62 classes, a 20 % subset in the paper): the 2-conv 5x5 CNN, batch 32, 200 rounds;
 CIFAR-10/100: ResNet-18, batch 50, 300 rounds.
 
+Noise placement: DP-FedSAM-topk (Option II, eq. 12) has each client top-k its own noised update, so
+its runs use `dp.noise_placement='distributed'` (each client adds N(0, sigma^2 C^2 / m)), as the
+paper does; its epsilon_caveat says what the accounted epsilon does not cover. Every other method
+uses central noise (the same total noise on the sum, covered by epsilon without secure
+aggregation). `dp_fedsam_topk_server` is the covered variant (top-k of the noised sum).
+
 Not stated or not available (our choices, overridable): "decay rate 0.0005" reads as weight decay,
 which the library does not have, so no decay (local.lr_decay = 1); the EMNIST 20 % subset is not
 taken (the full split is used); the BLUR regulariser weight of DP-FedAvg-blur(s) is the method's
@@ -64,4 +70,5 @@ def paper_config(args: dict):
   else:
     c.dp.target_epsilon, c.dp.noise_multiplier = None, args['sigma']
   c.dp.delta = None  # 1 / M
+  c.dp.noise_placement = _common.noise_placement_for(c.method)
   return c

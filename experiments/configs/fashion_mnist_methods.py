@@ -15,7 +15,7 @@ and DP²-FedSAM at seeds 1 and 2 (8 runs): 30 runs.
 """
 
 from dp2fedsam_jax.algorithms import METHODS
-from experiments.configs import default
+from experiments.configs import _common, default
 
 # The issue-5 comparison, repeated over seeds; every other method once.
 SEEDED = ('dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam')
@@ -31,6 +31,7 @@ def get_config(arg: str | None = None):
   # whose shared head is pulled to two classes by every client; a gentler step keeps all comparable.
   c.local.lr_body = 0.05
   c.local.momentum = 0.5
+  c.dp.noise_placement = _common.noise_placement_for(c.method)
   if c.method.endswith(('_ft', '_fb')):
     c.eval_every = c.num_rounds
   return c
