@@ -58,8 +58,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.local.body_epochs = 2
   c.local.batch_size = 10
   c.local.lr_head = 0.005
-  c.local.lr_body = 0.1
-  c.local.momentum = 0.7
+  c.local.lr_body = 0.05  # 0.1 with momentum 0.7 diverges from a random init (configs/default.py)
+  c.local.momentum = 0.5
   c.local.lr_decay = 0.99
   c.local.sam_rho = 0.1
   c.local.finetune_epochs = 1  # -FT / -fb evaluation: local epochs on a copy before testing

@@ -28,7 +28,8 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'dp2fedsam_fig5': 6, 'dp2fedsam_fig6': 12, 'dp2fedsam_fig7': 15, 'topk_table1': 189,
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
-              'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31}
+              'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
+              'fmnist_paper_regime': 14}
 
 
 def _module(name):

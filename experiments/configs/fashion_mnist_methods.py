@@ -27,10 +27,6 @@ def get_config(arg: str | None = None):
   c.sampling_rate = float(args.get('q', 0.01))
   c.num_rounds = int(args.get('rounds', 30))
   c.eval_every = 5
-  # The default's lr 0.1 with momentum 0.7 diverges (NaN by round 6) for the global-model methods,
-  # whose shared head is pulled to two classes by every client; a gentler step keeps all comparable.
-  c.local.lr_body = 0.05
-  c.local.momentum = 0.5
   c.dp.noise_placement = _common.noise_placement_for(c.method)
   if c.method.endswith(('_ft', '_fb')):
     c.eval_every = c.num_rounds
