@@ -12,6 +12,9 @@ The data flow (Algorithm 2 of dp2-fedsam.txt; DESIGN §3):
     [central] + N(0, s^2 C^2) on the sum
     phi <- phi + server_lr * sum / m         line 25 (m = expected cohort size for Poisson)
 
+Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (privacy/mechanism.py),
+the same object whose `dp_event` the accountant composes.
+
 Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
 noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (split by
 client id) gives its training and upload-noise streams. No key is both split and folded (keys.py).
@@ -33,7 +36,8 @@ import jax.numpy as jnp
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import keys, sharding
-from dp2fedsam_jax.privacy import clipping, noise, sampling, sparsify
+from dp2fedsam_jax.privacy import sampling, sparsify
+from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.state import ServerState
 
 EXECUTORS = ('vmap', 'sequential', 'sharded')
@@ -42,23 +46,23 @@ EXECUTORS = ('vmap', 'sequential', 'sharded')
 @dataclasses.dataclass(frozen=True)
 class RoundConfig:
   """Everything static a round needs, resolved from the experiment config."""
-  num_clients: int
-  sampling: str          # 'poisson' | 'fixed'
-  sampling_rate: float
-  clip_norm: float
-  noise_multiplier: float  # noise std on the sum / clip_norm; 0 for non-private methods
-  noise_placement: str   # 'central' | 'distributed'
+  mechanism: DPMechanism  # sampling, clipping, noise, divisor: the mechanism that is accounted
   server_lr: float
   executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots split over all devices)
   chunk_size: int | None = None     # clients vmapped at once (None: the whole chunk)
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
 
   @property
+  def num_clients(self) -> int:
+    return self.mechanism.num_clients
+
+  @property
   def capacity(self) -> int:
+    m = self.mechanism
     if self.cohort_capacity is not None:
-      capacity = min(self.cohort_capacity, self.num_clients)
+      capacity = min(self.cohort_capacity, m.num_clients)
     else:
-      capacity = sampling.default_capacity(self.sampling, self.sampling_rate, self.num_clients)
+      capacity = sampling.default_capacity(m.sampling, m.sampling_rate, m.num_clients)
     if self.chunk_size is not None:
       # A chunk's uploads ([slots, params]) are summed before the next chunk trains: slots beyond
       # chunk_size would only hold more of them in memory at once.
@@ -68,13 +72,16 @@ class RoundConfig:
     return capacity
 
 
-def round_config_from(config, num_clients: int, noise_multiplier: float) -> RoundConfig:
-  return RoundConfig(
+def mechanism_from(config, num_clients: int, noise_multiplier: float, private: bool) -> DPMechanism:
+  return DPMechanism(
       num_clients=num_clients, sampling=config.dp.sampling, sampling_rate=config.sampling_rate,
-      clip_norm=config.dp.clip_norm, noise_multiplier=noise_multiplier,
-      noise_placement=config.dp.noise_placement, server_lr=config.server_lr,
-      executor=config.executor, chunk_size=config.chunk_size,
-      cohort_capacity=config.cohort_capacity)
+      clip_norm=config.dp.clip_norm, noise_multiplier=noise_multiplier if private else 0.0,
+      noise_placement=config.dp.noise_placement, private=private)
+
+
+def round_config_from(config, mechanism: DPMechanism) -> RoundConfig:
+  return RoundConfig(mechanism=mechanism, server_lr=config.server_lr, executor=config.executor,
+                     chunk_size=config.chunk_size, cohort_capacity=config.cohort_capacity)
 
 
 def client_mapper(executor: str, chunk_size: int | None) -> Callable:
@@ -129,27 +136,26 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
   `update_hook(client_id, delta) -> delta`, if given, replaces a client's raw update before clipping:
   the privacy audit uses it to plant a canary; training never sets it.
   """
-  params = dataclasses.replace(params, clip_norm=rc.clip_norm)  # one C for clipping and regularizers
-  private = spec.private
-  noise_std = rc.noise_multiplier * rc.clip_norm if private else 0.0
+  mech = rc.mechanism
+  if mech.private != spec.private:
+    raise ValueError(f'method {spec.name!r} is {"" if spec.private else "not "}private but its '
+                     f'round mechanism is {"" if mech.private else "not "}: build both from one config.')
+  params = dataclasses.replace(params, clip_norm=mech.clip_norm)  # one C for clipping and regularizers
   capacity = rc.capacity
-  num_chunks_max = math.ceil(rc.num_clients / capacity)
+  num_chunks_max = math.ceil(mech.num_clients / capacity)
   map_clients = client_mapper(rc.executor, rc.chunk_size)
-  distributed = rc.noise_placement == 'distributed'
 
   def round_step(state: ServerState, data, key):
     client_update = make_client_update(spec, model, local_config, data.normalize, params)
     streams = keys.round_keys(key, state.round)
-    sampled = sampling.sample_cohort(streams.sample, rc.sampling, rc.sampling_rate, rc.num_clients)
+    sampled = mech.sample(streams.sample)                                        # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
     # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's run.
-    client_keys = keys.client_keys(streams.clients, rc.num_clients)
+    client_keys = keys.client_keys(streams.clients, mech.num_clients)
     # Sampled ids first (ascending), then the rest; padded with the out-of-range id N.
     order = jnp.argsort(~sampled, stable=True)
-    order = jnp.pad(order, (0, num_chunks_max * capacity - rc.num_clients),
-                    constant_values=rc.num_clients)
-    # Distributed noise: each client adds its share, so the sum carries N(0, noise_std^2) in total.
-    client_noise_std = noise_std / jnp.sqrt(jnp.maximum(cohort, 1).astype(jnp.float32))
+    order = jnp.pad(order, (0, num_chunks_max * capacity - mech.num_clients),
+                    constant_values=mech.num_clients)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = (sparsify.randk_mask(streams.public_mask, state.shared, params.sparsity)
                   if spec.upload_mask == 'randk' else None)
@@ -168,16 +174,11 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       mask = upload_mask(spec, delta, result.mask, round_mask, params.sparsity)
       if mask is not None:
         delta = sparsify.apply_mask(delta, mask)
-      if private:
-        upload, norm = clipping.clip_by_global_norm(delta, rc.clip_norm)
-      else:
-        upload, norm = delta, clipping.global_norm(delta)
-      if private and distributed:
-        upload = noise.add_gaussian_noise(upload_key, upload, client_noise_std,
-                                          mask if spec.noise_on_mask else None)
-        if spec.postprocess == 'topk_client':  # the paper's top-k of the client's own noised upload
-          upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
       support = mask if spec.noise_on_mask else None
+      upload, norm = mech.clip(delta)                                            # line 18
+      upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
+      if spec.postprocess == 'topk_client':  # the paper's top-k of the client's own noised upload
+        upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
       return upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite
 
     def chunk(carry):
@@ -193,10 +194,10 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
       if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
         support = jax.tree.map(jnp.maximum, support, _masked_max(masks, valid))
       # Only sampled clients' heads are written; padded slots point past the end and are dropped.
-      write_ids = jnp.where(valid, ids, rc.num_clients)
+      write_ids = jnp.where(valid, ids, mech.num_clients)
       personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
                               personal, new_personal)
-      clipped = (norms > rc.clip_norm) if private else jnp.zeros_like(valid)
+      clipped = (norms > mech.clip_norm) if mech.private else jnp.zeros_like(valid)
       counted = valid & finite  # training statistics are over the clients that did not diverge
       stats = jax.tree.map(jnp.add, stats, {
           'norm_sum': jnp.sum(jnp.where(counted, norms, 0.0)),
@@ -219,18 +220,15 @@ def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
         lambda carry: carry[0] * capacity < cohort, chunk,
         (jnp.zeros((), jnp.int32), zeros, support0, state.personal, stats0))
 
-    if private:
-      # Central: the server adds all the noise. Distributed: the clients did; if nobody was sampled
-      # the server adds it so the release is the same mechanism the accountant assumed.
-      server_std = noise_std if not distributed else jnp.where(cohort == 0, noise_std, 0.0)
-      upload_sum = noise.add_gaussian_noise(streams.noise, upload_sum, server_std, support)
-      if spec.postprocess == 'topk_server':  # post-processing of the noised sum
-        upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
-      # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
-      denominator = sampling.cohort_size(rc.sampling, rc.sampling_rate, rc.num_clients)
-    else:
-      denominator = jnp.maximum(cohort, 1).astype(jnp.float32)
-    shared = jax.tree.map(lambda p, s: p + rc.server_lr * s / denominator, state.shared, upload_sum)
+    # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
+    # if nobody was sampled, so the release is the mechanism the accountant assumed).
+    upload_sum = mech.privatize_sum(streams.noise, upload_sum, cohort, support)
+    if spec.postprocess == 'topk_server':  # post-processing of the noised sum
+      upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
+    # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
+    denominator = mech.denominator(cohort)
+    shared = jax.tree.map(lambda p, s: p + rc.server_lr * s / denominator,   # line 25
+                          state.shared, upload_sum)
 
     n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
     metrics = {

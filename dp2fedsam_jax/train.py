@@ -29,7 +29,8 @@ from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.progress import RoundProgress
-from dp2fedsam_jax.round import make_round_step, round_config_from, RoundConfig
+from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.round import make_round_step, mechanism_from, round_config_from, RoundConfig
 from dp2fedsam_jax.state import init_state, ServerState, split_params
 
 
@@ -41,13 +42,6 @@ class Privacy:
   delta: float
   epsilon: float  # after all num_rounds rounds
 
-  def epsilon_after(self, config, rounds: int) -> float:
-    if not self.private:
-      return math.inf
-    return accounting.compute_epsilon(
-        self.noise_multiplier, config.sampling_rate, rounds, self.delta,
-        sampling=config.dp.sampling, accountant=config.dp.accountant,
-        num_clients=config.num_clients)
 
 
 def resolve_privacy(config, spec: MethodSpec) -> Privacy:
@@ -55,17 +49,18 @@ def resolve_privacy(config, spec: MethodSpec) -> Privacy:
   if not spec.private:
     return Privacy(False, 0.0, delta, math.inf)
   validate_privacy_fields(config)
-  kwargs = dict(sampling=config.dp.sampling, accountant=config.dp.accountant,
-                num_clients=config.num_clients)
   sigma = config.dp.noise_multiplier
   if sigma is not None and config.dp.target_epsilon is not None:
     logging.warning('dp.noise_multiplier=%s is set, so dp.target_epsilon=%s is ignored.', sigma,
                     config.dp.target_epsilon)
   if sigma is None:
     sigma = accounting.calibrate_noise_multiplier(
-        config.dp.target_epsilon, config.sampling_rate, config.num_rounds, delta, **kwargs)
-  epsilon = accounting.compute_epsilon(sigma, config.sampling_rate, config.num_rounds, delta, **kwargs)
-  return Privacy(True, float(sigma), delta, epsilon)
+        config.dp.target_epsilon, config.sampling_rate, config.num_rounds, delta,
+        sampling=config.dp.sampling, accountant=config.dp.accountant, num_clients=config.num_clients)
+  # The epsilon of the mechanism the round step will run (the one object both use).
+  mechanism = mechanism_from(config, config.num_clients, float(sigma), private=True)
+  return Privacy(True, float(sigma), delta,
+                 mechanism.epsilon(config.num_rounds, delta, config.dp.accountant))
 
 
 @dataclasses.dataclass
@@ -77,6 +72,14 @@ class Experiment:
   data: FederatedData
   privacy: Privacy
   round_config: RoundConfig
+
+  @property
+  def mechanism(self) -> DPMechanism:
+    return self.round_config.mechanism
+
+  def epsilon_after(self, rounds: int) -> float:
+    """The accounted epsilon of the executed mechanism after `rounds` rounds."""
+    return self.mechanism.epsilon(rounds, self.privacy.delta, self.config.dp.accountant)
 
   def init_state(self) -> ServerState:
     model = self.model
@@ -122,8 +125,8 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
       classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha,
       seed=config.seed, data_dir=config.data_dir)
   model = get_model(config.model, data.num_classes, data.input_shape, config.conv_impl)
-  rc = round_config_from(config, data.num_clients, privacy.noise_multiplier)
-  return Experiment(config, spec, model, data, privacy, rc)
+  mechanism = mechanism_from(config, data.num_clients, privacy.noise_multiplier, spec.private)
+  return Experiment(config, spec, model, data, privacy, round_config_from(config, mechanism))
 
 
 def describe(config: ml_collections.ConfigDict) -> dict:
@@ -278,7 +281,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     progress.clear()  # before evaluation and checkpointing log anything
     record = {
         'round': done,
-        'epsilon': exp.privacy.epsilon_after(config, done),
+        'epsilon': exp.epsilon_after(done),
         'seconds': seconds,
         **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
            for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},

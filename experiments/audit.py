@@ -16,7 +16,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from dp2fedsam_jax import train
-from dp2fedsam_jax.privacy import audit
+from dp2fedsam_jax import audit
 from launch import sweep
 
 FLAGS = flags.FLAGS

@@ -15,7 +15,9 @@ from conftest import tiny_config
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax import train
 from dp2fedsam_jax.algorithms import METHODS
-from dp2fedsam_jax.privacy import accounting, audit
+from dp2fedsam_jax import audit
+from dp2fedsam_jax.privacy import accounting
+from dp2fedsam_jax.privacy import audit as audit_stats
 from launch import sweep
 
 DELTA = 1e-5
@@ -24,16 +26,16 @@ DELTA = 1e-5
 def test_clopper_pearson_bounds_and_the_epsilon_formula():
   n, alpha = 500, 0.05
   # Zero successes: the bound solves (1 - p)^n = level.
-  np.testing.assert_allclose(audit.clopper_pearson_upper(0, n, alpha / 2),
+  np.testing.assert_allclose(audit_stats.clopper_pearson_upper(0, n, alpha / 2),
                              1 - (alpha / 2) ** (1 / n), rtol=1e-9)
-  assert audit.clopper_pearson_upper(n, n, alpha / 2) == 1.0
-  assert audit.clopper_pearson_upper(50, n, alpha / 2) > 50 / n
+  assert audit_stats.clopper_pearson_upper(n, n, alpha / 2) == 1.0
+  assert audit_stats.clopper_pearson_upper(50, n, alpha / 2) > 50 / n
   # A perfect test certifies only what n trials can: log((1 - delta - p) / p).
   p = 1 - (alpha / 2) ** (1 / n)
-  eps, fpr_hi, fnr_hi = audit.epsilon_lower_bound(0, 0, n, n, DELTA, alpha)
+  eps, fpr_hi, fnr_hi = audit_stats.epsilon_lower_bound(0, 0, n, n, DELTA, alpha)
   np.testing.assert_allclose(eps, math.log((1 - DELTA - p) / p), rtol=1e-9)
   # A useless test (half wrong both ways) certifies nothing.
-  assert audit.epsilon_lower_bound(n // 2, n // 2, n, n, DELTA, alpha)[0] == 0.0
+  assert audit_stats.epsilon_lower_bound(n // 2, n // 2, n, n, DELTA, alpha)[0] == 0.0
 
 
 @pytest.mark.parametrize('sigma', [0.7, 1.5])
@@ -43,7 +45,7 @@ def test_epsilon_from_scores_stays_below_the_gaussian_mechanism(sigma):
   n = 20000
   with_canary = rng.normal(1.0, sigma, n)
   without = rng.normal(0.0, sigma, n)
-  eps, *_ = audit.epsilon_from_scores(with_canary, without, DELTA, 0.05)
+  eps, *_ = audit_stats.epsilon_from_scores(with_canary, without, DELTA, 0.05)
   true_eps = accounting.compute_epsilon(sigma, 1.0, 1, DELTA)  # q = 1: the plain Gaussian mechanism
   assert 0.3 < eps <= true_eps, (eps, true_eps)
 
