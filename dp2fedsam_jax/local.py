@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dp2fedsam_jax.privacy.clipping import global_norm
+from dp2fedsam_jax.trees import global_norm
 
 LossFn = Callable  # (params, inputs, labels, mask) -> scalar mean loss over mask
 OPTIMIZERS = ('sgd', 'sam', 'asam')

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dp2fedsam_jax import trees
 from dp2fedsam_jax.privacy import sparsify
 
 
@@ -22,7 +23,7 @@ def _norm(tree) -> jax.Array:
 
 def _delta(trainable, received, mask=None):
   delta = jax.tree.map(jnp.subtract, trainable, received)
-  return delta if mask is None else sparsify.apply_mask(delta, mask)
+  return delta if mask is None else trees.apply_mask(delta, mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,4 +87,4 @@ def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
       return {k: build(v, path + (k,)) for k, v in tree.items()}
     return jnp.ones(tree.shape, jnp.float32)
 
-  return {k: (build(v, ()) if k == 'extractor' else sparsify.ones_like(v)) for k, v in shared.items()}
+  return {k: (build(v, ()) if k == 'extractor' else trees.ones_like(v)) for k, v in shared.items()}
