@@ -15,17 +15,19 @@ and DP²-FedSAM at seeds 1 and 2 (8 runs): 30 runs.
 """
 
 from dp2fedsam_jax.algorithms import METHODS
-from experiments.configs import default
+from experiments.configs import _common, default
 
 # The issue-5 comparison, repeated over seeds; every other method once.
 SEEDED = ('dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam')
 
+DEFAULTS = {**default.DEFAULTS, 'q': 0.01, 'rounds': 30}
+
 
 def get_config(arg: str | None = None):
-  args = dict(item.split('=', 1) for item in arg.split(',')) if arg else {}
-  c = default.get_config(arg)
-  c.sampling_rate = float(args.get('q', 0.01))
-  c.num_rounds = int(args.get('rounds', 30))
+  args = _common.parse_args(arg, **DEFAULTS)
+  c = default.default_config(args)
+  c.sampling_rate = args['q']
+  c.num_rounds = args['rounds']
   c.eval_every = 5
   # The default's lr 0.1 with momentum 0.7 diverges (NaN by round 6) for the global-model methods,
   # whose shared head is pulled to two classes by every client; a gentler step keeps all comparable.
