@@ -147,3 +147,36 @@ def test_parse_args_is_strict():
                        ('n', 'not key=value')):
     with pytest.raises(ValueError, match=message):
       _common.parse_args(bad, **defaults)
+
+
+def test_choice_lists_are_defined_once_by_their_implementations():
+  import jax
+  import numpy as np
+
+  from dp2fedsam_jax import round as round_lib
+  from dp2fedsam_jax.data import partition as partition_fn
+  from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS
+  from dp2fedsam_jax.models import layers
+  from dp2fedsam_jax.privacy import accounting, noise, sampling
+  allowed = config_lib.choices()
+  assert allowed['executor'] is round_lib.EXECUTORS
+  assert allowed['dp.sampling'] is sampling.SAMPLINGS
+  assert allowed['dp.accountant'] is accounting.ACCOUNTANTS
+  assert allowed['dp.noise_placement'] is noise.NOISE_PLACEMENTS
+  assert allowed['conv_impl'] is layers.CONV_IMPLS
+  assert allowed['partition'] == PARTITIONS + (NATURAL,)
+  assert set(allowed['method']) == set(METHODS)
+  # Every value the config accepts is one its implementation runs (before issue 15 config.py kept
+  # its own copies; its PARTITIONS already disagreed with data/partition.py's).
+  for executor in allowed['executor']:
+    round_lib.client_mapper(executor, None)
+  for kind in allowed['dp.sampling']:
+    assert sampling.sample_cohort(jax.random.key(0), kind, 0.5, 4).shape == (4,)
+  for accountant in allowed['dp.accountant']:
+    assert accounting.compute_epsilon(1.0, 0.5, 1, 1e-3, accountant=accountant, num_clients=4) > 0
+  for impl in allowed['conv_impl']:
+    assert layers.resolve_conv_impl(impl) in ('xla', 'im2col')
+  labels = np.repeat(np.arange(4, dtype=np.int32), 8)
+  for kind in PARTITIONS:  # 'natural' splits by writer: tests/test_femnist.py
+    parts = partition_fn(labels, 4, kind, rng=np.random.default_rng(0))
+    assert sum(len(p) for p in parts) == len(labels)

@@ -16,7 +16,7 @@ from conftest import tiny_config
 from dp2fedsam_jax import checkpoint, data, train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax.config import CONV_IMPLS, ConfigError, PARTITIONS, base_config, validate_config
+from dp2fedsam_jax.config import ConfigError, base_config, choices, validate_config
 from dp2fedsam_jax.models.registry import model_names
 from dp2fedsam_jax.privacy import accounting, clipping
 from dp2fedsam_jax.algorithms.specs import MethodParams
@@ -44,16 +44,17 @@ NOT_A_FRACTION = _floats(max_value=0.0) | _floats(min_value=1.0 + 1e-12) | st.ju
 
 # Every field of base_config() and values of its type that must be refused (ConfigDict itself
 # refuses values of another type, e.g. 1.5 for an int field).
+CHOICES = choices()  # from the modules that implement each choice
 INVALID = {
     'method': _other_text(set(METHODS)),
     'dataset': _other_text(set(data.dataset_names())),
     'model': _other_text(set(model_names())),
-    'conv_impl': _other_text(CONV_IMPLS),
-    'partition': _other_text(PARTITIONS),
-    'executor': _other_text({'vmap', 'sequential'}),
-    'dp.sampling': _other_text({'poisson', 'fixed'}),
-    'dp.noise_placement': _other_text({'central', 'distributed'}),
-    'dp.accountant': _other_text({'pld', 'rdp'}),
+    'conv_impl': _other_text(CHOICES['conv_impl']),
+    'partition': _other_text(CHOICES['partition']),
+    'executor': _other_text(CHOICES['executor']),
+    'dp.sampling': _other_text(CHOICES['dp.sampling']),
+    'dp.noise_placement': _other_text(CHOICES['dp.noise_placement']),
+    'dp.accountant': _other_text(CHOICES['dp.accountant']),
     'num_clients': NON_POSITIVE_INT,
     'classes_per_client': NON_POSITIVE_INT,
     'eval_every': NON_POSITIVE_INT,
