@@ -25,6 +25,7 @@ from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
 from dp2fedsam_jax.data import FederatedData, make_federated_data
 from dp2fedsam_jax.evaluation import make_evaluate
+from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
@@ -104,8 +105,12 @@ class Experiment:
   def privacy_caveat(self) -> str:
     return self.spec.privacy_caveat(self.config.dp.noise_placement)
 
+  @property
+  def local_config(self) -> LocalConfig:
+    return LocalConfig.from_config(self.config)
+
   def round_step(self):
-    return make_round_step(self.spec, self.model, self.config.local, self.round_config,
+    return make_round_step(self.spec, self.model, self.local_config, self.round_config,
                            MethodParams.from_config(self.config))
 
   def param_counts(self) -> dict[str, int]:
@@ -210,7 +215,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
-  evaluate = jax.jit(make_evaluate(exp.spec, exp.model, config.local))
+  evaluate = jax.jit(make_evaluate(exp.spec, exp.model, exp.local_config))
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   state, records = checkpoint.restore(workdir, exp.init_state())
   start = int(state.round)

@@ -186,7 +186,7 @@ def test_padded_slots_never_change_the_sum(rows, valid, garbage):
 @pytest.fixture(scope='module')
 def client_update():
   exp = train.build_experiment(tiny_config())
-  update = jax.jit(make_client_update(exp.spec, exp.model, exp.config.local, exp.data.normalize))
+  update = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize))
   state = exp.init_state()
   personal = jax.tree.map(lambda p: p[0], state.personal)
   return exp, lambda x, y, n: update(state.shared, personal, x, y, n, jax.random.key(3), 0)
@@ -216,7 +216,7 @@ def test_inf_update_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, mo
   def poisoned_round_step(self):  # the real round, whose client updates are +inf from round 2 on
     def step(state, data, key):
       hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(state.round >= 1, x + jnp.inf, x), d)
-      return make_round_step(self.spec, self.model, self.config.local, self.round_config,
+      return make_round_step(self.spec, self.model, self.local_config, self.round_config,
                              MethodParams.from_config(self.config), update_hook=hook)(state, data, key)
     return step
 
