@@ -33,6 +33,7 @@ from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
 from dp2fedsam_jax.data import FederatedData
+from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.round import make_round_step, RoundConfig
@@ -116,10 +117,11 @@ def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int
                        num_classes=num_classes, mean=(0.5,) * c, std=(0.25,) * c)
 
 
-def local_config():
-  lc = base_config().local
-  lc.head_epochs, lc.body_epochs, lc.batch_size = _HEAD_EPOCHS.value, _BODY_EPOCHS.value, _BATCH.value
-  return lc
+def local_config() -> LocalConfig:
+  c = base_config()
+  c.local.head_epochs, c.local.body_epochs = _HEAD_EPOCHS.value, _BODY_EPOCHS.value
+  c.local.batch_size = _BATCH.value
+  return LocalConfig.from_config(c)
 
 
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:

@@ -16,7 +16,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.client import make_client_update
@@ -67,8 +66,7 @@ def client_flops(spec, model, local_config, samples: int, normalize) -> ClientFl
   count = jnp.int32(batch)
 
   def variant(head_epochs: int, body_epochs: int) -> float:
-    lc = ml_collections.ConfigDict(local_config.to_dict())
-    lc.head_epochs, lc.body_epochs = head_epochs, body_epochs
+    lc = dataclasses.replace(local_config, head_epochs=head_epochs, body_epochs=body_epochs)
     update = make_client_update(spec, model, lc, normalize, MethodParams())
     def run(*args):  # both outputs, or XLA drops the head phase as dead code
       result = update(*args, jnp.int32(0))

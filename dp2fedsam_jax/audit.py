@@ -136,7 +136,7 @@ def make_trial_scores(exp, settings: AuditSettings, direction):
 
   def one_trial(state0, data, key, sign):
     hook = canary_hook(settings.canary_client, direction, settings.canary_norm * clip, sign)
-    step = make_round_step(spec, exp.model, exp.config.local, rc, params, update_hook=hook)
+    step = make_round_step(spec, exp.model, exp.local_config, rc, params, update_hook=hook)
 
     def body(state, _):
       new, metrics = step(state, data, key)

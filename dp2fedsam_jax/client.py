@@ -31,7 +31,7 @@ class ClientResult(NamedTuple):
   mask: object       # DSU's final mask M^tau over the shared params (None for other methods)
 
 
-def head_trainer(spec: MethodSpec, model, local_config):
+def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig):
   """train_head(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
   with the extractor's features computed once (phi is fixed in this phase)."""
   phase = local.Phase(local_config.head_epochs, local_config.batch_size, 'sgd',
@@ -47,13 +47,14 @@ def head_trainer(spec: MethodSpec, model, local_config):
   return train_head
 
 
-def make_client_update(spec: MethodSpec, model, local_config, normalize,
+def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
                        params: MethodParams = MethodParams()):
   """Returns client_update(shared, personal, x, y, count, key, round) -> ClientResult.
 
   `x`, `y`: the client's padded training data; `count`: its number of real examples; `normalize`
   maps stored uint8 images to model inputs.
   """
+  local.check_local_config(local_config)
   train_head = head_trainer(spec, model, local_config)
   body_phase = local.Phase(local_config.body_epochs, local_config.batch_size, spec.body_optimizer,
                            local_config.momentum, local_config.sam_rho)

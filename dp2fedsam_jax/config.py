@@ -12,13 +12,7 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-SAMPLINGS = ('poisson', 'fixed')
-NOISE_PLACEMENTS = ('central', 'distributed')
-ACCOUNTANTS = ('pld', 'rdp')
-PARTITIONS = ('iid', 'pathological', 'dirichlet', 'natural')  # natural: one client per writer
-CONV_IMPLS = ('auto', 'xla', 'im2col')
-# sharded: client slots split over all devices (a multiple of the device count per chunk).
-EXECUTORS = ('vmap', 'sequential', 'sharded')
+from dp2fedsam_jax.errors import ConfigError  # pylint: disable=unused-import  (raised here; public)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -75,8 +69,30 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-class ConfigError(ValueError):
-  """A config field has a value that cannot work; the message names the field and the fix."""
+def choices() -> dict[str, tuple[str, ...]]:
+  """The allowed values of every choice field, as the modules that implement them define them.
+
+  Imported here, not at module level: importing config.py stays cheap (no JAX) for the config files
+  and the sweep launcher (tests/test_layers.py checks it).
+  """
+  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax import round as round_lib
+  from dp2fedsam_jax.algorithms import specs
+  from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
+  from dp2fedsam_jax.models import layers, registry
+  from dp2fedsam_jax.privacy import accounting, noise, sampling
+  return {
+      'method': tuple(sorted(specs.METHODS)),
+      'model': tuple(registry.model_names()),
+      'conv_impl': layers.CONV_IMPLS,
+      'partition': PARTITIONS + (NATURAL,),  # natural: one client per writer
+      'executor': round_lib.EXECUTORS,
+      'dp.sampling': sampling.SAMPLINGS,
+      'dp.noise_placement': noise.NOISE_PLACEMENTS,
+      'dp.accountant': accounting.ACCOUNTANTS,
+  }
+
+
 
 
 def _fail(field: str, value, why: str) -> None:
@@ -112,12 +128,16 @@ def _positive(config, field: str, *, integer: bool = False, allow_zero: bool = F
 
 
 def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
-  """Raises ConfigError naming the first invalid field. `methods`: the registered method names."""
-  if methods is not None and config.method not in methods:
+  """Raises ConfigError naming the first invalid field.
+
+  `methods`: the method names to accept (default: every registered method).
+  """
+  allowed = choices()
+  methods = allowed['method'] if methods is None else methods
+  if config.method not in methods:
     _fail('method', config.method, f'unknown method; choose one of {sorted(methods)}.')
   # Imported here: importing config.py must stay cheap and free of cycles.
   from dp2fedsam_jax.data import sources  # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax.models import registry  # pylint: disable=import-outside-toplevel
   dataset = config.dataset
   if not (dataset in sources.dataset_names()
           or (isinstance(dataset, str) and dataset.startswith('tfds:') and len(dataset) > 5)):
@@ -125,13 +145,9 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   data_dir = config.get('data_dir')
   if data_dir is not None and not isinstance(data_dir, str):
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
-  _choice(config, 'model', registry.model_names())
-  _choice(config, 'partition', PARTITIONS)
-  _choice(config, 'conv_impl', CONV_IMPLS)
-  _choice(config, 'executor', EXECUTORS)
-  _choice(config, 'dp.sampling', SAMPLINGS)
-  _choice(config, 'dp.noise_placement', NOISE_PLACEMENTS)
-  _choice(config, 'dp.accountant', ACCOUNTANTS)
+  for field in ('model', 'partition', 'conv_impl', 'executor', 'dp.sampling', 'dp.noise_placement',
+                'dp.accountant'):
+    _choice(config, field, allowed[field])
 
   _positive(config, 'num_clients', integer=True)
   _positive(config, 'classes_per_client', integer=True)

@@ -26,11 +26,12 @@ from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.state import model_params
 
 
-def make_evaluate(spec: MethodSpec, model, local_config, params: MethodParams = MethodParams(),
-                  clients_per_batch: int = 64):
+def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
+                  params: MethodParams = MethodParams(), clients_per_batch: int = 64):
   """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
   'test_accuracy_participated'}, averaged over clients with test data. `key` seeds the fine-tuning
   minibatch order (unused by other evaluations)."""
+  local.check_local_config(local_config)
   weight_mask = pieces.WeightMask.for_method(spec, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
                          local_config.momentum)

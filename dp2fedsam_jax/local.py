@@ -9,13 +9,14 @@ partial last batch averages over its real examples only.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from dp2fedsam_jax.privacy.clipping import global_norm
+from dp2fedsam_jax.trees import global_norm
 
 LossFn = Callable  # (params, inputs, labels, mask) -> scalar mean loss over mask
 OPTIMIZERS = ('sgd', 'sam', 'asam')
@@ -63,6 +64,41 @@ def gradient_for_step(kind: str, loss_fn: LossFn, params, batch, rho):
   eps = sharpness_perturbation(kind, grads, params, rho)
   perturbed = jax.tree.map(jnp.add, params, eps)
   return loss, jax.grad(loss_fn)(perturbed, *batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalConfig:
+  """`config.local` at the engine boundary: frozen, so a built round step cannot change under it.
+
+  `make_client_update`, `make_evaluate` and `make_round_step` take this, never the ConfigDict (whose
+  later edits would reach a step traced after them). Build it with `LocalConfig.from_config(config)`;
+  the defaults live in `config.base_config()` only.
+  """
+  head_epochs: int      # tau_h: SGD epochs on the personal part per round
+  body_epochs: int      # tau_phi: epochs of the shared phase per round
+  batch_size: int
+  lr_head: float
+  lr_body: float
+  momentum: float
+  lr_decay: float       # both learning rates are multiplied by lr_decay ** round
+  sam_rho: float        # SAM / ASAM radius
+  finetune_epochs: int  # -FT / -fb evaluation: local epochs on a copy before testing
+
+  @classmethod
+  def from_config(cls, config) -> 'LocalConfig':
+    """From the experiment config's `local` block, which must have exactly these fields."""
+    block = dict(config.local)
+    names = [f.name for f in dataclasses.fields(cls)]
+    if set(block) != set(names):
+      raise ValueError(f'config.local has fields {sorted(block)}; LocalConfig needs {sorted(names)}.')
+    return cls(**{f.name: (operator.index(block[f.name]) if f.type == 'int' else float(block[f.name]))
+                  for f in dataclasses.fields(cls)})
+
+
+def check_local_config(local_config) -> None:
+  if not isinstance(local_config, LocalConfig):
+    raise TypeError(f'expected a local.LocalConfig, got {type(local_config).__name__}: pass '
+                    'LocalConfig.from_config(config), not config.local.')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import keys, sharding
+from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.state import ServerState
@@ -129,7 +130,7 @@ def upload_mask(spec: MethodSpec, delta, client_mask, round_mask, sparsity: floa
   return None
 
 
-def make_round_step(spec: MethodSpec, model, local_config, rc: RoundConfig,
+def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: RoundConfig,
                     params: MethodParams = MethodParams(), *, update_hook=None):
   """Returns round_step(state, data, key) -> (state, metrics). `key` is the run's root key.
 

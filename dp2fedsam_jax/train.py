@@ -25,6 +25,7 @@ from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
 from dp2fedsam_jax.evaluation import make_evaluate
+from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
@@ -106,12 +107,16 @@ class Experiment:
   def method_params(self) -> MethodParams:
     return MethodParams.from_config(self.config)
 
+  @property
+  def local_config(self) -> LocalConfig:
+    return LocalConfig.from_config(self.config)
+
   def round_step(self):
-    return make_round_step(self.spec, self.model, self.config.local, self.round_config,
+    return make_round_step(self.spec, self.model, self.local_config, self.round_config,
                            self.method_params)
 
   def evaluate(self):
-    return make_evaluate(self.spec, self.model, self.config.local, self.method_params)
+    return make_evaluate(self.spec, self.model, self.local_config, self.method_params)
 
 
 def build_experiment(config: ml_collections.ConfigDict) -> Experiment:

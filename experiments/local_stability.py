@@ -29,7 +29,7 @@ _CLIENTS = flags.DEFINE_integer('clients', 40, 'Clients to train (ids 0..n-1).')
 def stability(config, clients: int) -> dict:
   exp = train.build_experiment(config)
   state = exp.init_state()
-  update = jax.jit(make_client_update(exp.spec, exp.model, config.local, exp.data.normalize,
+  update = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
                                       exp.method_params))
   losses, norms = [], []
   for i in range(clients):

@@ -29,13 +29,17 @@ _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of pr
                                    'auto-detected on Cloud TPU / SLURM / Open MPI).')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (None: auto).')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process\'s index (None: auto).')
+_COORDINATOR_BIND = flags.DEFINE_string('coordinator_bind_address', None, 'host:port the coordinator '
+                                        '(process 0) listens on (None: every interface, at the port '
+                                        'of --coordinator_address).')
 
 
 def main(argv):
   del argv
   if _DISTRIBUTED.value:  # before any other JAX call: it fixes the global device list
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+                               coordinator_bind_address=_COORDINATOR_BIND.value)
   config = _CONFIG.value
   if _DRY_RUN.value:
     print(json.dumps(train.describe(config)))  # reads no data

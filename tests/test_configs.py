@@ -117,3 +117,67 @@ def test_unknown_config_argument_fails():
   from experiments.configs import dp2fedsam_table2
   with pytest.raises(ValueError, match='unknown config argument'):
     dp2fedsam_table2.get_config('epsilon=1')
+
+
+@pytest.mark.parametrize('name', ALL_CONFIG_NAMES)
+def test_every_config_file_parses_its_argument_strictly(name):
+  # Before issue 15, default.py and fashion_mnist_methods.py ignored unknown keys: 'eps2=1' ran eps=2.
+  module = _module(name)
+  for bad in ('eps2=1', 'seed=1,seed=2', 'seed', 'seed=one'):
+    with pytest.raises(ValueError, match='config argument'):
+      module.get_config(bad)
+
+
+def test_default_config_arguments_are_typed():
+  from experiments.configs import default, fashion_mnist_methods
+  c = default.get_config('eps=1,seed=3,method=centaur')
+  assert (c.dp.target_epsilon, c.seed, c.method) == (1.0, 3, 'centaur')
+  assert isinstance(c.dp.target_epsilon, float) and isinstance(c.seed, int)
+  f = fashion_mnist_methods.get_config('q=0.02,rounds=4,eps=1')
+  assert (f.sampling_rate, f.num_rounds, f.dp.target_epsilon) == (0.02, 4, 1.0)
+
+
+def test_parse_args_is_strict():
+  defaults = dict(flag=False, n=1, x=0.5, name='a')
+  assert _common.parse_args(None, **defaults) == defaults
+  assert _common.parse_args('flag=yes,n=3,x=inf,name=b,', **defaults) == dict(
+      flag=True, n=3, x=float('inf'), name='b')
+  assert _common.parse_args('flag=False', **defaults)['flag'] is False
+  for bad, message in (('flag=maybe', 'is a bool'), ('n=1.5', "is 'int'"), ('x=big', "is 'float'"),
+                       ('n=1,n=2', 'given twice'), ('m=1', 'unknown config argument'),
+                       ('n', 'not key=value')):
+    with pytest.raises(ValueError, match=message):
+      _common.parse_args(bad, **defaults)
+
+
+def test_choice_lists_are_defined_once_by_their_implementations():
+  import jax
+  import numpy as np
+
+  from dp2fedsam_jax import round as round_lib
+  from dp2fedsam_jax.data import partition as partition_fn
+  from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS
+  from dp2fedsam_jax.models import layers
+  from dp2fedsam_jax.privacy import accounting, noise, sampling
+  allowed = config_lib.choices()
+  assert allowed['executor'] is round_lib.EXECUTORS
+  assert allowed['dp.sampling'] is sampling.SAMPLINGS
+  assert allowed['dp.accountant'] is accounting.ACCOUNTANTS
+  assert allowed['dp.noise_placement'] is noise.NOISE_PLACEMENTS
+  assert allowed['conv_impl'] is layers.CONV_IMPLS
+  assert allowed['partition'] == PARTITIONS + (NATURAL,)
+  assert set(allowed['method']) == set(METHODS)
+  # Every value the config accepts is one its implementation runs (before issue 15 config.py kept
+  # its own copies; its PARTITIONS already disagreed with data/partition.py's).
+  for executor in allowed['executor']:
+    round_lib.client_mapper(executor, None)
+  for kind in allowed['dp.sampling']:
+    assert sampling.sample_cohort(jax.random.key(0), kind, 0.5, 4).shape == (4,)
+  for accountant in allowed['dp.accountant']:
+    assert accounting.compute_epsilon(1.0, 0.5, 1, 1e-3, accountant=accountant, num_clients=4) > 0
+  for impl in allowed['conv_impl']:
+    assert layers.resolve_conv_impl(impl) in ('xla', 'im2col')
+  labels = np.repeat(np.arange(4, dtype=np.int32), 8)
+  for kind in PARTITIONS:  # 'natural' splits by writer: tests/test_femnist.py
+    parts = partition_fn(labels, 4, kind, rng=np.random.default_rng(0))
+    assert sum(len(p) for p in parts) == len(labels)

@@ -22,7 +22,7 @@ def build(**overrides):
 
 def run_rounds(exp, rounds=1, round_config=None, key=None):
   rc = round_config or exp.round_config
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, rc))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc))
   state = exp.init_state()
   key = exp.root_key if key is None else key
   metrics = None
@@ -102,7 +102,7 @@ def test_non_private_method_adds_no_noise():
 def test_padding_does_not_change_a_client_update():
   exp = build()
   data, state = exp.data, exp.init_state()
-  update = jax.jit(make_client_update(exp.spec, exp.model, exp.config.local, data.normalize))
+  update = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, data.normalize))
   x, y, n = data.train_x[0], data.train_y[0], data.train_count[0]
   personal = jax.tree.map(lambda p: p[0], state.personal)
   key = jax.random.key(3)
@@ -236,3 +236,29 @@ def test_evaluation_reports_participation_and_the_participants_accuracy():
   np.testing.assert_allclose(float(result['test_accuracy']), accuracies.mean(), rtol=1e-5)
   np.testing.assert_allclose(float(result['test_accuracy_participated']),
                              accuracies[took_part].mean(), rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the local config at the boundary
+
+
+def test_local_config_is_frozen_and_the_engine_refuses_the_configdict():
+  from dp2fedsam_jax.evaluation import make_evaluate
+  from dp2fedsam_jax.local import LocalConfig
+  exp = build()
+  lc = exp.local_config
+  assert lc == LocalConfig.from_config(exp.config) and hash(lc) == hash(LocalConfig.from_config(exp.config))
+  assert dataclasses.asdict(lc) == exp.config.local.to_dict()
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    lc.lr_body = 1.0
+  for make in (lambda l: make_client_update(exp.spec, exp.model, l, exp.data.normalize),
+               lambda l: make_evaluate(exp.spec, exp.model, l)):
+    with pytest.raises(TypeError, match=r'LocalConfig\.from_config\(config\), not config\.local'):
+      make(exp.config.local)
+  step = make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config)
+  with pytest.raises(TypeError, match='LocalConfig'):  # when the step is traced
+    jax.eval_shape(step, exp.init_state(), exp.data, exp.root_key)
+  extra = tiny_config()
+  extra.local.unlock()
+  extra.local.warmup = 1
+  with pytest.raises(ValueError, match='config.local has fields'):
+    LocalConfig.from_config(extra)

@@ -17,7 +17,7 @@ from conftest import tiny_config
 from dp2fedsam_jax import checkpoint, data, train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax.config import CONV_IMPLS, ConfigError, PARTITIONS, base_config, validate_config
+from dp2fedsam_jax.config import ConfigError, base_config, choices, validate_config
 from dp2fedsam_jax.models.registry import model_names
 from dp2fedsam_jax.privacy import accounting, clipping
 from dp2fedsam_jax.algorithms.specs import MethodParams
@@ -45,16 +45,17 @@ NOT_A_FRACTION = _floats(max_value=0.0) | _floats(min_value=1.0 + 1e-12) | st.ju
 
 # Every field of base_config() and values of its type that must be refused (ConfigDict itself
 # refuses values of another type, e.g. 1.5 for an int field).
+CHOICES = choices()  # from the modules that implement each choice
 INVALID = {
     'method': _other_text(set(METHODS)),
     'dataset': _other_text(set(data.dataset_names())),
     'model': _other_text(set(model_names())),
-    'conv_impl': _other_text(CONV_IMPLS),
-    'partition': _other_text(PARTITIONS),
-    'executor': _other_text({'vmap', 'sequential'}),
-    'dp.sampling': _other_text({'poisson', 'fixed'}),
-    'dp.noise_placement': _other_text({'central', 'distributed'}),
-    'dp.accountant': _other_text({'pld', 'rdp'}),
+    'conv_impl': _other_text(CHOICES['conv_impl']),
+    'partition': _other_text(CHOICES['partition']),
+    'executor': _other_text(CHOICES['executor']),
+    'dp.sampling': _other_text(CHOICES['dp.sampling']),
+    'dp.noise_placement': _other_text(CHOICES['dp.noise_placement']),
+    'dp.accountant': _other_text(CHOICES['dp.accountant']),
     'num_clients': NON_POSITIVE_INT,
     'classes_per_client': NON_POSITIVE_INT,
     'eval_every': NON_POSITIVE_INT,
@@ -186,7 +187,7 @@ def test_padded_slots_never_change_the_sum(rows, valid, garbage):
 @pytest.fixture(scope='module')
 def client_update():
   exp = train.build_experiment(tiny_config())
-  update = jax.jit(make_client_update(exp.spec, exp.model, exp.config.local, exp.data.normalize))
+  update = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize))
   state = exp.init_state()
   personal = jax.tree.map(lambda p: p[0], state.personal)
   return exp, lambda x, y, n: update(state.shared, personal, x, y, n, jax.random.key(3), 0)
@@ -219,7 +220,7 @@ def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
 
   def step_with(poison):
     hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, poison, x), d)
-    return jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config, params,
+    return jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config, params,
                                    update_hook=hook))
 
   nan_state, nan_metrics = step_with(jnp.nan)(state, exp.data, exp.root_key)
@@ -246,7 +247,7 @@ def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_p
   workdir = str(tmp_path)
 
   def poisoned_round_step(self):  # the real round, on shared parameters that are +inf from round 2
-    real = make_round_step(self.spec, self.model, self.config.local, self.round_config,
+    real = make_round_step(self.spec, self.model, self.local_config, self.round_config,
                            MethodParams.from_config(self.config))
     def step(state, data, key):
       poisoned = jax.tree.map(lambda x: jnp.where(state.round >= 1, x + jnp.inf, x), state.shared)

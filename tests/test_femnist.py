@@ -132,8 +132,8 @@ def test_natural_needs_writers_and_enough_of_them(tmp_path):
 
 
 def test_config_accepts_natural():
-  from dp2fedsam_jax.config import PARTITIONS
-  assert 'natural' in PARTITIONS
+  from dp2fedsam_jax.config import choices
+  assert 'natural' in choices()['partition']
 
 
 def test_bad_files_name_the_problem(tmp_path):

@@ -35,7 +35,7 @@ def build(**overrides):
 
 
 def one_round(exp, data=None, key=None):
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config,
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
                                  MethodParams.from_config(exp.config)))
   state = exp.init_state()
   new, _ = step(state, exp.data if data is None else data, exp.root_key if key is None else key)
@@ -119,7 +119,7 @@ def test_randk_mask_does_not_depend_on_the_data():
 
 def test_randk_noises_its_public_mask_even_when_nobody_is_sampled():
   exp = build(method='fed_smp_randk', sparsity=0.25, sampling_rate=0.01, num_clients=4)
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, exp.round_config,
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
                                  MethodParams.from_config(exp.config)))
   state = exp.init_state()
   for seed in range(20):  # P(empty cohort) = 0.99**4: the first seeds find one
@@ -207,7 +207,7 @@ def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
   assert not np.allclose(dense(shared), dense(bumped), atol=1e-6)  # the weight does matter unmasked
 
   # One local step: `high` moves only inside its mask; the layer below moves everywhere.
-  client = make_client_update(exp.spec, model, exp.config.local, data.normalize,
+  client = make_client_update(exp.spec, model, exp.local_config, data.normalize,
                               MethodParams.from_config(exp.config))
   personal = jax.tree.map(lambda h: h[0], state.personal)
   result = jax.jit(client)(shared, personal, data.train_x[0], data.train_y[0],
@@ -230,8 +230,8 @@ def test_ft_methods_change_only_the_evaluation():
     _, state_b = one_round(b)
     chex.assert_trees_all_equal(state_a, state_b)
     key = jax.random.key(0)
-    acc_a = make_evaluate(a.spec, a.model, a.config.local)(state_a, a.data, key)
-    acc_b = make_evaluate(b.spec, b.model, b.config.local)(state_b, b.data, key)
+    acc_a = make_evaluate(a.spec, a.model, a.local_config)(state_a, a.data, key)
+    acc_b = make_evaluate(b.spec, b.model, b.local_config)(state_b, b.data, key)
     assert float(acc_a['test_loss']) != float(acc_b['test_loss'])
 
 
@@ -286,12 +286,12 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
   chex.assert_trees_all_close(evaluate(state, exp.data, key), evaluate(masked, exp.data, key))
   # The dense network is a different one (so the check above is not vacuous).
   dense = make_evaluate(dataclasses.replace(exp.spec, weight_mask='none', upload_mask='none',
-                                            noise_on_mask=False), exp.model, exp.config.local)
+                                            noise_on_mask=False), exp.model, exp.local_config)
   assert float(dense(state, exp.data, key)['test_loss']) != float(
       evaluate(state, exp.data, key)['test_loss'])
 
   # The head phase learns on the masked features: the new head is the same from theta * M.
-  client = jax.jit(make_client_update(exp.spec, exp.model, exp.config.local, exp.data.normalize,
+  client = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
                                       params))
   personal = jax.tree.map(lambda h: h[0], state.personal)
   args = (exp.data.train_x[0], exp.data.train_y[0], exp.data.train_count[0], jax.random.key(1), 0)

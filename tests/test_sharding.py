@@ -37,7 +37,7 @@ def _child(devices: int) -> dict:
     if rc.executor == 'sharded':
       state, data, key = sharding.replicate((state, data, key))
     # Compiled once, explicitly, so the HLO checked below is the program that ran.
-    step = jax.jit(make_round_step(exp.spec, exp.model, exp.config.local, rc)).lower(
+    step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc)).lower(
         state, data, key).compile()
     for _ in range(2):
       state, metrics = step(state, data, key)

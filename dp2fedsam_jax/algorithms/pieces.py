@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dp2fedsam_jax import trees
 from dp2fedsam_jax.privacy import sparsify
 
 
@@ -22,7 +23,7 @@ def _norm(tree) -> jax.Array:
 
 def _delta(trainable, received, mask=None):
   delta = jax.tree.map(jnp.subtract, trainable, received)
-  return delta if mask is None else sparsify.apply_mask(delta, mask)
+  return delta if mask is None else trees.apply_mask(delta, mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
       return sparsify.leafwise_topk_mask(jax.lax.stop_gradient(tree), sparsity)
     return jnp.ones(tree.shape, jnp.float32)
 
-  return {k: (build(v, ()) if k == 'extractor' else sparsify.ones_like(v)) for k, v in shared.items()}
+  return {k: (build(v, ()) if k == 'extractor' else trees.ones_like(v)) for k, v in shared.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,4 +119,4 @@ class WeightMask:
   def forward(self, shared):
     """The params the network computes with: theta * M, or theta itself."""
     mask = self(shared)
-    return shared if mask is None else sparsify.apply_mask(shared, mask)
+    return shared if mask is None else trees.apply_mask(shared, mask)

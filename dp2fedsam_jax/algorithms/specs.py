@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dp2fedsam_jax.config import ConfigError
+from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.local import OPTIMIZERS
 
 SHARED = ('extractor', 'full')

@@ -1,5 +1,8 @@
 """Data: sources -> partitions -> FederatedData (all clients stacked, padded, on device)."""
 
+from dp2fedsam_jax.data.arrays import ArrayDataset
+from dp2fedsam_jax.data.arrays import DatasetNotFoundError
+from dp2fedsam_jax.data.arrays import channel_stats
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.data.federated import build_federated_data
 from dp2fedsam_jax.data.federated import make_federated_data
@@ -13,9 +16,6 @@ from dp2fedsam_jax.data.partition import pathological
 from dp2fedsam_jax.data.sources import DATASETS_WITH_WRITERS
 from dp2fedsam_jax.data.sources import DEFAULT_FASHION_MNIST_DIR
 from dp2fedsam_jax.data.sources import TFDS_DATASETS
-from dp2fedsam_jax.data.sources import ArrayDataset
-from dp2fedsam_jax.data.sources import DatasetNotFoundError
-from dp2fedsam_jax.data.sources import channel_stats
 from dp2fedsam_jax.data.sources import dataset_names
 from dp2fedsam_jax.data.sources import load_dataset
 from dp2fedsam_jax.data.sources import load_fashion_mnist

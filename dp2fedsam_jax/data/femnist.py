@@ -25,7 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dp2fedsam_jax.data.sources import ArrayDataset, DatasetNotFoundError, channel_stats
+from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, channel_stats
 
 NUM_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters
 # TFF's cache location (tff.simulation.datasets.emnist.load_data): used when config.data_dir is None.

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from dp2fedsam_jax.data.sources import ArrayDataset, DatasetNotFoundError, channel_stats
+from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, channel_stats
 
 DEFAULT_TFDS_DIR = os.path.join(os.path.expanduser('~'), 'tensorflow_datasets')
 _BATCH = 4096

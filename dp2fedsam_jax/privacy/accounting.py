@@ -31,8 +31,7 @@ from dp_accounting import rdp as _rdp
 
 from dp2fedsam_jax.privacy import sampling
 
-SAMPLING_CHOICES = ('poisson', 'fixed')
-ACCOUNTANT_CHOICES = ('pld', 'rdp')
+ACCOUNTANTS = ('pld', 'rdp')  # config.dp.accountant; the samplers are sampling.SAMPLINGS
 
 # The library default: ~0.9 s for q=0.05, 200 rounds, sigma=1 on 2 CPU cores, and it agrees with
 # 1e-3 to ~1e-5 relative, so nothing is gained by coarsening compute_epsilon.
@@ -99,15 +98,15 @@ def _check_target_epsilon(target_epsilon) -> float:
   return e
 
 
-def _check_sampling(sampling) -> str:
-  if sampling not in SAMPLING_CHOICES:
-    raise ValueError(f'dp.sampling={sampling!r}: must be one of {SAMPLING_CHOICES}.')
-  return sampling
+def _check_sampling(value) -> str:
+  if value not in sampling.SAMPLINGS:
+    raise ValueError(f'dp.sampling={value!r}: must be one of {sampling.SAMPLINGS}.')
+  return value
 
 
 def _check_accountant(accountant, sampling: str) -> str:
-  if accountant not in ACCOUNTANT_CHOICES:
-    raise ValueError(f'dp.accountant={accountant!r}: must be one of {ACCOUNTANT_CHOICES}.')
+  if accountant not in ACCOUNTANTS:
+    raise ValueError(f'dp.accountant={accountant!r}: must be one of {ACCOUNTANTS}.')
   if sampling == 'fixed' and accountant == 'pld':
     raise ValueError("dp.accountant='pld': fixed-size sampling (dp.sampling='fixed') is accounted "
                      "with RDP under replace-one neighbours; set dp.accountant='rdp' (or use "

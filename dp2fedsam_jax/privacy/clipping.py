@@ -5,19 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def global_norm(tree) -> jax.Array:
-  """L2 norm of all leaves together (never per tensor: per-tensor clipping has sensitivity C*sqrt(L)).
-
-  Computed relative to the largest entry, so huge but finite updates (|x| ~ 1e30, whose squares
-  overflow float32) still get a finite norm and keep their direction when clipped.
-  """
-  leaves = jax.tree.leaves(tree)
-  if not leaves:
-    return jnp.zeros((), jnp.float32)
-  biggest = jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in leaves]))
-  scale = jnp.where(biggest > 0, biggest, 1.0)
-  return scale * jnp.sqrt(sum(jnp.sum(jnp.square(x / scale)) for x in leaves))
+# global_norm lives in the leaf module trees.py (local.py uses it too); it stays importable from here.
+from dp2fedsam_jax.trees import global_norm
 
 
 def clip_by_global_norm(tree, clip_norm):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# Where the noise is added (config.dp.noise_placement), the same total std on the sum either way:
+# 'central' once by the server on the sum; 'distributed' by each client, N(0, s^2 C^2 / |S|).
+NOISE_PLACEMENTS = ('central', 'distributed')
+
 
 def gaussian_like(key: jax.Array, tree, stddev) -> object:
   """Independent N(0, stddev^2) noise with the structure, shapes and dtypes of `tree`."""

@@ -11,6 +11,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+# The samplers sample_cohort implements (config.dp.sampling); accounting.py accounts each one.
+SAMPLINGS = ('poisson', 'fixed')
+
 
 def cohort_size(sampling: str, sampling_rate: float, num_clients: int) -> int:
   """Number of clients per round for 'fixed'; the expected number for 'poisson'."""
@@ -31,7 +34,7 @@ def sample_cohort(key: jax.Array, sampling: str, sampling_rate: float, num_clien
     m = cohort_size('fixed', sampling_rate, num_clients)
     chosen = jax.random.permutation(key, num_clients)[:m]
     return jnp.zeros((num_clients,), bool).at[chosen].set(True)
-  raise ValueError(f"config.dp.sampling={sampling!r}: unknown; choose one of ['poisson', 'fixed'].")
+  raise ValueError(f'config.dp.sampling={sampling!r}: unknown; choose one of {list(SAMPLINGS)}.')
 
 
 def default_capacity(sampling: str, sampling_rate: float, num_clients: int) -> int:

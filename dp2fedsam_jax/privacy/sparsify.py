@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+# Applying a mask is a tree helper (trees.py); kept importable here, where masks are made.
+from dp2fedsam_jax.trees import apply_mask, ones_like  # pylint: disable=unused-import
+
 
 def num_kept(ratio: float, size: int) -> int:
   """k = ceil(ratio * size), at least 1: the number of coordinates a ratio-p sparsifier keeps."""
@@ -45,11 +48,3 @@ def leafwise_topk_mask(tree, ratio: float):
     flat = jnp.abs(x).reshape(-1)
     return _mask_from_scores(flat, num_kept(ratio, flat.size)).reshape(x.shape)
   return jax.tree.map(leaf_mask, tree)
-
-
-def apply_mask(tree, mask):
-  return jax.tree.map(lambda x, m: x * m.astype(x.dtype), tree, mask)
-
-
-def ones_like(tree):
-  return jax.tree.map(lambda x: jnp.ones(x.shape, jnp.float32), tree)

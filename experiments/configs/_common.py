@@ -18,9 +18,18 @@ SEEDS = (0, 1, 2)  # every paper: three runs, mean and std over the final round
 EMNIST_62 = 'emnist_byclass'  # EMNIST with 62 classes (dp-fedsam-topk.txt §6.1)
 
 
+_TRUE, _FALSE = ('1', 'true', 'yes'), ('0', 'false', 'no')
+
+
 def parse_args(arg: str | None, **defaults) -> dict[str, Any]:
-  """'method=centaur,eps=1,seed=2' -> dict, values typed like their defaults; unknown keys fail."""
+  """'method=centaur,eps=1,seed=2' -> dict, values typed like their defaults.
+
+  The one parser of every config file's `:key=value,...` argument, and a strict one: an unknown
+  key, a repeated key, an item without '=', or a value that is not of its default's type (int,
+  float, bool as true/false/1/0/yes/no) fails, naming the item and the known keys.
+  """
   args = dict(defaults)
+  seen = set()
   for item in (arg.split(',') if arg else []):
     if not item:
       continue
@@ -29,13 +38,22 @@ def parse_args(arg: str | None, **defaults) -> dict[str, Any]:
     key, value = item.split('=', 1)
     if key not in defaults:
       raise ValueError(f'unknown config argument {key!r}; known: {sorted(defaults)}')
+    if key in seen:
+      raise ValueError(f'config argument {key!r} is given twice in {arg!r}')
+    seen.add(key)
     default = defaults[key]
     if isinstance(default, bool):
-      args[key] = value.lower() in ('1', 'true', 'yes')
-    elif isinstance(default, int):
-      args[key] = int(value)
-    elif isinstance(default, float):
-      args[key] = float(value)
+      if value.lower() not in _TRUE + _FALSE:
+        raise ValueError(f'config argument {item!r}: {key} is a bool; use one of '
+                         f'{list(_TRUE + _FALSE)}')
+      args[key] = value.lower() in _TRUE
+    elif isinstance(default, (int, float)):
+      kind = type(default)
+      try:
+        args[key] = kind(value)
+      except ValueError:
+        raise ValueError(f'config argument {item!r}: {key} is {kind.__name__!r} '
+                         f'(default {default!r})') from None
     else:
       args[key] = value
   return args

@@ -7,25 +7,22 @@ Arguments: `--config=experiments/configs/audit.py:sigma=1,sampling=fixed,placeme
 """
 
 from dp2fedsam_jax.config import base_config
+from experiments.configs import _common
 
-_ARGS = {'sigma': float, 'sampling': str, 'q': float, 'placement': str, 'rounds': int,
-         'trials': int, 'method': str, 'seed': int}
+DEFAULTS = dict(sigma=1.0, sampling='poisson', q=1.0, placement='central', rounds=1, trials=2000,
+                method='dp2fedsam', seed=0)
 
 
 def get_config(arg: str | None = None):
-  args = dict(item.split('=', 1) for item in arg.split(',')) if arg else {}
-  unknown = set(args) - set(_ARGS)
-  if unknown:
-    raise ValueError(f'unknown config argument(s) {sorted(unknown)}; known: {sorted(_ARGS)}')
-  args = {k: _ARGS[k](v) for k, v in args.items()}
+  args = _common.parse_args(arg, **DEFAULTS)
   c = base_config()
-  c.method = args.get('method', 'dp2fedsam')
+  c.method = args['method']
   c.dataset = 'synthetic'
   c.model = 'mlp'
   c.num_clients = 10
   c.partition = 'iid'
-  c.sampling_rate = args.get('q', 1.0)
-  c.num_rounds = args.get('rounds', 1)  # rounds per trial: the audited and the accounted mechanism
+  c.sampling_rate = args['q']
+  c.num_rounds = args['rounds']  # rounds per trial: the audited and the accounted mechanism
   c.local.head_epochs = 1
   c.local.body_epochs = 1
   c.local.batch_size = 16
@@ -34,13 +31,13 @@ def get_config(arg: str | None = None):
   c.local.momentum = 0.5
   c.local.sam_rho = 0.05
   c.dp.clip_norm = 1.0
-  c.dp.noise_multiplier = args.get('sigma', 1.0)
+  c.dp.noise_multiplier = args['sigma']
   c.dp.delta = 1e-5
-  c.dp.sampling = args.get('sampling', 'poisson')
+  c.dp.sampling = args['sampling']
   c.dp.accountant = 'rdp' if c.dp.sampling == 'fixed' else 'pld'
-  c.dp.noise_placement = args.get('placement', 'central')
-  c.seed = args.get('seed', 0)
-  c.audit = dict(num_trials=args.get('trials', 2000), canary_client=0, canary_norm=10.0,
+  c.dp.noise_placement = args['placement']
+  c.seed = args['seed']
+  c.audit = dict(num_trials=args['trials'], canary_client=0, canary_norm=10.0,
                  alpha=0.05, select_fraction=0.5, batch_trials=500, seed=c.seed)
   return c
 

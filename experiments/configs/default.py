@@ -15,12 +15,19 @@ Arguments: `--config=experiments/configs/default.py:eps=2,method=centaur`.
 """
 
 from dp2fedsam_jax.config import base_config
+from experiments.configs import _common
+
+DEFAULTS = dict(method='dp2fedsam', eps=2.0, seed=0)
 
 
 def get_config(arg: str | None = None):
-  args = dict(item.split('=', 1) for item in arg.split(',')) if arg else {}
+  return default_config(_common.parse_args(arg, **DEFAULTS))
+
+
+def default_config(args: dict):
+  """The default experiment for parsed arguments (`method`, `eps`, `seed`; other keys are ignored)."""
   c = base_config()
-  c.method = args.get('method', 'dp2fedsam')
+  c.method = args['method']
   c.dataset = 'fashion_mnist'
   c.model = 'emnist_cnn'
   c.num_clients = 1000  # (N, S) = (1000, 2) as in the paper's CIFAR-10 table: 54 train / 6 test each
@@ -37,8 +44,8 @@ def get_config(arg: str | None = None):
   c.local.momentum = 0.5
   c.local.sam_rho = 0.1
   c.dp.clip_norm = 0.1
-  c.dp.target_epsilon = float(args.get('eps', 2.0))
-  c.seed = int(args.get('seed', 0))
+  c.dp.target_epsilon = args['eps']
+  c.seed = args['seed']
   return c
 
 

@@ -20,12 +20,14 @@ from experiments.configs import _common, default
 # The issue-5 comparison, repeated over seeds; every other method once.
 SEEDED = ('dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam')
 
+DEFAULTS = {**default.DEFAULTS, 'q': 0.01, 'rounds': 30}
+
 
 def get_config(arg: str | None = None):
-  args = dict(item.split('=', 1) for item in arg.split(',')) if arg else {}
-  c = default.get_config(arg)
-  c.sampling_rate = float(args.get('q', 0.01))
-  c.num_rounds = int(args.get('rounds', 30))
+  args = _common.parse_args(arg, **DEFAULTS)
+  c = default.default_config(args)
+  c.sampling_rate = args['q']
+  c.num_rounds = args['rounds']
   c.eval_every = 5
   c.dp.noise_placement = _common.noise_placement_for(c.method)
   if c.method.endswith(('_ft', '_fb')):
