@@ -15,7 +15,9 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from dp2fedsam_jax import cli
 from dp2fedsam_jax import train
+from dp2fedsam_jax.config_help import describe_config
 from dp2fedsam_jax.privacy import audit
 from launch import sweep
 
@@ -30,6 +32,8 @@ def define_flags() -> None:
                     'file is reloaded with each entry as its argument; --config.x overrides are '
                     'ignored then).')
   flags.DEFINE_string('out', None, 'Also append each result as a JSON line to this file.')
+  flags.DEFINE_bool('print_config', False, 'Print every field of the (first) audited config with '
+                    'a line of help, then exit.')
 
 
 def audit_one(config) -> audit.AuditResult:
@@ -47,6 +51,10 @@ def main(argv):
     configs = [module.get_config(sweep.arg_string(e)) for e in module.audit_grid()]
   else:
     configs = [FLAGS.config]
+  if FLAGS.print_config:
+    print(describe_config(configs[0], f'{config_flags.get_config_filename(FLAGS["config"])}, '
+                          'resolved'))
+    return
   print(audit.TABLE_HEADER, flush=True)
   violations = []
   for config in configs:
@@ -64,4 +72,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  cli.run(main)
