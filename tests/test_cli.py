@@ -153,3 +153,141 @@ def test_print_config_shows_the_resolved_config_with_help_and_exits():
   assert by_field['dp.noise_multiplier'].startswith('dp.noise_multiplier = 1.5 ')
   help_text = _binary('experiments.train', '--help').stdout
   assert '--print_config' in help_text.split('flags:')[0]  # the docstring points to it
+
+
+# --- Ctrl-C -----------------------------------------------------------------------------------
+
+
+def test_interruptible_defers_the_first_ctrl_c_and_not_the_second():
+  seen = []
+
+  @cli.interruptible(lambda: 'stopped: checkpoint of round 3 intact')
+  def work():
+    signal.raise_signal(signal.SIGINT)  # the first: only a request
+    seen.append(cli.interrupt_requested())
+    with cli.critical():  # the second, inside a critical block: after the block
+      signal.raise_signal(signal.SIGINT)
+      seen.append('still in the block')
+    seen.append('never here')
+
+  with pytest.raises(cli.Interrupted, match='stopped: checkpoint of round 3 intact'):
+    work()
+  assert seen == [True, 'still in the block']
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert not cli.interrupt_requested()
+
+
+def test_ctrl_c_stops_train_and_evaluate_between_rounds(tmp_path, monkeypatch):
+  save = checkpoint.save
+
+  def save_then_ctrl_c(workdir, state, records):
+    save(workdir, state, records)
+    signal.raise_signal(signal.SIGINT)  # a real SIGINT while round 2's checkpoint is written
+  monkeypatch.setattr(checkpoint, 'save', save_then_ctrl_c)
+  config = tiny_config(num_rounds=4, eval_every=2)
+  with pytest.raises(cli.Interrupted) as info:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert str(info.value) == (f'interrupted after round 2; the checkpoint of round 2 in {tmp_path} '
+                             'is intact; rerun the same command to resume')
+  assert [json.loads(l)['round'] for l in open(tmp_path / 'metrics.jsonl')] == [2]
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+_PROCESS_ERRORS = ('Traceback', 'Fatal Python error', 'Segmentation fault', 'core dumped')
+
+
+def _interrupt(workdir, wait_for, *extra):
+  """Runs the tiny config in the binary, sends SIGINT once `wait_for` is in its log."""
+  command = [sys.executable, '-m', 'experiments.train', f'--config={DEFAULT}', *TINY_FLAGS,
+             f'--workdir={workdir}', *extra]
+  process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+  seen = []
+  deadline = time.monotonic() + 300
+  for line in process.stderr:
+    seen.append(line)
+    if wait_for in line or time.monotonic() > deadline:
+      process.send_signal(signal.SIGINT)
+      break
+  _, rest = process.communicate(timeout=300)
+  return process.returncode, ''.join(seen) + rest
+
+
+def test_ctrl_c_during_compilation_exits_130_without_a_crash(tmp_path):
+  rc, log = _interrupt(tmp_path / 'w', 'Compiling the round step', '--config.num_rounds=50')
+  assert rc == cli.EXIT_INTERRUPTED, log[-3000:]
+  assert not any(e in log for e in _PROCESS_ERRORS), log[-3000:]
+  last = log.strip().splitlines()[-1]
+  match = re.fullmatch(r'interrupted after round (\d+); (.*); rerun the same command to '
+                       r'(resume|start again)', last)
+  assert match, last
+  if match.group(1) == '0':  # the usual case: stopped before round 1
+    assert match.group(2) == (f'no checkpoint was written yet in {tmp_path / "w"} (none before '
+                              'the first evaluated round)')
+
+
+def test_ctrl_c_mid_run_exits_130_keeps_the_checkpoint_and_the_same_command_resumes(tmp_path):
+  workdir = tmp_path / 'w'
+  rc, log = _interrupt(workdir, 'round 2/1000', '--config.num_rounds=1000',
+                       '--config.eval_every=2')
+  assert rc == cli.EXIT_INTERRUPTED, log[-3000:]
+  assert not any(e in log for e in _PROCESS_ERRORS), log[-3000:]
+  last = log.strip().splitlines()[-1]
+  match = re.fullmatch(rf'interrupted after round (\d+); the checkpoint of round (\d+) in '
+                       rf'{re.escape(str(workdir))} is intact; rerun the same command to resume',
+                       last)
+  assert match, last
+  k, j = int(match.group(1)), int(match.group(2))
+  assert j <= k and j % 2 == 0 and j >= 2
+  rounds = [json.loads(l)['round'] for l in open(workdir / 'metrics.jsonl')]
+  assert rounds == list(range(2, j + 1, 2))  # nothing half-written
+  assert not [n for n in os.listdir(workdir) if n.endswith('.tmp')]
+  assert checkpoint.latest_round(str(workdir)) == j
+  again = _binary('experiments.train', f'--config={DEFAULT}', *TINY_FLAGS, f'--workdir={workdir}',
+                  f'--config.num_rounds={j + 2}', '--config.eval_every=2')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f'Resuming {workdir} from round {j}' in again.stderr
+  assert [json.loads(l)['round'] for l in open(workdir / 'metrics.jsonl')] == list(
+      range(2, j + 3, 2))
+
+
+# --- messages of the round loop ---------------------------------------------------------------
+
+
+def test_nan_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch):
+  from dp2fedsam_jax.data import FederatedData
+  monkeypatch.setattr(FederatedData, 'normalize', lambda self, x: x * jnp.nan)
+  with pytest.raises(FloatingPointError) as info:
+    train.train_and_evaluate(tiny_config(num_rounds=1), str(tmp_path))
+  message = str(info.value)
+  assert message.startswith('round 1: ') and 'is intact' not in message
+  assert f'no checkpoint was written yet in {tmp_path}' in message
+
+
+def test_seconds_include_evaluation_loss_uses_g_compile_is_announced_finished_run_exits(
+    tmp_path, monkeypatch, caplog):
+  make_evaluate = train.make_evaluate
+
+  def slow_evaluate(*args, **kwargs):
+    evaluate = make_evaluate(*args, **kwargs)
+
+    def evaluate_slowly(state, data, key):
+      jax.debug.callback(lambda: time.sleep(0.4), ordered=True)
+      return evaluate(state, data, key)
+    return evaluate_slowly
+  monkeypatch.setattr(train, 'make_evaluate', slow_evaluate)
+  caplog.set_level(logging.INFO)
+  config = tiny_config(num_rounds=2)
+  records = [train.train_and_evaluate(config, str(tmp_path))]
+  first = caplog.text
+  assert first.index('Compiling the round step ...') < first.index('Compiled the round step')
+  metrics = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  assert all(m['seconds'] >= 0.4 for m in metrics)  # the evaluation is part of a round's time
+  for m in metrics:
+    assert f"loss {m['train_loss']:.4g} " in first  # %g: never 361374058275776348815360.0000
+
+  caplog.clear()
+  records.append(train.train_and_evaluate(config, str(tmp_path)))
+  assert f'Already finished: {tmp_path} holds all 2 rounds' in caplog.text
+  assert 'Compiling the round step' not in caplog.text
+  assert records[1] == records[0]
