@@ -369,24 +369,26 @@ def _run_pending(config_path, overrides, parallel, pending, running, results, en
             _log(f'        {line}')
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Registers the flags. Only the program does this, so that importing the module (tests, or a
-  sweep and a report in one process) never defines a second --root."""
+  sweep and a report in one process) never defines a second --root (tests/test_docs.py parses
+  into a fresh FlagValues)."""
+  fv = {'flag_values': flag_values}
   flags.DEFINE_string('config', None, 'Config file (experiments/configs/*.py), optionally with '
-                      'fixed arguments: path.py:key=value,...')
-  flags.DEFINE_string('root', None, 'Root directory of the workdirs.')
-  flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).')
-  flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).')
-  flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).')
+                      'fixed arguments: path.py:key=value,...', **fv)
+  flags.DEFINE_string('root', None, 'Root directory of the workdirs.', **fv)
+  flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).', **fv)
+  flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).', **fv)
+  flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).', **fv)
   flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
-                            'key=value (e.g. --only=dataset=cifar10).')
-  flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
+                            'key=value (e.g. --only=dataset=cifar10).', **fv)
+  flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).', **fv)
   flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only machine each '
-                       'run already uses every core: keep 1 there.')
+                       'run already uses every core: keep 1 there.', **fv)
   flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
-                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.')
-  flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.')
+                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.', **fv)
+  flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -395,15 +397,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return FLAGS([a for a in argv if not a.startswith(_OVERRIDE_PREFIX)])
 
 
-def _axes() -> list[tuple[str, list]]:
+def _axes(f: flags.FlagValues = FLAGS) -> list[tuple[str, list]]:
   axes = []
-  if FLAGS.methods:
-    axes.append(('method', FLAGS.methods))
-  if FLAGS.seeds:
-    axes.append(('seed', [int(s) for s in FLAGS.seeds]))
-  if FLAGS.eps:
-    axes.append(('eps', [float(e) for e in FLAGS.eps]))
-  for item in FLAGS.grid:
+  if f.methods:
+    axes.append(('method', f.methods))
+  if f.seeds:
+    axes.append(('seed', [int(s) for s in f.seeds]))
+  if f.eps:
+    axes.append(('eps', [float(e) for e in f.eps]))
+  for item in f.grid:
     key, _, values = item.partition('=')
     if not values:
       raise app.UsageError(f'--grid={item}: expected key=v1,v2,...')
