@@ -291,3 +291,17 @@ def test_seconds_include_evaluation_loss_uses_g_compile_is_announced_finished_ru
   assert f'Already finished: {tmp_path} holds all 2 rounds' in caplog.text
   assert 'Compiling the round step' not in caplog.text
   assert records[1] == records[0]
+
+
+def test_a_failed_run_prints_one_line_and_leaves_failure_json_for_the_report(tmp_path):
+  workdir = tmp_path / 'w'
+  # sigma = 1e39 overflows float32: the shared parameters are Inf after round 1.
+  out = _binary('experiments.train', f'--config={DEFAULT}', *TINY_FLAGS, f'--workdir={workdir}',
+                '--config.dp.noise_multiplier=1e39', '--config.num_rounds=2')
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert 'Traceback' not in out.stderr
+  assert out.stderr.strip().splitlines()[-1].startswith('error: round 1: the loss or the new shared '
+                                                         'parameters are NaN/Inf.')
+  failure = json.loads((workdir / 'failure.json').read_text())
+  assert failure['error'] == 'FloatingPointError' and failure['round'] == 1
+  assert 'no checkpoint was written yet' in failure['message']
