@@ -247,14 +247,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # sharded: state, data and keys whole on every device of the mesh (of every process).
   place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
   state, data, key = place((state, data, exp.root_key))
-  # Compiled ahead of the loop so that `seconds` measures rounds, not compilation.
+  # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
   if cli.interrupt_requested():
     raise cli.Interrupted(_interrupted(config, workdir, start))
-  logging.info('Compiling the round step ...')
+  logging.info('Compiling the round step and the evaluation ...')
   compile_start = time.perf_counter()
   with _hint_on_oom(config, 'compiling the round step', workdir), cli.critical():
     round_step = round_step.lower(state, data, key).compile()
-  logging.info('Compiled the round step in %.1f s.', time.perf_counter() - compile_start)
+    evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
+  logging.info('Compiled the round step and the evaluation in %.1f s.',
+               time.perf_counter() - compile_start)
   window: list[dict] = []
   window_start = time.perf_counter()
   record = records[-1] if records else {}

@@ -280,7 +280,8 @@ def test_seconds_include_evaluation_loss_uses_g_compile_is_announced_finished_ru
   config = tiny_config(num_rounds=2)
   records = [train.train_and_evaluate(config, str(tmp_path))]
   first = caplog.text
-  assert first.index('Compiling the round step ...') < first.index('Compiled the round step')
+  assert first.index('Compiling the round step and the evaluation ...') < first.index(
+      'Compiled the round step and the evaluation in')
   metrics = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
   assert all(m['seconds'] >= 0.4 for m in metrics)  # the evaluation is part of a round's time
   for m in metrics:
