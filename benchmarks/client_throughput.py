@@ -21,13 +21,13 @@ import resource
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import flops as flops_lib
+from dp2fedsam_jax import cli
 from dp2fedsam_jax import sharding
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.algorithms.specs import MethodParams
@@ -64,6 +64,9 @@ _TORCH_CLIENTS = flags.DEFINE_list('torch_clients', None, 'Cohort sizes for the 
                                    'seconds per client do not depend on the cohort.')
 _MATMUL = flags.DEFINE_integer('matmul_size', 2048, 'Square f32 matmul size for the machine peak '
                                '(0: skip).')
+_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Check the flags, print what would be timed as one '
+                             'JSON line, and exit.')
+_MODE_NAMES = ('vmap', 'sequential', 'sharded')
 
 
 def _load() -> list[float]:
@@ -183,11 +186,23 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise ValueError(f'unexpected arguments: {argv[1:]}')
   spec = get_method(_METHOD.value)
   model = get_model(_MODEL.value, 10, INPUT_SHAPES[_MODEL.value], _CONV_IMPL.value)
   lc = local_config()
-  cohorts = [int(c) for c in _CLIENTS.value]
+  try:
+    cohorts = [int(c) for c in _CLIENTS.value]
+  except ValueError as e:
+    raise ValueError(f'--clients={",".join(_CLIENTS.value)}: a list of integers ({e})') from e
+  unknown = sorted(set(_MODES.value) - set(_MODE_NAMES))
+  if unknown:
+    raise ValueError(f'--modes: unknown {unknown}; choose from {list(_MODE_NAMES)}')
+  if _DRY_RUN.value:
+    print(json.dumps({'model': _MODEL.value, 'conv_impl': model.conv_impl, 'method': _METHOD.value,
+                      'clients': cohorts, 'modes': _MODES.value, 'rounds': _ROUNDS.value,
+                      'chunk_size': _CHUNK.value, 'json_out': _JSON_OUT.value}))
+    return
   data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes)
   cf = flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
   layers = flops_lib.layer_matmul_flops(model)
@@ -251,4 +266,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -35,6 +35,13 @@ def exists(workdir: str) -> bool:
       name.isdigit() for name in os.listdir(os.path.join(workdir, _DIR)))
 
 
+def latest_round(workdir: str) -> int:
+  """The round of the last finished checkpoint in workdir; 0 when there is none."""
+  directory = os.path.join(workdir, _DIR)
+  steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+  return max(steps, default=0)
+
+
 def restore(workdir: str, initial_state):
   """(state, records) of the latest checkpoint in workdir, or (initial_state, []) if there is none."""
   if not os.path.isdir(os.path.join(workdir, _DIR)):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, keys, sharding
+from dp2fedsam_jax import checkpoint, cli, keys, sharding
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
@@ -200,12 +200,25 @@ def _json_number(value) -> float | None:
   return None if math.isnan(value) else value
 
 
+def _kept(workdir: str) -> str:
+  """What a stopped run leaves in workdir."""
+  j = checkpoint.latest_round(workdir)
+  return (f'the checkpoint of round {j} in {workdir} is intact' if j else
+          f'no checkpoint was written yet in {workdir} (none before the first evaluated round)')
+
+
+def _interrupted(config, workdir: str, done: int | None = None) -> str:
+  after = 'interrupted' if done is None else f'interrupted after round {done}'
+  again = ('rerun the same command to resume' if checkpoint.latest_round(workdir) else
+           'rerun the same command to start again')
+  return f'{after}; {_kept(workdir)}; {again}'
+
+
 def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
   if not bool(metrics['finite']):
     raise FloatingPointError(
         f'round {round_index}: the new shared parameters are NaN/Inf. Lower '
-        '--config.local.lr_body / --config.local.lr_head (or sam_rho); the last good checkpoint in '
-        f'{workdir} is intact.')
+        f'--config.local.lr_body / --config.local.lr_head (or sam_rho); {_kept(workdir)}.')
 
 
 class OutOfMemoryError(RuntimeError):
@@ -230,8 +243,13 @@ def _hint_on_oom(config, where: str, workdir: str):
         'last checkpoint.') from e
 
 
+@cli.interruptible(_interrupted)
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) the experiment in `workdir`; returns the last metrics record."""
+  """Runs (or resumes) the experiment in `workdir`; returns the last metrics record.
+
+  Ctrl-C (SIGINT) stops the run at the next round boundary with `cli.Interrupted`, a
+  KeyboardInterrupt whose message names the last checkpoint; the same call resumes from it.
+  """
   exp = build_experiment(config)
   os.makedirs(workdir, exist_ok=True)
   resolved = config.to_dict()
@@ -252,6 +270,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if start:
     logging.info('Resuming %s from round %d.', workdir, start)
   checkpoint.write_metrics(metrics_path, records)  # drops lines written after the checkpoint
+  if start >= config.num_rounds and records:
+    logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir, start)
+    return records[-1]
   if exp.privacy_caveat:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
   logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds.',
@@ -261,16 +282,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # sharded: state, data and keys whole on every device of the mesh (of every process).
   place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
   state, data, key = place((state, data, exp.root_key))
-  # Compiled ahead of the loop so that `seconds` measures rounds, not compilation.
+  # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
+  if cli.interrupt_requested():
+    raise cli.Interrupted(_interrupted(config, workdir, start))
+  logging.info('Compiling the round step and the evaluation ...')
   compile_start = time.perf_counter()
-  with _hint_on_oom(config, 'compiling the round step', workdir):
+  with _hint_on_oom(config, 'compiling the round step', workdir), cli.critical():
     round_step = round_step.lower(state, data, key).compile()
-  logging.info('Compiled the round step in %.1f s.', time.perf_counter() - compile_start)
+    evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
+  logging.info('Compiled the round step and the evaluation in %.1f s.',
+               time.perf_counter() - compile_start)
   window: list[dict] = []
   window_start = time.perf_counter()
   record = records[-1] if records else {}
   progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
+  eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
   for r in range(start, config.num_rounds):
+    if cli.interrupt_requested():  # Ctrl-C: stop between rounds, the checkpoint intact
+      progress.close()
+      raise cli.Interrupted(_interrupted(config, workdir, r))
     with _hint_on_oom(config, f'round {r + 1}', workdir):
       state, metrics = round_step(state, data, key)
       metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
@@ -280,14 +310,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     window.append(metrics)
     done = r + 1
     if done % config.eval_every and done != config.num_rounds:
-      progress.update(done, (time.perf_counter() - window_start) / len(window))
+      progress.update(done, (time.perf_counter() - window_start) / len(window)
+                      + eval_seconds / config.eval_every)
       continue
-    seconds = (time.perf_counter() - window_start) / len(window)
     progress.clear()  # before evaluation and checkpointing log anything
+    eval_start = time.perf_counter()
     record = {
         'round': done,
         'epsilon': exp.epsilon_after(done),
-        'seconds': seconds,
         **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
            for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
         # Clients whose local training diverged (zero upload) in the rounds since the last record.
@@ -297,13 +327,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     }
     if exp.privacy_caveat:
       record['epsilon_caveat'] = exp.privacy_caveat
+    # Wall time per round of this window, its evaluation included (the checkpoint write below
+    # counts in the next window).
+    seconds = record['seconds'] = (time.perf_counter() - window_start) / len(window)
     records.append(record)
-    checkpoint.save(workdir, state, records)
-    checkpoint.write_metrics(metrics_path, records)
-    logging.info('round %d/%d  acc %.4f  loss %.4f  eps %.3f  %.2f s/round', done,
+    window_start = time.perf_counter()
+    eval_seconds = window_start - eval_start
+    with cli.critical():  # a second Ctrl-C waits for the checkpoint and metrics to be written
+      checkpoint.save(workdir, state, records)
+      checkpoint.write_metrics(metrics_path, records)
+    logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
                  config.num_rounds, record['test_accuracy'], record['train_loss'],
                  record['epsilon'], seconds)
     progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
-    window, window_start = [], time.perf_counter()
+    window = []
   progress.close()
   return record

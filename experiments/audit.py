@@ -15,21 +15,36 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from dp2fedsam_jax import cli
 from dp2fedsam_jax import train
 from dp2fedsam_jax import audit
+from dp2fedsam_jax.config_help import describe_config
 from launch import sweep
 
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-  """Only the program registers flags: importing this module must not define --config twice."""
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Only the program registers flags: importing this module must not define --config twice
+  (tests/test_docs.py parses into a fresh FlagValues)."""
+  fv = {'flag_values': flag_values}
   config_flags.DEFINE_config_file('config', 'experiments/configs/audit.py', 'Audit config file.',
-                                  lock_config=False)
+                                  lock_config=False, **fv)
   flags.DEFINE_bool('table', False, "Audit every entry of the config file's audit_grid() (the "
                     'file is reloaded with each entry as its argument; --config.x overrides are '
-                    'ignored then).')
-  flags.DEFINE_string('out', None, 'Also append each result as a JSON line to this file.')
+                    'ignored then).', **fv)
+  flags.DEFINE_string('out', None, 'Also append each result as a JSON line to this file.', **fv)
+  flags.DEFINE_bool('print_config', False, 'Print every field of the (first) audited config with '
+                    'a line of help, then exit.', **fv)
+
+
+def configs_to_audit(f: flags.FlagValues = FLAGS) -> list:
+  """The config of --config, or with --table one per entry of the file's audit_grid()."""
+  if not f.table:
+    return [f.config]
+  path = config_flags.get_config_filename(f['config'])
+  module = sweep.load_config_module(path)
+  return [module.get_config(sweep.arg_string(e)) for e in module.audit_grid()]
 
 
 def audit_one(config) -> audit.AuditResult:
@@ -41,12 +56,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   logging.set_verbosity(logging.WARNING)
-  if FLAGS.table:
-    path = config_flags.get_config_filename(FLAGS['config'])
-    module = sweep.load_config_module(path)
-    configs = [module.get_config(sweep.arg_string(e)) for e in module.audit_grid()]
-  else:
-    configs = [FLAGS.config]
+  configs = configs_to_audit(FLAGS)
+  if FLAGS.print_config:
+    print(describe_config(configs[0], f'{config_flags.get_config_filename(FLAGS["config"])}, '
+                          'resolved'))
+    return
   print(audit.TABLE_HEADER, flush=True)
   violations = []
   for config in configs:
@@ -64,4 +78,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  cli.run(main)

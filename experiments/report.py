@@ -30,6 +30,8 @@ import numpy as np
 from absl import app
 from absl import flags
 
+from dp2fedsam_jax import cli
+
 FLAGS = flags.FLAGS
 
 
@@ -42,10 +44,20 @@ class RunResult:
   seed: int
   num_rounds: int           # what the config asks for
   records: list[dict]       # metrics.jsonl, one per evaluated round
+  failure: dict | None = None  # failure.json of experiments.train: error, message, round
 
   @property
   def finished(self) -> bool:
     return bool(self.records) and self.records[-1]['round'] >= self.num_rounds
+
+  @property
+  def failed(self) -> bool:
+    return self.failure is not None and not self.finished
+
+  def failure_text(self) -> str:
+    """'seed=1 failed (FloatingPointError at round 1)'."""
+    where = f" at round {self.failure['round']}" if self.failure.get('round') else ''
+    return f"seed={self.seed} failed ({self.failure.get('error', 'error')}{where})"
 
 
 def _fmt(value) -> str:
@@ -71,29 +83,42 @@ def _setting_from_config(config: dict) -> dict:
   return setting
 
 
+def _read_json(path: str):
+  with open(path) as f:
+    return json.load(f)
+
+
 def load_runs(root: str) -> list[RunResult]:
+  """Every workdir under root: with metrics, or failed (failure.json) before or after any."""
   runs = []
   for directory, subdirs, files in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))  # e.g. the sweep's .jax_cache
-    if 'metrics.jsonl' not in files or 'config.json' not in files:
+    failure = (_read_json(os.path.join(directory, 'failure.json')) if 'failure.json' in files
+               else None)
+    has_metrics = 'metrics.jsonl' in files and 'config.json' in files
+    if not (has_metrics or (failure and ('config.json' in files or 'sweep.json' in files))):
       continue
-    with open(os.path.join(directory, 'config.json')) as f:
-      config = json.load(f)
-    with open(os.path.join(directory, 'metrics.jsonl')) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-    if not records:
+    config = _read_json(os.path.join(directory, 'config.json')) if 'config.json' in files else {}
+    records = []
+    if 'metrics.jsonl' in files:
+      with open(os.path.join(directory, 'metrics.jsonl')) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if not records and not failure:
       continue
-    sweep_path = os.path.join(directory, 'sweep.json')
-    if os.path.exists(sweep_path):
-      with open(sweep_path) as f:
-        sweep = json.load(f)
+    sweep = _read_json(os.path.join(directory, 'sweep.json')) if 'sweep.json' in files else None
+    if sweep:
       config_name = sweep['config_name']
       setting = {k: v for k, v in sweep['args'].items() if k not in ('method', 'seed')}
     else:
       config_name = os.path.relpath(directory, root).split(os.sep)[0]
       setting = _setting_from_config(config)
-    runs.append(RunResult(directory, config_name, setting, config['method'], int(config['seed']),
-                          int(config['num_rounds']), records))
+    args = sweep['args'] if sweep else {}
+    seed_dir = os.path.basename(directory)
+    seed = config.get('seed', args.get('seed', seed_dir[5:] if seed_dir.startswith('seed=') else 0))
+    method = config.get('method') or args.get('method') or os.path.basename(
+        os.path.dirname(os.path.dirname(directory)))
+    runs.append(RunResult(directory, config_name, setting, method, int(seed),
+                          int(config.get('num_rounds', 0)), records, failure))
   return runs
 
 
@@ -115,6 +140,7 @@ class Row:
   best_acc: tuple[float, float]
   seconds_per_round: float
   note: str
+  num_runs: int = 0         # seeds found, failed ones included (num_seeds: the ones averaged)
 
 
 def summarize(runs: list[RunResult]) -> list[Row]:
@@ -122,35 +148,57 @@ def summarize(runs: list[RunResult]) -> list[Row]:
   for run in runs:
     groups[(run.config_name, setting_label(run.setting), run.method)].append(run)
   rows = []
-  for (config_name, setting, method), group in sorted(groups.items()):
-    group.sort(key=lambda r: r.seed)
+  for (config_name, setting, method), everyone in sorted(groups.items()):
+    everyone.sort(key=lambda r: r.seed)
+    # A failed run's last round is not comparable: it is reported, not averaged.
+    group = [r for r in everyone if r.records and not r.failed]
+    failed = [r for r in everyone if r.failed]
     finals = [r.records[-1] for r in group]
     unfinished = [r.seed for r in group if not r.finished]
     rounds = {f['round'] for f in finals}
     notes = []
+    if failed:
+      notes.append(f'{len(group)}/{len(everyone)} seeds; '
+                   + '; '.join(r.failure_text() for r in failed))
     if unfinished:
       notes.append(f'unfinished seeds {unfinished}')
     if len(rounds) > 1:
       notes.append(f'seeds end at different rounds {sorted(rounds)}')
+    nan = (float('nan'), float('nan'))
     rows.append(Row(
         config_name, setting, method,
-        epsilon=float(np.mean([f['epsilon'] for f in finals])),
-        num_seeds=len(group), final_round=min(rounds),
-        final_acc=_mean_std([f['test_accuracy'] for f in finals]),
-        best_acc=_mean_std([max(rec['test_accuracy'] for rec in r.records) for r in group]),
-        seconds_per_round=float(np.mean([np.mean([rec['seconds'] for rec in r.records])
-                                         for r in group])),
-        note='; '.join(notes)))
+        epsilon=float(np.mean([f['epsilon'] for f in finals])) if finals else float('nan'),
+        num_seeds=len(group), final_round=min(rounds) if rounds else 0,
+        final_acc=_mean_std([f['test_accuracy'] for f in finals]) if finals else nan,
+        best_acc=(_mean_std([max(rec['test_accuracy'] for rec in r.records) for r in group])
+                  if group else nan),
+        seconds_per_round=(float(np.mean([np.mean([rec['seconds'] for rec in r.records])
+                                          for r in group])) if group else float('nan')),
+        note='; '.join(notes), num_runs=len(everyone)))
   return rows
+
+
+def failure_lines(rows: list[Row]) -> list[str]:
+  """'config / setting / method: 1/2 seeds; seed=1 failed (...)' for each row with a failure."""
+  return [f'{r.config_name} / {r.setting} / {r.method}: {r.note}' for r in rows
+          if r.num_seeds < r.num_runs]
 
 
 def _pct(mean_std: tuple[float, float]) -> str:
   mean, std = mean_std
+  if math.isnan(mean):
+    return '–'
   return f'{100 * mean:.2f}' + ('' if math.isnan(std) else f' ± {100 * std:.2f}')
 
 
 def _eps_text(eps: float) -> str:
+  if math.isnan(eps):
+    return '–'
   return '∞' if math.isinf(eps) else f'{eps:.3g}'
+
+
+def _seeds_text(row: Row) -> str:
+  return f'{row.num_seeds}/{row.num_runs}' if row.num_seeds < row.num_runs else str(row.num_seeds)
 
 
 def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
@@ -159,11 +207,11 @@ def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
     writer = csv.writer(f)
     writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
                      'final_acc_mean', 'final_acc_std', 'best_round_acc_mean',
-                     'best_round_acc_std', 'seconds_per_round', 'note'])
+                     'best_round_acc_std', 'seconds_per_round', 'note', 'num_runs'])
     for r in rows:
       writer.writerow([r.config_name, r.setting, r.method, r.epsilon, r.num_seeds, r.final_round,
                        r.final_acc[0], r.final_acc[1], r.best_acc[0], r.best_acc[1],
-                       r.seconds_per_round, r.note])
+                       r.seconds_per_round, r.note, r.num_runs])
   lines = ['# Results', '',
            'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
            'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
@@ -176,9 +224,10 @@ def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
               '| s/round | note |', '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
       if r.config_name == config_name:
-        lines.append(f'| {r.setting} | {r.method} | {_eps_text(r.epsilon)} | {r.num_seeds} | '
+        lines.append(f'| {r.setting} | {r.method} | {_eps_text(r.epsilon)} | {_seeds_text(r)} | '
                      f'{r.final_round} | {_pct(r.final_acc)} | {_pct(r.best_acc)} | '
-                     f'{r.seconds_per_round:.2f} | {r.note} |')
+                     f'{"–" if math.isnan(r.seconds_per_round) else f"{r.seconds_per_round:.2f}"} | '
+                     f'{r.note} |')
     lines.append('')
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines))
@@ -247,6 +296,8 @@ def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, 
     ax.fill_between(rounds, scale * lower, scale * upper, color=colors[method]['color'],
                     alpha=0.2, linewidth=0)
   ax.set_xlabel('round')
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
   if log:
     ax.set_yscale('log')
   ax.set_ylabel(ylabel + (' (log scale)' if log else ''))
@@ -328,7 +379,7 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
   for run in runs:
     target = os.path.join(out, 'runs', os.path.relpath(run.workdir, root))
     os.makedirs(target, exist_ok=True)
-    for name in ('config.json', 'sweep.json', 'metrics.jsonl'):
+    for name in ('config.json', 'sweep.json', 'metrics.jsonl', 'failure.json'):
       if os.path.exists(os.path.join(run.workdir, name)):
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
 
@@ -343,11 +394,12 @@ def write_report(root: str, out: str, copy_runs: bool = False) -> dict:
     copy_run_files(runs, root, out)
   rows = summarize(runs)
   md, csv_path = write_tables(rows, out)
-  plots = write_plots(runs, out)
+  plots = write_plots([r for r in runs if r.records and not r.failed], out)
   with open(md, 'a') as f:
     f.write('\n## Plots\n\n' + '\n'.join(f'![{os.path.relpath(p, out)}]({os.path.relpath(p, out)})'
                                           for p in plots) + '\n')
-  return {'markdown': md, 'csv': csv_path, 'plots': plots, 'num_runs': len(runs)}
+  return {'markdown': md, 'csv': csv_path, 'plots': plots, 'num_runs': len(runs),
+          'failures': failure_lines(rows)}
 
 
 def define_flags() -> None:
@@ -364,10 +416,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   paths = write_report(FLAGS.root, FLAGS.out, FLAGS.copy_runs)
+  for line in paths['failures']:
+    print(line)
   print(json.dumps(paths, indent=2))
 
 
 if __name__ == '__main__':
   define_flags()
   flags.mark_flags_as_required(['root', 'out'])
-  app.run(main)
+  cli.run(main)

@@ -1,7 +1,13 @@
 r"""Runs one experiment: `python -m experiments.train --config=experiments/configs/default.py --workdir=DIR`.
 
-Override any field with `--config.<field>=<value>`, e.g. `--config.method=centaur --config.dp.clip_norm=0.2`,
+Every config field with its value and a line of help: add `--print_config` (and nothing runs).
+Override any field with `--config.<field>=<value>`, e.g. `--config.method=centaur --config.dp.clip_norm=0.2`
+(`None` unsets an optional one: `--config.dp.target_epsilon=None --config.dp.noise_multiplier=1.0`),
 or pass arguments to the config file: `--config=experiments/configs/default.py:eps=2`.
+
+An error prints one line `error: ...` and exits with 2 (`-v 1` or DP2FEDSAM_TRACEBACK=1: with the
+traceback). Ctrl-C stops at the end of the current round and exits with 130; the same command resumes.
+A failed run leaves `failure.json` (error, message, round) in its workdir for experiments/report.py.
 
 Multi-host (`--config.executor=sharded`, the cohort split over the devices of all processes): run the
 same command on every host with `--distributed` (on Cloud TPU / SLURM the other flags are found
@@ -9,48 +15,99 @@ automatically), or `--distributed --coordinator_address=host0:1234 --num_process
 """
 
 import json
+import os
+import re
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 from ml_collections import config_flags
 
-from dp2fedsam_jax import train
+from dp2fedsam_jax import cli
+from dp2fedsam_jax.config_help import describe_config
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where config.json, metrics.jsonl and checkpoints go.')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the model size and privacy parameters as one '
-                             'JSON line, then exit without training.')
-_DISTRIBUTED = flags.DEFINE_bool('distributed', False, 'Call jax.distributed.initialize first '
-                                  '(multi-host runs; use with --config.executor=sharded).')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (None: '
-                                   'auto-detected on Cloud TPU / SLURM / Open MPI).')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes (None: auto).')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process\'s index (None: auto).')
-_COORDINATOR_BIND = flags.DEFINE_string('coordinator_bind_address', None, 'host:port the coordinator '
-                                        '(process 0) listens on (None: every interface, at the port '
-                                        'of --coordinator_address).')
+FAILURE_FILE = 'failure.json'
 
 
-def main(argv):
-  del argv
-  if _DISTRIBUTED.value:  # before any other JAX call: it fixes the global device list
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-                               coordinator_bind_address=_COORDINATOR_BIND.value)
-  config = _CONFIG.value
-  if _DRY_RUN.value:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Registers the flags (on a fresh FlagValues in tests/test_docs.py)."""
+  config_flags.DEFINE_config_file('config', None, 'Experiment config file (see --print_config).',
+                                  lock_config=True, flag_values=flag_values)
+  flags.DEFINE_string('workdir', None, 'Where config.json, metrics.jsonl and checkpoints go.',
+                      flag_values=flag_values)
+  flags.DEFINE_bool('dry_run', False, 'Print the model size and privacy parameters as one '
+                    'JSON line, then exit without training.', flag_values=flag_values)
+  flags.DEFINE_bool('print_config', False, 'Print every config field (after the file arguments '
+                    'and --config.x overrides) with a line of help, then exit.',
+                    flag_values=flag_values)
+  flags.DEFINE_bool('distributed', False, 'Call jax.distributed.initialize first '
+                    '(multi-host runs; use with --config.executor=sharded).', flag_values=flag_values)
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (None: '
+                      'auto-detected on Cloud TPU / SLURM / Open MPI).', flag_values=flag_values)
+  flags.DEFINE_integer('num_processes', None, 'Number of processes (None: auto).',
+                       flag_values=flag_values)
+  flags.DEFINE_integer('process_id', None, 'This process\'s index (None: auto).',
+                       flag_values=flag_values)
+  flags.DEFINE_string('coordinator_bind_address', None, 'host:port the coordinator (process 0) '
+                      'listens on (None: every interface, at the port of --coordinator_address).',
+                      flag_values=flag_values)
+
+
+def _write_failure(workdir: str, error: BaseException) -> None:
+  """failure.json: what stopped the run, for experiments/report.py (removed by the next start)."""
+  match = re.search(r'\bround (\d+)\b', str(error))
+  record = {'error': type(error).__name__, 'message': str(error),
+            'round': int(match.group(1)) if match else None}
+  try:
+    with open(os.path.join(workdir, FAILURE_FILE), 'w') as f:
+      json.dump(record, f, indent=2)
+  except OSError:
+    pass  # the workdir itself is the problem; the error line says so
+
+
+def run(f: flags.FlagValues = flags.FLAGS) -> None:
+  """What the binary does with parsed flags."""
+  config = f.config
+  if f.print_config:
+    print(describe_config(config, f'{config_flags.get_config_filename(f["config"])}, resolved'))
+    return
+  from dp2fedsam_jax import train  # pylint: disable=import-outside-toplevel  (JAX: after the flags)
+  if f.distributed:  # before any other JAX call: it fixes the global device list
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.distributed.initialize(coordinator_address=f.coordinator_address,
+                               num_processes=f.num_processes, process_id=f.process_id,
+                               coordinator_bind_address=f.coordinator_bind_address)
+  if f.dry_run:
     print(json.dumps(train.describe(config)))  # reads no data
     return
-  if not _WORKDIR.value:
-    sys.exit('--workdir is required (where config.json, metrics.jsonl and checkpoints are written).')
+  workdir = f.workdir
+  if not workdir:
+    raise app.UsageError('--workdir is required (where config.json, metrics.jsonl and checkpoints '
+                         'are written).')
+  train.validate_config(config, train.METHODS)  # a bad field fails before the workdir is made
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f'--workdir={workdir}: cannot create it ({e.strerror}: {e.filename})') from e
+  if os.path.exists(os.path.join(workdir, FAILURE_FILE)):
+    os.remove(os.path.join(workdir, FAILURE_FILE))
   logging.set_verbosity(logging.INFO)
-  final = train.train_and_evaluate(config, _WORKDIR.value)
+  try:
+    final = train.train_and_evaluate(config, workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    _write_failure(workdir, e)
+    raise
   print(json.dumps(final))
 
 
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  run(flags.FLAGS)
+
+
 if __name__ == '__main__':
+  define_flags()
   flags.mark_flag_as_required('config')
-  app.run(main)
+  cli.run(main)

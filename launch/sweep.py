@@ -28,12 +28,15 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 from absl import app
 from absl import flags
+
+from dp2fedsam_jax import cli
 
 FLAGS = flags.FLAGS
 
@@ -80,9 +83,11 @@ def apply_overrides(config, overrides: list[str]):
     *parents, leaf = path.split('.')
     node = config
     for p in parents:
-      node = node[p]
-    if leaf not in node:
-      raise ValueError(f'{item}: the config has no field {path!r}')
+      node = node[p] if p in node else None
+      if not hasattr(node, 'keys'):
+        break
+    if not hasattr(node, 'keys') or leaf not in node:
+      raise ValueError(cli.unknown_field_message('config', path, cli.field_paths(config)))
     old = node[leaf]
     if text in ('None', 'none'):
       value = None
@@ -108,6 +113,7 @@ class Run:
   method: str
   config_name: str
   overrides: tuple[str, ...] = ()
+  missing_data: str | None = None  # why the run's dataset is not on this machine (None: it is)
 
   @property
   def rounds_done(self) -> int:
@@ -156,6 +162,51 @@ def expand_grid(base: list[dict], axes: list[tuple[str, list]]) -> list[dict]:
   return unique
 
 
+def missing_data(config) -> str | None:
+  """Why config.dataset is not on this machine, or None when it is (or needs no files)."""
+  # Imported here: a sweep that only plans stays light. pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.data import sources
+  dataset, data_dir = config.dataset, config.get('data_dir')
+  if dataset == 'fashion_mnist':
+    directory = data_dir or sources.DEFAULT_FASHION_MNIST_DIR
+    try:
+      for names in sources._FASHION_MNIST_FILES.values():  # pylint: disable=protected-access
+        for name in names:
+          sources._find_file(directory, name)  # pylint: disable=protected-access
+    except sources.DatasetNotFoundError:
+      return (f'fashion_mnist: no IDX files in {directory} (sudo apt-get install '
+              'dataset-fashion-mnist, or --config.data_dir=DIR)')
+    return None
+  if dataset == 'femnist':
+    from dp2fedsam_jax.data import femnist
+    directory = data_dir or femnist.DEFAULT_FEMNIST_DIR
+    try:
+      femnist.find_files(directory)
+    except (sources.DatasetNotFoundError, OSError):
+      return f'femnist: no TFF h5 or LEAF JSON files in {directory} (downloaded on first use, online)'
+    return None
+  tfds_name = dataset[5:] if dataset.startswith('tfds:') else sources.TFDS_DATASETS.get(dataset)
+  if tfds_name is None:
+    return None  # synthetic
+  if importlib.util.find_spec('tensorflow_datasets') is None:
+    return f"{dataset}: needs the [tfds] extra (pip install -e '.[tfds]')"
+  directory = data_dir or os.path.join(os.path.expanduser('~'), 'tensorflow_datasets')
+  if not os.path.isdir(os.path.join(directory, tfds_name)):
+    return f'{dataset}: not prepared in {directory} (TFDS downloads it on first use, online only)'
+  return None
+
+
+def validate_runs(runs: list[Run], configs: list) -> None:
+  """Every run's config checked before any run starts: an unknown method, a bad override, ..."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.config import validate_config  # pylint: disable=import-outside-toplevel
+  for run, config in zip(runs, configs):
+    try:
+      validate_config(config, METHODS)
+    except ValueError as e:
+      raise ValueError(f'{run.config_name} run {arg_string(run.args) or "(default)"}: {e}') from e
+
+
 def workdir_for(root: str, config_name: str, config, args: dict) -> str:
   rest = {k: v for k, v in args.items() if k not in ('method', 'seed')}
   return os.path.join(root, config_name, config.method, arg_string(rest) or 'default',
@@ -177,12 +228,35 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
     if not base:
       raise ValueError(f'--only={item}: no grid entry of {path} has it')
   config_name = os.path.splitext(os.path.basename(path))[0]
-  runs = []
+  runs, configs, missing = [], [], {}
   for args in expand_grid(base, axes):
     config = apply_overrides(module.get_config(arg_string(args) or None), overrides)
+    key = (config.dataset, config.get('data_dir'))
+    if key not in missing:
+      missing[key] = missing_data(config)
     runs.append(Run(args, workdir_for(root, config_name, config, args), int(config.num_rounds),
-                    config.method, config_name, tuple(overrides)))
+                    config.method, config_name, tuple(overrides), missing[key]))
+    configs.append(config)
+  validate_runs(runs, configs)
   return runs
+
+
+def plan_summary(runs: list[Run]) -> str:
+  """'N runs: F finished, R to run (n new, u to resume)[, c conflicts][; d without their data]'."""
+  statuses = [run.status for run in runs]
+  done = statuses.count('done')
+  new = statuses.count('new')
+  conflicts = sum(s.startswith('conflict') for s in statuses)
+  resume = len(runs) - done - new - conflicts
+  text = (f'{len(runs)} runs: {done} finished, {new + resume} to run ({new} new, {resume} to '
+          'resume)')
+  if conflicts:
+    text += f', {conflicts} in conflict with their workdir'
+  no_data = sorted({r.missing_data for r in runs if r.missing_data and r.status != 'done'})
+  if no_data:
+    count = sum(1 for r in runs if r.missing_data and r.status != 'done')
+    text += f'; {count} without their data here: ' + '; '.join(no_data)
+  return text
 
 
 def _command(config_path: str, run: Run, overrides: list[str]) -> list[str]:
@@ -222,6 +296,41 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
     env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(cache_dir),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   total = len(pending)
+  try:
+    _run_pending(config_path, overrides, parallel, pending, running, results, env, total)
+  except KeyboardInterrupt:
+    _stop_running(running, results)
+    finished = sum(1 for s in results.values() if s in ('ran', 'skipped (done)'))
+    raise cli.Interrupted(
+        f'interrupted: {finished} of {len(runs)} runs finished, {len(running)} stopped at a round '
+        f'boundary with their checkpoints intact, {len(pending)} not started; rerun the same '
+        'command to resume') from None
+  return results
+
+
+def _stop_running(running, results) -> None:
+  """Ctrl-C: every running run stops after its current round (a second Ctrl-C: at once)."""
+  for _, process, _, _ in running:
+    if process.poll() is None:
+      process.send_signal(signal.SIGINT)  # the runs are in their own process groups
+  _log(f'Ctrl-C: {len(running)} running run(s) stop after their current round; Ctrl-C again '
+       'stops them at once')
+  while any(process.poll() is None for _, process, _, _ in running):
+    try:
+      time.sleep(0.2)
+    except KeyboardInterrupt:
+      for _, process, _, _ in running:
+        if process.poll() is None:
+          process.send_signal(signal.SIGINT)
+  for run, process, _, log in running:
+    log.close()
+    results[run.workdir] = f'interrupted (exit {process.returncode})'
+    with open(os.path.join(run.workdir, 'train.log')) as f:
+      last = (f.read().splitlines() or [''])[-1]
+    _log(f'stopped {run.workdir}: {last}')
+
+
+def _run_pending(config_path, overrides, parallel, pending, running, results, env, total) -> None:
   started = 0
   while pending or running:
     while pending and len(running) < max(1, parallel):
@@ -236,7 +345,9 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
       log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} {run.status}: {" ".join(command)}\n')
       log.flush()
       _log(f'start   [{started}/{total}] {run.workdir} ({run.status})')
-      process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+      # Its own process group: a Ctrl-C reaches the sweep only, which forwards it once.
+      process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 preexec_fn=os.setpgrp)
       running.append((run, process, time.perf_counter(), log))
     time.sleep(0.2)
     for item in list(running):
@@ -256,27 +367,28 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
         with open(os.path.join(run.workdir, 'train.log')) as f:
           for line in f.read().splitlines()[-8:]:
             _log(f'        {line}')
-  return results
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """Registers the flags. Only the program does this, so that importing the module (tests, or a
-  sweep and a report in one process) never defines a second --root."""
+  sweep and a report in one process) never defines a second --root (tests/test_docs.py parses
+  into a fresh FlagValues)."""
+  fv = {'flag_values': flag_values}
   flags.DEFINE_string('config', None, 'Config file (experiments/configs/*.py), optionally with '
-                      'fixed arguments: path.py:key=value,...')
-  flags.DEFINE_string('root', None, 'Root directory of the workdirs.')
-  flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).')
-  flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).')
-  flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).')
+                      'fixed arguments: path.py:key=value,...', **fv)
+  flags.DEFINE_string('root', None, 'Root directory of the workdirs.', **fv)
+  flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).', **fv)
+  flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).', **fv)
+  flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).', **fv)
   flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
-                            'key=value (e.g. --only=dataset=cifar10).')
-  flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).')
+                            'key=value (e.g. --only=dataset=cifar10).', **fv)
+  flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).', **fv)
   flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). On a CPU-only machine each '
-                       'run already uses every core: keep 1 there.')
+                       'run already uses every core: keep 1 there.', **fv)
   flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
-                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.')
-  flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.')
+                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.', **fv)
+  flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -285,15 +397,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return FLAGS([a for a in argv if not a.startswith(_OVERRIDE_PREFIX)])
 
 
-def _axes() -> list[tuple[str, list]]:
+def _axes(f: flags.FlagValues = FLAGS) -> list[tuple[str, list]]:
   axes = []
-  if FLAGS.methods:
-    axes.append(('method', FLAGS.methods))
-  if FLAGS.seeds:
-    axes.append(('seed', [int(s) for s in FLAGS.seeds]))
-  if FLAGS.eps:
-    axes.append(('eps', [float(e) for e in FLAGS.eps]))
-  for item in FLAGS.grid:
+  if f.methods:
+    axes.append(('method', f.methods))
+  if f.seeds:
+    axes.append(('seed', [int(s) for s in f.seeds]))
+  if f.eps:
+    axes.append(('eps', [float(e) for e in f.eps]))
+  for item in f.grid:
     key, _, values = item.partition('=')
     if not values:
       raise app.UsageError(f'--grid={item}: expected key=v1,v2,...')
@@ -301,12 +413,26 @@ def _axes() -> list[tuple[str, list]]:
   return axes
 
 
+def _check_methods(methods) -> None:
+  """An unknown name in --methods fails before anything runs, naming the closest method."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  for name in methods or ():
+    if name not in METHODS:
+      guess = cli.closest_field(name, sorted(METHODS))
+      hint = f'did you mean {guess}? ' if guess else ''
+      raise ValueError(f'--methods: unknown method {name!r}; {hint}choose from {sorted(METHODS)}')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  _check_methods(FLAGS.methods)
   if FLAGS.plan:
-    for run in plan(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.only):
-      print(f'{run.status:24s} {run.workdir}')
+    runs = plan(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.only)
+    for run in runs:
+      data = f'  [no data: {run.missing_data}]' if run.missing_data and run.status != 'done' else ''
+      print(f'{run.status:24s} {run.workdir}{data}')
+    print(f'plan: {plan_summary(runs)}')
     return
   cache_dir = os.path.join(FLAGS.root, '.jax_cache') if FLAGS.compilation_cache else None
   results = run_sweep(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.parallel, cache_dir,
@@ -321,4 +447,4 @@ def main(argv):
 if __name__ == '__main__':
   define_flags()
   flags.mark_flags_as_required(['config', 'root'])
-  app.run(main, flags_parser=_parse_flags)
+  cli.run(main, flags_parser=_parse_flags)

@@ -112,3 +112,63 @@ def test_copied_runs_rebuild_the_same_table(root, tmp_path):
   assert not any('checkpoints' in d for d, _, _ in os.walk(copied))
   again = report.write_report(copied, str(tmp_path / 'again'))
   assert open(again['csv']).read() == open(first['csv']).read()
+
+
+def _fail(workdir, error='FloatingPointError', round_index=1, keep_metrics=0):
+  """What experiments.train leaves when a run fails: failure.json, metrics up to the checkpoint."""
+  with open(os.path.join(workdir, 'failure.json'), 'w') as f:
+    json.dump({'error': error, 'message': f'round {round_index}: NaN', 'round': round_index}, f)
+  path = os.path.join(workdir, 'metrics.jsonl')
+  lines = open(path).read().splitlines()[:keep_metrics]
+  with open(path, 'w') as f:
+    f.write(''.join(l + '\n' for l in lines))
+
+
+def test_a_failed_seed_is_shown_in_the_table_and_on_stdout_not_averaged(tmp_path, capsys):
+  root = str(tmp_path / 'runs')
+  make_workdir(root, 'cfg', 'dp2fedsam', 0, 1.0, 0.6)
+  _fail(make_workdir(root, 'cfg', 'dp2fedsam', 1, 1.0, 0.9))  # NaN in round 1: no metrics
+  _fail(make_workdir(root, 'cfg', 'centaur', 0, 1.0, 0.5), 'OutOfMemoryError', 3, keep_metrics=2)
+  make_workdir(root, 'cfg', 'centaur', 1, 1.0, 0.7)
+  # A failed run without config.json (it stopped before writing one): sweep.json + failure.json.
+  only_sweep = make_workdir(root, 'cfg', 'fedrep', 0, 1.0, 0.5)
+  os.remove(os.path.join(only_sweep, 'config.json'))
+  _fail(only_sweep, 'DatasetNotFoundError', None)
+  out = report.write_report(root, str(tmp_path / 'report'))
+  with open(out['csv']) as f:
+    rows = {r['method']: r for r in csv.DictReader(f)}
+  row = rows['dp2fedsam']
+  assert row['note'] == '1/2 seeds; seed=1 failed (FloatingPointError at round 1)'
+  assert float(row['final_acc_mean']) == pytest.approx(0.6) and int(row['num_seeds']) == 1
+  assert int(row['num_runs']) == 2
+  assert rows['centaur']['note'] == '1/2 seeds; seed=0 failed (OutOfMemoryError at round 3)'
+  assert float(rows['centaur']['final_acc_mean']) == pytest.approx(0.7)
+  assert rows['fedrep']['note'] == '0/1 seeds; seed=0 failed (DatasetNotFoundError)'
+  md = open(out['markdown']).read()
+  assert '| eps=1 | dp2fedsam | 1 | 1/2 | 3 | 60.00 | 65.00 | 1.50 | 1/2 seeds; seed=1 failed ' \
+         '(FloatingPointError at round 1) |' in md
+  assert '| eps=1 | fedrep | – | 0/1 | 0 | – | – | – | 0/1 seeds; seed=0 failed' in md
+  assert out['failures'] == [
+      'cfg / eps=1 / centaur: 1/2 seeds; seed=0 failed (OutOfMemoryError at round 3)',
+      'cfg / eps=1 / dp2fedsam: 1/2 seeds; seed=1 failed (FloatingPointError at round 1)',
+      'cfg / eps=1 / fedrep: 0/1 seeds; seed=0 failed (DatasetNotFoundError)']
+  # The binary prints them on stdout too.
+  import subprocess
+  import sys
+  done = subprocess.run([sys.executable, '-m', 'experiments.report', f'--root={root}',
+                         f'--out={tmp_path / "again"}'], capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.splitlines()[:3] == out['failures']
+
+
+def test_accuracy_plots_label_whole_rounds(tmp_path, monkeypatch):
+  root = str(tmp_path / 'runs')
+  make_workdir(root, 'cfg', 'dp2fedsam', 0, 1.0, 0.6, rounds=(1, 2), num_rounds=2)
+  axes = []
+  save = report._save
+  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  report.write_report(root, str(tmp_path / 'report'))
+  for ax in axes:
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 2]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks  # not 1.2, 1.4, ...

@@ -111,11 +111,39 @@ def test_binary_plan_passes_overrides_and_axes(tiny_config_path, tmp_path):
       [sys.executable, '-m', 'launch.sweep', f'--config={tiny_config_path}', f'--root={tmp_path}',
        '--methods=p_fedsam', '--seeds=3,4', '--grid=eps=1,2', '--config.num_rounds=7', '--plan'],
       cwd=ROOT, capture_output=True, text=True, check=True, timeout=300)
-  lines = out.stdout.strip().splitlines()
+  *lines, total = out.stdout.strip().splitlines()
   assert [l.split()[-1] for l in lines] == [
       os.path.join(str(tmp_path), 'tiny', 'p_fedsam', f'eps={e}', f'seed={s}')
       for s in (3, 4) for e in (1, 2)]
   assert all(l.startswith('new') for l in lines)
+  assert total == 'plan: 4 runs: 0 finished, 4 to run (4 new, 0 to resume)'
+
+
+def test_plan_totals_flags_missing_data_and_rejects_unknown_methods(tiny_config_path, tmp_path):
+  root = str(tmp_path / 'runs')
+  sweep.run_sweep(tiny_config_path, root, [('method', ['centaur']), ('seed', [0])], [])
+  runs = sweep.plan(tiny_config_path, root, [('method', ['centaur', 'fedrep']), ('seed', [0, 1])], [])
+  assert sweep.plan_summary(runs) == '4 runs: 1 finished, 3 to run (3 new, 0 to resume)'
+  assert all(r.missing_data is None for r in runs)  # synthetic data: always there
+  # Fashion-MNIST pointed at an empty directory: every run is flagged, before anything runs.
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  runs = sweep.plan(tiny_config_path, str(tmp_path / 'other'), [('method', ['centaur']),
+                                                                 ('seed', [0, 1])],
+                    ['--config.dataset=fashion_mnist', '--config.model=mlp',
+                     f'--config.data_dir={empty}'])
+  assert all(r.missing_data.startswith(f'fashion_mnist: no IDX files in {empty}') for r in runs)
+  assert sweep.plan_summary(runs).endswith(
+      f'; 2 without their data here: fashion_mnist: no IDX files in {empty} (sudo apt-get install '
+      'dataset-fashion-mnist, or --config.data_dir=DIR)')
+  # An unknown method (or any invalid field) fails at plan time, naming the run.
+  with pytest.raises(ValueError, match=r"tiny run method=dp_fedsma,seed=0: config.method='dp_fedsma'"):
+    sweep.plan(tiny_config_path, root, [('method', ['dp_fedsma'])], [])
+  with pytest.raises(ValueError, match=r"--methods: unknown method 'dp_fedsma'; did you mean dp_fedsam\?"):
+    sweep._check_methods(['centaur', 'dp_fedsma'])
+  with pytest.raises(ValueError, match=r"the config has no field 'dp.clip_nrom'; did you mean "
+                                       r"--config.dp.clip_norm\?"):
+    sweep.plan(tiny_config_path, root, [], ['--config.dp.clip_nrom=1'])
 
 
 def test_only_filters_the_config_grid(tmp_path):

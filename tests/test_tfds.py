@@ -104,3 +104,47 @@ def test_failed_download_names_dataset_cause_and_fix(tmp_path, monkeypatch):
 def test_unknown_tfds_name(tmp_path):
   with pytest.raises(ValueError, match=r"config.dataset: TFDS has no dataset 'no_such_set'"):
     data.load_dataset('tfds:no_such_set', data_dir=str(tmp_path))
+
+
+def _offline(monkeypatch):
+  """No name resolves (whether or not this machine is online), and tfds gives up at once."""
+  import socket
+  from tensorflow_datasets.core.download import downloader
+
+  def no_dns(*args, **kwargs):
+    raise socket.gaierror(socket.EAI_NONAME, 'offline in this test')
+  monkeypatch.setattr(socket, 'getaddrinfo', no_dns)
+  monkeypatch.setattr(downloader, 'MAX_RETRIES', 0)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+  chain = []
+  while error is not None and error not in chain:
+    chain.append(error)
+    error = error.__cause__ or error.__context__
+  return chain
+
+
+@pytest.mark.parametrize('name', ['cifar10', 'emnist/balanced'])
+def test_real_download_and_prepare_fails_on_the_network_not_on_an_import(name, tmp_path,
+                                                                          monkeypatch):
+  """The [tfds] extra is complete: download_and_prepare (not mocked) gets as far as the network.
+
+  With tensorflow-datasets 4.9.10 alone it failed first with "No module named
+  'importlib_resources'", online or not.
+  """
+  _offline(monkeypatch)
+  builder = tfds.builder(name, data_dir=str(tmp_path / 'data'))
+  with pytest.raises(Exception) as info:
+    builder.download_and_prepare(download_dir=str(tmp_path / 'downloads'))
+  chain = _chain(info.value)
+  assert not any(isinstance(e, ImportError) for e in chain), repr(chain)
+  assert any('offline in this test' in str(e) for e in chain), repr(chain)
+
+
+def test_cifar10_through_the_project_says_the_download_failed_on_the_network(tmp_path,
+                                                                             monkeypatch):
+  _offline(monkeypatch)
+  with pytest.raises(data.DatasetNotFoundError, match=r"'cifar10': not in .*download failed") as info:
+    data.load_dataset('cifar10', data_dir=str(tmp_path))
+  assert 'No module named' not in str(info.value) and 'offline in this test' in str(info.value)

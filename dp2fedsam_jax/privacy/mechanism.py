@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from dp2fedsam_jax.privacy import accounting, clipping, noise, sampling
 
-NOISE_PLACEMENTS = ('central', 'distributed')
+from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS
 
 
 @dataclasses.dataclass(frozen=True)

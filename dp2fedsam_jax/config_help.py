@@ -1,0 +1,81 @@
+"""One line of help per config field, and `--print_config`: the resolved config with that help.
+
+`tests/test_cli.py` checks that every field of `config.base_config()` has a line here, so a new
+field cannot appear without one.
+"""
+
+from __future__ import annotations
+
+FIELD_HELP = {
+    'method': 'the algorithm, one row of algorithms/specs.py (table in WORKSPACE.md)',
+    'dataset': "fashion_mnist | synthetic | cifar10 | cifar100 | emnist_<config> | femnist | "
+               "'tfds:<name>' (TFDS ones need the [tfds] extra)",
+    'data_dir': "where the dataset's files are; None: its default location",
+    'model': 'emnist_cnn | emnist_cnn_fedavg | emnist_cnn_tff | cifar_cnn | resnet18_gn | resnet20 | mlp',
+    'conv_impl': "convolution lowering: auto (im2col on CPU, xla elsewhere) | xla | im2col",
+    'num_clients': 'N, clients in the federation',
+    'partition': 'iid | pathological (S classes per client) | dirichlet (alpha) | natural (by writer)',
+    'classes_per_client': 'S of the pathological partition',
+    'dirichlet_alpha': 'alpha of the dirichlet partition (smaller: more heterogeneous)',
+    'sampling_rate': 'q, the probability (Poisson) or fraction (fixed) of clients sampled per round',
+    'num_rounds': 'communication rounds T (may change when resuming)',
+    'eval_every': 'evaluate, log and checkpoint every this many rounds (may change when resuming)',
+    'server_lr': 'server step size: phi <- phi + server_lr * mean of the uploads',
+    'executor': 'how the cohort is mapped: vmap | sequential | sharded (over all devices)',
+    'chunk_size': 'clients trained at once (bounds memory); None: the whole cohort',
+    'cohort_capacity': 'client slots per chunk; None: mean + 1 std of the cohort (Poisson), m (fixed)',
+    'seed': 'the root of every random key (data split, init, sampling, noise)',
+    'sparsity': 'p, fraction of coordinates kept by top-k / rand-k methods',
+    'blur_lambda': 'BLUR penalty weight (dp_fedavg_blur, dp_fedavg_blurs)',
+    'pmtl_lambda': 'proximal weight of pmtl_ft',
+    'dsu': 'DP-pFedDSU settings (dp_pfeddsu*)',
+    'dsu.sparsity': 'fraction of weights kept in each masked layer (S)',
+    'dsu.masked_layers': 'the last k kernel layers of the extractor are masked',
+    'dsu.lam': 'adaptive-norm penalty weight (lambda)',
+    'init_checkpoint': "msgpack of {'extractor','head'} params to start from; None: random init",
+    'local': 'local training on each sampled client',
+    'local.head_epochs': 'tau_h, epochs on the personal head (extractor fixed)',
+    'local.body_epochs': 'tau_phi, epochs on the shared part (head fixed)',
+    'local.batch_size': 'local minibatch size',
+    'local.lr_head': 'eta_h, learning rate of the head phase',
+    'local.lr_body': 'eta_phi, learning rate of the shared phase',
+    'local.momentum': 'SGD momentum of the local steps, in [0, 1)',
+    'local.lr_decay': 'local learning rates at round t are lr * lr_decay**t',
+    'local.sam_rho': 'SAM / ASAM perturbation radius rho (0: plain SGD steps)',
+    'local.finetune_epochs': 'epochs of fine-tuning before testing (-FT / -fb evaluation)',
+    'dp': 'differential privacy',
+    'dp.clip_norm': 'C, clip of the global L2 norm of each client update',
+    'dp.noise_multiplier': 'sigma (noise std sigma*C on the sum); None: calibrated for target_epsilon',
+    'dp.target_epsilon': 'epsilon after num_rounds that sigma is calibrated for (an explicit sigma wins)',
+    'dp.delta': 'delta of (epsilon, delta); None: 1/num_clients',
+    'dp.sampling': 'poisson (add/remove-one, PLD) | fixed (without replacement, replace-one, RDP)',
+    'dp.noise_placement': 'central (a trusted server adds it) | distributed (each client adds its share)',
+    'dp.accountant': 'pld | rdp (fixed sampling needs rdp)',
+    'audit': 'the empirical privacy audit (experiments.audit)',
+    'audit.num_trials': 'trials per world (with and without the canary)',
+    'audit.canary_client': 'the client that carries the canary',
+    'audit.canary_norm': "the canary's raw update norm in units of C (clipped back to C)",
+    'audit.alpha': '1 - confidence of eps_lower (Clopper-Pearson)',
+    'audit.select_fraction': 'fraction of trials used only to choose the threshold',
+    'audit.batch_trials': 'trials vmapped at once (memory)',
+    'audit.seed': "the audit's own keys (the experiment's come from seed)",
+}
+
+
+def _leaves(config, prefix: str = ''):
+  for key in sorted(config.keys()):
+    value = config[key]
+    if hasattr(value, 'keys') and callable(value.keys):
+      yield from _leaves(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', value
+
+
+def describe_config(config, title: str = '') -> str:
+  """Every field as `path = value  # help`, sorted, one per line."""
+  rows = [(f'{path} = {value!r}', FIELD_HELP.get(path, '')) for path, value in _leaves(config)]
+  width = max(len(left) for left, _ in rows)
+  lines = [f'# {title}'] if title else []
+  lines += [f'{left:{width}s}  # {text}' if text else left for left, text in rows]
+  lines.append('# Set a field with --config.<path>=<value> (None for an optional one).')
+  return '\n'.join(lines)

@@ -1,0 +1,181 @@
+"""Every command in README.md and WORKSPACE.md still works, so the docs cannot rot.
+
+The commands are the ```bash blocks (with `reproduce X` expanded from the function the block
+defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments of WORKSPACE.md's
+"Running" section (on top of the default command). Each is checked without training:
+
+  experiments.train           --dry_run, in this process (fresh flags; calibrations and datasets
+                              cached across commands), through the binary's own flag parsing
+  launch.sweep                --plan, in this process (every run's config is validated)
+  experiments.audit           flags parsed, every audited config validated
+  experiments.report          run on an empty --root: the flags parse and it says there is nothing
+  benchmarks.client_throughput  --dry_run, in a subprocess
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from dp2fedsam_jax import cli, train
+from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.config import validate_config
+from dp2fedsam_jax.privacy import accounting
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ('README.md', 'WORKSPACE.md')
+BINARIES = ('experiments.train', 'launch.sweep', 'experiments.report', 'experiments.audit',
+            'benchmarks.client_throughput')
+
+
+def _bash_commands(text: str) -> list[str]:
+  commands = []
+  for block in re.findall(r'^\s*```bash\n(.*?)^\s*```', text, re.S | re.M):
+    block = re.sub(r'\\\n\s*', ' ', block)  # continuation lines
+    functions = {}
+    for match in re.finditer(r'(\w+)\(\)\s*\{(.*?);\s*\}', block, re.S):
+      functions[match.group(1)] = match.group(2)
+    block = re.sub(r'\w+\(\)\s*\{.*?;\s*\}', '', block, flags=re.S)
+    for line in block.splitlines():
+      line = re.sub(r'\s#.*$', '', line).strip()  # comments
+      if not line or line.startswith('#'):
+        continue
+      words = line.split()
+      if words[0] in functions:  # e.g. `reproduce dp2fedsam_table2`
+        line = functions[words[0]]
+        for i, arg in enumerate(words[1:], 1):
+          line = line.replace(f'${i}', arg)
+      commands.extend(part.strip() for part in line.split('&&'))
+  return commands
+
+
+def _inline_commands(text: str) -> list[str]:
+  spans = re.findall(r'`(python3 -m [^`]+)`', text)
+  return [' '.join(span.split()) for span in spans]
+
+
+def _running_fragments(text: str) -> list[str]:
+  """`--config...=value` spans of WORKSPACE.md's Running section, as default train commands."""
+  section = text.split('## Running', 1)[1]
+  commands = []
+  for span in re.findall(r'`(--config[^`]*)`', section):
+    span = ' '.join(span.split())
+    if not re.search(r'=\S', span):  # a field name in prose, not an argument
+      continue
+    config = '' if span.startswith('--config=') else '--config=experiments/configs/default.py '
+    commands.append(f'python3 -m experiments.train {config}{span}')
+  return commands
+
+
+def doc_commands() -> list[tuple[str, str]]:
+  found = []
+  for doc in DOCS:
+    text = open(os.path.join(ROOT, doc)).read()
+    commands = _bash_commands(text) + _inline_commands(text)
+    if doc == 'WORKSPACE.md':
+      commands += _running_fragments(text)
+    for command in commands:
+      words = shlex.split(command)
+      if len(words) > 2 and words[:2] == ['python3', '-m'] and words[2] in BINARIES:
+        found.append((doc, command))
+  return found
+
+
+COMMANDS = doc_commands()
+
+
+def test_the_docs_have_the_commands_this_test_knows():
+  binaries = {shlex.split(c)[2] for _, c in COMMANDS}
+  assert binaries == set(BINARIES), binaries
+  assert len(COMMANDS) >= 20
+  assert any('--config.dp.target_epsilon=None' in c for _, c in COMMANDS)  # WORKSPACE's example
+  assert any('launch.sweep --config=experiments/configs/pfeddsu_table2.py' in c for _, c in COMMANDS)
+
+
+@pytest.fixture(scope='module')
+def cached_experiments():
+  """Calibration and data loading are the slow parts of a dry run: each distinct one runs once."""
+  calibrate = functools.lru_cache(accounting.calibrate_noise_multiplier)
+  make_data = functools.lru_cache(train.make_federated_data)
+  patch = pytest.MonkeyPatch()
+  patch.setattr(accounting, 'calibrate_noise_multiplier', calibrate)
+  patch.setattr(train, 'make_federated_data', make_data)
+  yield
+  patch.undo()
+
+
+def _flag_values(define, argv):
+  fv = flags.FlagValues()
+  define(fv)
+  cli.parse_flags(['binary', *argv], fv)
+  return fv
+
+
+def _check_train(argv, capsys):
+  from experiments import train as train_binary
+  from launch import sweep
+  if '--dry_run' not in argv and '--print_config' not in argv:
+    argv = [*argv, '--dry_run']
+  fv = _flag_values(train_binary.define_flags, argv)
+  if fv.dry_run and sweep.missing_data(fv.config):  # the data is not here: all but loading it
+    validate_config(fv.config, METHODS)
+    train.resolve_privacy(fv.config, train.get_method(fv.config.method))
+    return
+  capsys.readouterr()
+  train_binary.run(fv)
+  out = capsys.readouterr().out.strip().splitlines()
+  if fv.dry_run:
+    info = json.loads(out[-1])
+    assert info['method'] == fv.config.method and info['num_params'] > 0
+  else:
+    assert out[0].startswith('# ') and len(out) > 40
+
+
+def _check_sweep(argv, tmp_path):
+  from launch import sweep
+  overrides = [a for a in argv if a.startswith('--config.')]
+  fv = _flag_values(sweep.define_flags, [a for a in argv if not a.startswith('--config.')])
+  sweep._check_methods(fv.methods)
+  runs = sweep.plan(fv.config, str(tmp_path / 'root'), sweep._axes(fv), overrides, fv.only)
+  assert runs and sweep.plan_summary(runs).startswith(f'{len(runs)} runs: 0 finished')
+
+
+def _check_audit(argv):
+  from experiments import audit
+  fv = _flag_values(audit.define_flags, argv)
+  for config in audit.configs_to_audit(fv):
+    validate_config(config, METHODS)
+
+
+def _run(argv, tmp_path):
+  return subprocess.run([sys.executable, '-m', *argv], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+
+
+@pytest.mark.parametrize('doc, command', COMMANDS, ids=[f'{d}:{c[10:70]}' for d, c in COMMANDS])
+def test_doc_command_works(doc, command, tmp_path, capsys, cached_experiments):
+  binary, *argv = shlex.split(command)[2:]
+  if binary == 'experiments.train':
+    _check_train(argv, capsys)
+  elif binary == 'launch.sweep':
+    _check_sweep(argv, tmp_path)
+  elif binary == 'experiments.audit':
+    _check_audit(argv)
+  elif binary == 'experiments.report':
+    argv = [a for a in argv if not a.startswith(('--root=', '--out='))]
+    out = _run([binary, *argv, f'--root={tmp_path}', f'--out={tmp_path / "out"}'], tmp_path)
+    assert out.stderr.strip() == f'error: no workdir with metrics.jsonl and config.json under {tmp_path}'
+  else:
+    argv = [a if not a.startswith('--json_out=') else f'--json_out={tmp_path / "out.json"}'
+            for a in argv]
+    out = _run([binary, *argv, '--dry_run'], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])['modes']
