@@ -141,6 +141,15 @@ class Row:
   seconds_per_round: float
   note: str
   num_runs: int = 0         # seeds found, failed ones included (num_seeds: the ones averaged)
+  # Mean over the clients sampled at least once, and their fraction (records that predate these
+  # fields, or where nobody took part yet: nan).
+  participated_acc: tuple[float, float] = (float('nan'), float('nan'))
+  participation: float = float('nan')
+
+
+def _mean_std_of(records: list[dict], key: str) -> tuple[float, float]:
+  values = [r[key] for r in records if r.get(key) is not None]
+  return _mean_std(values) if values and len(values) == len(records) else (float('nan'),) * 2
 
 
 def summarize(runs: list[RunResult]) -> list[Row]:
@@ -174,7 +183,9 @@ def summarize(runs: list[RunResult]) -> list[Row]:
                   if group else nan),
         seconds_per_round=(float(np.mean([np.mean([rec['seconds'] for rec in r.records])
                                           for r in group])) if group else float('nan')),
-        note='; '.join(notes), num_runs=len(everyone)))
+        note='; '.join(notes), num_runs=len(everyone),
+        participated_acc=_mean_std_of(finals, 'test_accuracy_participated'),
+        participation=_mean_std_of(finals, 'participation')[0]))
   return rows
 
 
@@ -207,25 +218,33 @@ def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
     writer = csv.writer(f)
     writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
                      'final_acc_mean', 'final_acc_std', 'best_round_acc_mean',
-                     'best_round_acc_std', 'seconds_per_round', 'note', 'num_runs'])
+                     'best_round_acc_std', 'seconds_per_round', 'note', 'num_runs',
+                     'participated_acc_mean', 'participated_acc_std', 'participation'])
     for r in rows:
       writer.writerow([r.config_name, r.setting, r.method, r.epsilon, r.num_seeds, r.final_round,
                        r.final_acc[0], r.final_acc[1], r.best_acc[0], r.best_acc[1],
-                       r.seconds_per_round, r.note, r.num_runs])
+                       r.seconds_per_round, r.note, r.num_runs, r.participated_acc[0],
+                       r.participated_acc[1], r.participation])
   lines = ['# Results', '',
            'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
            'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
            'global model, or fine-tuned copy). *Best round* is the maximum over evaluated '
            'rounds, chosen on test data, so it is optimistic; it is shown only for comparison with '
-           'papers that report it. ε: reached after the final round (δ as in each config.json).', '']
+           'papers that report it. *Participated* is the same mean over only the clients sampled at '
+           'least once (a never-sampled client tests with its initial personal head), and '
+           '*participation* their fraction. ε: reached after the final round (δ as in each '
+           'config.json).', '']
   for config_name in sorted({r.config_name for r in rows}):
     lines += [f'## {config_name}', '',
-              '| setting | method | ε | seeds | round | final-round acc | best-round acc (optimistic) '
-              '| s/round | note |', '|---|---|---|---|---|---|---|---|---|']
+              '| setting | method | ε | seeds | round | final-round acc | participated acc | '
+              'participation | best-round acc (optimistic) | s/round | note |',
+              '|---|---|---|---|---|---|---|---|---|---|---|']
     for r in rows:
       if r.config_name == config_name:
         lines.append(f'| {r.setting} | {r.method} | {_eps_text(r.epsilon)} | {_seeds_text(r)} | '
-                     f'{r.final_round} | {_pct(r.final_acc)} | {_pct(r.best_acc)} | '
+                     f'{r.final_round} | {_pct(r.final_acc)} | {_pct(r.participated_acc)} | '
+                     f'{"–" if math.isnan(r.participation) else f"{100 * r.participation:.0f} %"} | '
+                     f'{_pct(r.best_acc)} | '
                      f'{"–" if math.isnan(r.seconds_per_round) else f"{r.seconds_per_round:.2f}"} | '
                      f'{r.note} |')
     lines.append('')

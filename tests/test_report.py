@@ -36,7 +36,9 @@ def make_workdir(root, config_name, method, seed, eps, final_acc, rounds=(1, 2, 
     for r in rounds:
       f.write(json.dumps({'round': r, 'test_accuracy': accs[r], 'epsilon':
                           (epsilon_reached or eps) * r / num_rounds, 'seconds': 1.5,
-                          'mean_update_norm': 1.0 / r + seed * 0.1, 'train_loss': 1.0}) + '\n')
+                          'mean_update_norm': 1.0 / r + seed * 0.1, 'train_loss': 1.0,
+                          'test_accuracy_participated': accs[r] + 0.1,
+                          'participation': 0.2 * r}) + '\n')
   return workdir
 
 
@@ -61,7 +63,11 @@ def test_table_has_final_mean_std_and_separate_best_round(root, tmp_path):
     assert int(row['num_seeds']) == 3 and int(row['final_round']) == 3
     assert float(row['epsilon']) == pytest.approx(2.0) and row['setting'] == 'eps=2'
     assert row['note'] == ''
+    # The mean over the clients that took part, and their fraction, at the final round.
+    assert float(row['participated_acc_mean']) == pytest.approx(np.mean(accs) + 0.1)
+    assert float(row['participation']) == pytest.approx(0.6)
   md = open(out['markdown']).read()
+  assert 'participated acc' in md and '| 60 % |' in md
   assert 'final-round acc' in md and 'best-round acc (optimistic)' in md
   assert f'{100 * np.mean(ACC["dp2fedsam"]):.2f} ± {100 * np.std(ACC["dp2fedsam"], ddof=1):.2f}' in md
   assert out['num_runs'] == 6
@@ -145,9 +151,9 @@ def test_a_failed_seed_is_shown_in_the_table_and_on_stdout_not_averaged(tmp_path
   assert float(rows['centaur']['final_acc_mean']) == pytest.approx(0.7)
   assert rows['fedrep']['note'] == '0/1 seeds; seed=0 failed (DatasetNotFoundError)'
   md = open(out['markdown']).read()
-  assert '| eps=1 | dp2fedsam | 1 | 1/2 | 3 | 60.00 | 65.00 | 1.50 | 1/2 seeds; seed=1 failed ' \
+  assert '| eps=1 | dp2fedsam | 1 | 1/2 | 3 | 60.00 | 70.00 | 60 % | 65.00 | 1.50 | 1/2 seeds; seed=1 failed ' \
          '(FloatingPointError at round 1) |' in md
-  assert '| eps=1 | fedrep | – | 0/1 | 0 | – | – | – | 0/1 seeds; seed=0 failed' in md
+  assert '| eps=1 | fedrep | – | 0/1 | 0 | – | – | – | – | – | 0/1 seeds; seed=0 failed' in md
   assert out['failures'] == [
       'cfg / eps=1 / centaur: 1/2 seeds; seed=0 failed (OutOfMemoryError at round 3)',
       'cfg / eps=1 / dp2fedsam: 1/2 seeds; seed=1 failed (FloatingPointError at round 1)',
