@@ -200,6 +200,29 @@ def _json_number(value) -> float | None:
   return None if math.isnan(value) else value
 
 
+def _finished_record(config, workdir: str) -> dict | None:
+  """The last record of a finished run of this same config in workdir, found without loading data
+  or compiling anything; None when in doubt (the full path then resumes, refuses or trains)."""
+  config_path, metrics_path = (os.path.join(workdir, n) for n in ('config.json', 'metrics.jsonl'))
+  if not (os.path.exists(config_path) and os.path.exists(metrics_path)):
+    return None
+  try:
+    with open(config_path) as f:
+      old = _flatten(json.load(f))
+    with open(metrics_path) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  except (OSError, ValueError):  # e.g. a torn line after a kill: the full path repairs it
+    return None
+  new = _flatten(config.to_dict())
+  resolved = ('dp.noise_multiplier', 'dp.delta')  # None in the config, filled in config.json
+  same = set(old) == set(new) and all(
+      old[k] == new[k] or (k in resolved and new[k] is None) for k in new)
+  if (same and records and records[-1]['round'] >= config.num_rounds
+      and checkpoint.latest_round(workdir) == records[-1]['round']):
+    return records[-1]
+  return None
+
+
 def _kept(workdir: str) -> str:
   """What a stopped run leaves in workdir."""
   j = checkpoint.latest_round(workdir)
@@ -250,6 +273,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Ctrl-C (SIGINT) stops the run at the next round boundary with `cli.Interrupted`, a
   KeyboardInterrupt whose message names the last checkpoint; the same call resumes from it.
   """
+  finished = _finished_record(config, workdir)
+  if finished is not None:
+    logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir,
+                 finished['round'])
+    return finished
   exp = build_experiment(config)
   os.makedirs(workdir, exist_ok=True)
   resolved = config.to_dict()

@@ -288,6 +288,7 @@ def test_seconds_include_evaluation_loss_uses_g_compile_is_announced_finished_ru
     assert f"loss {m['train_loss']:.4g} " in first  # %g: never 361374058275776348815360.0000
 
   caplog.clear()
+  monkeypatch.setattr(train, 'build_experiment', None)  # nothing is loaded or compiled
   records.append(train.train_and_evaluate(config, str(tmp_path)))
   assert f'Already finished: {tmp_path} holds all 2 rounds' in caplog.text
   assert 'Compiling the round step' not in caplog.text
