@@ -302,8 +302,8 @@ def test_a_failed_run_prints_one_line_and_leaves_failure_json_for_the_report(tmp
                 '--config.dp.noise_multiplier=1e39', '--config.num_rounds=2')
   assert out.returncode == 2, out.stderr[-3000:]
   assert 'Traceback' not in out.stderr
-  assert out.stderr.strip().splitlines()[-1].startswith('error: round 1: the loss or the new shared '
-                                                         'parameters are NaN/Inf.')
+  assert out.stderr.strip().splitlines()[-1].startswith('error: round 1: the new shared parameters '
+                                                         'are NaN/Inf.')
   failure = json.loads((workdir / 'failure.json').read_text())
   assert failure['error'] == 'FloatingPointError' and failure['round'] == 1
   assert 'no checkpoint was written yet' in failure['message']

@@ -255,7 +255,8 @@ def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_p
     return step
 
   monkeypatch.setattr(train.Experiment, 'round_step', poisoned_round_step)
-  with pytest.raises(FloatingPointError, match=r'^round 2: .*NaN/Inf.*last good checkpoint'):
+  with pytest.raises(FloatingPointError,
+                     match=r'^round 2: .*NaN/Inf.*the checkpoint of round 1 in .* is intact'):
     train.train_and_evaluate(tiny_config(num_rounds=3), workdir)
   monkeypatch.undo()
   assert [json.loads(l)['round'] for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()] == [1]
