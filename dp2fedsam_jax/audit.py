@@ -11,17 +11,10 @@ is exactly C v, the largest contribution a client can make). The real round step
                        fixed-size (replace-one): -canary_norm C v, the farthest replacement (2C away).
 
 The attacker sees every round's released update u_t = (phi_{t+1} - phi_t) * m / server_lr (the noised
-sum) and scores a trial by s = sum_t <u_t, v> / C. A threshold tau gives the test "canary iff
-s >= tau" with false-positive rate FPR (without) and false-negative rate FNR (with). Any
-(eps, delta)-DP mechanism satisfies FPR + e^eps FNR >= 1 - delta and FNR + e^eps FPR >= 1 - delta, so
-
-  eps_lower = max(log((1 - delta - FNR_hi) / FPR_hi), log((1 - delta - FPR_hi) / FNR_hi), 0)
-
-where FPR_hi and FNR_hi are one-sided Clopper-Pearson upper bounds at level alpha/2 each: with
-probability >= 1 - alpha (union bound) the true epsilon is at least eps_lower. tau is chosen on a
-separate `select_fraction` of the trials, so the bound is not inflated by picking the best of many
-thresholds on the same data. A finite audit can certify at most about log(n / log(2/alpha)) with n
-evaluation trials per world, whatever the mechanism.
+sum) and scores a trial by s = sum_t <u_t, v> / C. From the scores of both worlds,
+`privacy/audit.py` (statistics only) derives eps_lower, a Clopper-Pearson lower bound on the
+mechanism's epsilon with a threshold chosen on held-out trials; the harness reports it next to the
+accounted epsilon of the same mechanism.
 """
 
 from __future__ import annotations
