@@ -4,6 +4,7 @@ import glob
 import importlib
 import math
 import os
+import re
 
 import pytest
 
@@ -71,14 +72,28 @@ def test_grid_methods_are_registered_or_pending():
       assert entry['method'] in set(METHODS), (name, entry)
 
 
+# One-seed surveys: every method at seed 0 (fmnist_paper_regime: seeds 1 and 2 for its SEEDED ones).
+SURVEYS = ('fashion_mnist_methods', 'fmnist_paper_regime')
+
+
+def _seeds_per_setting(name):
+  settings = {}
+  for entry in _module(name).sweep_grid():
+    rest = sweep.arg_string({k: v for k, v in entry.items() if k != 'seed'})
+    settings.setdefault(rest, set()).add(entry['seed'])
+  return settings
+
+
 def test_grids_have_three_seeds_per_setting():
-  # fashion_mnist_methods is a one-seed survey of every method (plus seeds for four of them).
-  for name in set(CONFIG_NAMES) - {'fashion_mnist_methods'}:
-    settings = {}
-    for entry in _module(name).sweep_grid():
-      rest = sweep.arg_string({k: v for k, v in entry.items() if k != 'seed'})
-      settings.setdefault(rest, set()).add(entry['seed'])
-    assert all(seeds == {0, 1, 2} for seeds in settings.values()), name
+  for name in set(CONFIG_NAMES) - set(SURVEYS):
+    assert all(seeds == {0, 1, 2} for seeds in _seeds_per_setting(name).values()), name
+
+
+def test_paper_regime_has_three_seeds_for_the_compared_methods():
+  three = set(_module('fmnist_paper_regime').SEEDED)
+  for setting, seeds in _seeds_per_setting('fmnist_paper_regime').items():
+    method = re.search(r'method=(\w+)', setting).group(1)
+    assert seeds == ({0, 1, 2} if method in three else {0}), setting
 
 
 def test_paper_values_dp2fedsam():

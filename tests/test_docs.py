@@ -125,6 +125,7 @@ def _check_train(argv, capsys):
   if '--dry_run' not in argv and '--print_config' not in argv:
     argv = [*argv, '--dry_run']
   fv = _flag_values(train_binary.define_flags, argv)
+  fv.distributed = False  # the flags parsed; joining a cluster is not part of a dry run here
   if fv.dry_run and sweep.missing_data(fv.config):  # the data is not here: all but loading it
     validate_config(fv.config, METHODS)
     train.resolve_privacy(fv.config, train.get_method(fv.config.method))

@@ -243,18 +243,31 @@ def test_diverging_clients_do_not_end_a_run(tmp_path):
   assert math.isfinite(final['test_loss'])
 
 
-def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, monkeypatch):
-  workdir = str(tmp_path)
-
-  def poisoned_round_step(self):  # the real round, on shared parameters that are +inf from round 2
+def _poisoned_round_step(from_round: int):
+  """The real round step, on shared parameters that are +inf from round `from_round` + 1 on."""
+  def round_step(self):
     real = make_round_step(self.spec, self.model, self.local_config, self.round_config,
                            MethodParams.from_config(self.config))
     def step(state, data, key):
-      poisoned = jax.tree.map(lambda x: jnp.where(state.round >= 1, x + jnp.inf, x), state.shared)
+      poisoned = jax.tree.map(lambda x: jnp.where(state.round >= from_round, x + jnp.inf, x),
+                              state.shared)
       return real(state.replace(shared=poisoned), data, key)
     return step
+  return round_step
 
-  monkeypatch.setattr(train.Experiment, 'round_step', poisoned_round_step)
+
+def test_nonfinite_release_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch):
+  monkeypatch.setattr(train.Experiment, 'round_step', _poisoned_round_step(0))
+  with pytest.raises(FloatingPointError) as info:
+    train.train_and_evaluate(tiny_config(num_rounds=1), str(tmp_path))
+  message = str(info.value)
+  assert message.startswith('round 1: ') and 'is intact' not in message
+  assert f'no checkpoint was written yet in {tmp_path}' in message
+
+
+def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, monkeypatch):
+  workdir = str(tmp_path)
+  monkeypatch.setattr(train.Experiment, 'round_step', _poisoned_round_step(1))
   with pytest.raises(FloatingPointError,
                      match=r'^round 2: .*NaN/Inf.*the checkpoint of round 1 in .* is intact'):
     train.train_and_evaluate(tiny_config(num_rounds=3), workdir)

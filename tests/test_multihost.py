@@ -76,6 +76,7 @@ def _child(workdir: str, report: str, argv: list[str]) -> None:
   builtins.open, os.replace = recording_open, recording_replace
   from absl import flags  # pylint: disable=import-outside-toplevel
   from experiments import train as train_binary  # pylint: disable=import-outside-toplevel
+  train_binary.define_flags()
   flags.FLAGS(['train'] + argv)
   train_binary.main(['train'])
   builtins.open, os.replace = real_open, real_replace
