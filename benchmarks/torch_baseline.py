@@ -91,7 +91,8 @@ def run(cohort: int, samples_per_client: int, *, batch_size: int = 10, head_epoc
   torch.manual_seed(seed)
   rng = np.random.default_rng(seed)
   # Synthetic CIFAR-shaped data, normalized like the JAX side's uint8 / 255.
-  xs = torch.from_numpy(rng.integers(0, 256, (cohort, samples_per_client, 3, 32, 32)).astype(np.float32) / 255.0)
+  pixels = rng.integers(0, 256, (cohort, samples_per_client, 3, 32, 32))
+  xs = torch.from_numpy(pixels.astype(np.float32) / 255.0)
   ys = torch.from_numpy(rng.integers(0, 10, (cohort, samples_per_client)).astype(np.int64))
   model = CifarCNN(10)
   heads = [{k: v.clone() for k, v in model.head.state_dict().items()} for _ in range(cohort)]

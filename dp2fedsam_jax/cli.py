@@ -293,7 +293,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS,
   if nones:
     config = flag_values[config_flag].value
     paths = field_paths(config)
-    for arg, path in nones:
+    for _, path in nones:
       if not _has_field(config, path):
         raise FlagError(unknown_field_message(config_flag, path, paths))
       *parents, leaf = path.split('.')

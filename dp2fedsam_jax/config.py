@@ -33,7 +33,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_lr = 1.0
   c.executor = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (cohort split over jax.devices())
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
-  c.cohort_capacity = config_dict.placeholder(int)  # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
+  # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
+  c.cohort_capacity = config_dict.placeholder(int)
   c.seed = 0
   # Method pieces (used only by the methods that have them; see algorithms/specs.py).
   c.sparsity = 0.4      # p: fraction of coordinates kept by top-k / rand-k

@@ -10,7 +10,6 @@ update norm. This is how the default learning rates were chosen (README, "Learni
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
@@ -33,7 +32,7 @@ def stability(config, clients: int) -> dict:
                                       exp.method_params))
   losses, norms = [], []
   for i in range(clients):
-    personal = jax.tree.map(lambda p: p[i], state.personal)
+    personal = jax.tree.map(lambda p, i=i: p[i], state.personal)
     result = update(state.shared, personal, exp.data.train_x[i], exp.data.train_y[i],
                     exp.data.train_count[i], jax.random.key(i), 0)
     losses.append(float(result.train_loss))

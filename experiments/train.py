@@ -17,7 +17,6 @@ automatically), or `--distributed --coordinator_address=host0:1234 --num_process
 import json
 import os
 import re
-import sys
 
 from absl import app
 from absl import flags

@@ -7,8 +7,9 @@ r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unf
   python -m launch.sweep ... --plan     # list the runs and their status, run nothing
 
 The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
-empty entry; `--only=key=value` keeps the entries with that value; then `--methods`, `--seeds`, `--eps` and each `--grid=key=v1,v2` replace that key in every
-entry by each of the listed values (a product). Every entry runs as
+empty entry; `--only=key=value` keeps the entries with that value; then `--methods`, `--seeds`,
+`--eps` and each `--grid=key=v1,v2` replace that key in every entry by each of the listed values
+(a product). Every entry runs as
 `python -m experiments.train --config=CONFIG:args --workdir=W [--config.x=y ...]` with its output
 appended to `W/train.log`, where
 

@@ -18,7 +18,7 @@ from absl import flags
 from conftest import tiny_config
 from dp2fedsam_jax import checkpoint, cli, train
 from dp2fedsam_jax.config import base_config, ConfigError
-from dp2fedsam_jax.config_help import describe_config, FIELD_HELP
+from dp2fedsam_jax.config_help import FIELD_HELP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = 'experiments/configs/default.py'

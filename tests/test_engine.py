@@ -227,7 +227,7 @@ def test_evaluation_reports_participation_and_the_participants_accuracy():
   accuracies = []
   for i in range(data.num_clients):
     n = int(data.test_count[i])
-    head = jax.tree.map(lambda h: h[i], state.personal)
+    head = jax.tree.map(lambda h, i=i: h[i], state.personal)
     logits = exp.model.apply({**state.shared, **head}, data.normalize(data.test_x[i, :n]))
     accuracies.append(float(np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(data.test_y[i, :n]))))
   accuracies = np.array(accuracies)

@@ -3,7 +3,6 @@ the download path (a file:// URL stands in for TFF's server) and the errors."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -32,7 +31,7 @@ def _writer_arrays(w: int, n: int):
 
 def _write_h5(path, writers):
   with h5py.File(path, 'w') as f:
-    for w, (name, n) in enumerate(writers.items()):
+    for name, n in writers.items():
       pixels, labels = _writer_arrays(list(WRITERS).index(name), n)
       f.create_dataset(f'examples/{name}/pixels', data=pixels)
       f.create_dataset(f'examples/{name}/label', data=labels)
@@ -98,7 +97,7 @@ def test_natural_partition_one_client_per_writer(tmp_path):
   np.testing.assert_array_equal(np.asarray(fed.train_count + fed.test_count), sizes)
   np.testing.assert_array_equal(np.asarray(fed.train_count),
                                 [max(1, int(np.floor(0.9 * n + 0.5))) for n in sizes])
-  for i, name in enumerate(sorted(WRITERS)):
+  for i in range(len(WRITERS)):
     own = {ds.x[j].tobytes() for j in np.flatnonzero(ds.writers == i)}
     got = [fed.train_x[i, j] for j in range(int(fed.train_count[i]))]
     got += [fed.test_x[i, j] for j in range(int(fed.test_count[i]))]

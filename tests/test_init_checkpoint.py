@@ -61,14 +61,15 @@ def test_experiment_starts_from_the_checkpoint(tmp_path):
   # Every client's head: the fresh 4-class head.
   assert state.personal['head']['kernel'].shape == (exp.data.num_clients, 64, 4)
   for i in range(exp.data.num_clients):
-    _assert_tree_equal(jax.tree.map(lambda p: p[i], state.personal['head']), fresh['head'])
+    _assert_tree_equal(jax.tree.map(lambda p, i=i: p[i], state.personal['head']), fresh['head'])
 
 
 def test_errors_name_the_field(tmp_path):
   with pytest.raises(ConfigError, match=r'config.init_checkpoint=.*no such file.*save_params'):
     build_experiment(tiny_config(init_checkpoint=str(tmp_path / 'missing.msgpack')))
   wrong, _ = _saved(tmp_path, 4, hidden=32)  # another extractor
-  with pytest.raises(ValueError, match=r'does not fit config.model.*fc0/kernel: model \(64, 64\) vs file \(64, 32\)'):
+  with pytest.raises(ValueError,
+                     match=r'does not fit config.model.*fc0/kernel: model \(64, 64\) vs file \(64, 32\)'):
     restore_from_checkpoint(_params(4, seed=0), wrong)
   junk = tmp_path / 'junk.msgpack'
   junk.write_bytes(b'not msgpack at all')

@@ -151,7 +151,8 @@ def test_a_failed_seed_is_shown_in_the_table_and_on_stdout_not_averaged(tmp_path
   assert float(rows['centaur']['final_acc_mean']) == pytest.approx(0.7)
   assert rows['fedrep']['note'] == '0/1 seeds; seed=0 failed (DatasetNotFoundError)'
   md = open(out['markdown']).read()
-  assert '| eps=1 | dp2fedsam | 1 | 1/2 | 3 | 60.00 | 70.00 | 60 % | 65.00 | 1.50 | 1/2 seeds; seed=1 failed ' \
+  assert '| eps=1 | dp2fedsam | 1 | 1/2 | 3 | 60.00 | 70.00 | 60 % | 65.00 | 1.50 | ' \
+         '1/2 seeds; seed=1 failed ' \
          '(FloatingPointError at round 1) |' in md
   assert '| eps=1 | fedrep | – | 0/1 | 0 | – | – | – | – | – | 0/1 seeds; seed=0 failed' in md
   assert out['failures'] == [

@@ -88,8 +88,8 @@ def test_option_a_shortcut_is_subsample_and_zero_channels():
 
 @pytest.mark.parametrize('shortcut', ['A', 'B'])
 def test_block_lowerings_agree_with_per_client_params(shortcut):
-  """A strided BasicBlock (the unit of both ResNets) gives the same output and gradients under xla and im2col, vmapped
-  over 2 clients' own params (how the engine runs clients)."""
+  """A strided BasicBlock (the unit of both ResNets) gives the same output and gradients under xla
+  and im2col, vmapped over 2 clients' own params (how the engine runs clients)."""
   blocks = [BasicBlock(8, strides=2, shortcut=shortcut, conv_impl=impl) for impl in ('xla', 'im2col')]
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((2, 3, 6, 6, 4)), jnp.float32)

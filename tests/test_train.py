@@ -7,9 +7,6 @@ import subprocess
 import sys
 
 import chex
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from conftest import tiny_config

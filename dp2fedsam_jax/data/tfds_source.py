@@ -84,7 +84,8 @@ def load_tfds(name: str, data_dir: str | None = None, split: str = 'train', *,
   info = builder.info
   image_key, label_key = info.supervised_keys or ('image', 'label')
   features = info.features
-  if image_key not in features or label_key not in features or not hasattr(features[label_key], 'num_classes'):
+  if (image_key not in features or label_key not in features
+      or not hasattr(features[label_key], 'num_classes')):
     raise ValueError(f'TFDS dataset {name!r} is not image classification: features {features}.')
   if info.splits and split not in info.splits:  # (mock_data has no split metadata)
     raise ValueError(f'split={split!r} is unknown for TFDS {name!r}; choose one of {sorted(info.splits)}.')

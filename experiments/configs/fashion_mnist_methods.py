@@ -2,8 +2,8 @@
 
 A short, CPU-sized comparison (about 1-2 minutes a method on 2 cores), not a paper table: the default
 experiment's (1000, 2) pathological split and hyperparameters, q = 0.01 (~10 clients a round),
-30 rounds, sigma calibrated for eps, local lr 0.05 with momentum 0.5. Fine-tuning evaluations (-ft, -fb, pmtl_ft) train every client,
-so they are evaluated only at the last round.
+30 rounds, sigma calibrated for eps, local lr 0.05 with momentum 0.5. Fine-tuning evaluations
+(-ft, -fb, pmtl_ft) train every client, so they are evaluated only at the last round.
 
 Grid (sweep_grid): every registered method at seed 0 (22 runs), plus DP-FedAvg, DP-FedSAM, CENTAUR
 and DP²-FedSAM at seeds 1 and 2 (8 runs): 30 runs.
