@@ -49,10 +49,21 @@ def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig):
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
                        params: MethodParams = MethodParams()):
-  """Returns client_update(shared, personal, x, y, count, key, round) -> ClientResult.
+  """Builds one client's local training: the head phase, then the shared phase (Algorithm 2, l. 6-12).
 
-  `x`, `y`: the client's padded training data; `count`: its number of real examples; `normalize`
-  maps stored uint8 images to model inputs.
+  Args:
+    spec: the method's pieces (head optimizer, body optimizer: SGD/SAM/ASAM, regularizer, mask).
+    model: the SplitModel.
+    local_config: epochs, batch size, learning rates, decay, momentum, SAM rho.
+    normalize: maps the stored uint8 images to model inputs.
+    params: method-specific hyperparameters.
+
+  Returns:
+    `client_update(shared, personal, x, y, count, key, round_index) -> ClientResult` for one
+    client: `x`, `y` its padded training data, `count` its number of real examples (padding is
+    never trained on), `key` its TRAIN stream, `round_index` the 0-based round (learning-rate
+    decay). The result holds the raw shared update `delta` (unclipped), the new personal
+    parameters and the mean training loss.
   """
   local.check_local_config(local_config)
   train_head = head_trainer(spec, model, local_config)

@@ -132,10 +132,22 @@ def upload_mask(spec: MethodSpec, delta, client_mask, round_mask, sparsity: floa
 
 def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: RoundConfig,
                     params: MethodParams = MethodParams(), *, update_hook=None):
-  """Returns round_step(state, data, key) -> (state, metrics). `key` is the run's root key.
+  """Builds one round of Algorithm 2 (sample, train the cohort, clip, noise, average, update).
 
-  `update_hook(client_id, delta) -> delta`, if given, replaces a client's raw update before clipping:
-  the privacy audit uses it to plant a canary; training never sets it.
+  Args:
+    spec: the method's pieces (which parameters are shared, local optimizers, post-processing).
+    model: the SplitModel (feature extractor + personal head).
+    local_config: the clients' local training (epochs, batch size, learning rates, SAM rho).
+    rc: the DP mechanism and how the cohort is executed (executor, chunk size, capacity).
+    params: method-specific hyperparameters (regularizer lambda, sparsity, ...).
+    update_hook: `(client_id, delta) -> delta`, applied to a client's raw update before clipping;
+      the privacy audit plants its canary with it, training never sets it.
+
+  Returns:
+    `round_step(state, data, key) -> (state, metrics)`, a pure function to jit: `state` a
+    ServerState, `data` the FederatedData, `key` the run's root key (the round's streams are folded
+    from it and `state.round`, see keys.py); `metrics` the round's scalars (train_loss,
+    cohort_size, mean_update_norm, clipped_fraction, nonfinite_clients, finite).
   """
   mech = rc.mechanism
   if mech.private != spec.private:

@@ -148,9 +148,17 @@ def dp_event(noise_multiplier, sampling_rate, num_rounds, *, sampling='poisson',
              num_clients=None) -> dp_accounting.DpEvent:
   """The DpEvent of `num_rounds` rounds of the client-sampled Gaussian sum.
 
-  `noise_multiplier` is the noise std on the sum / C. For sampling='fixed' the Gaussian inside the
-  event carries noise_multiplier / 2 (replace-one sensitivity 2C, see the module docstring) and the
-  event must be accounted under NeighboringRelation.REPLACE_ONE.
+  Args:
+    noise_multiplier: sigma, the noise std on the sum of clipped updates divided by C.
+    sampling_rate: q, each client's probability (Poisson) or the cohort fraction (fixed).
+    num_rounds: T.
+    sampling: 'poisson' (add/remove neighbours) or 'fixed' (cohort of round(qN) without
+      replacement; replace-one neighbours, so the event's Gaussian carries sigma / 2: sensitivity 2C).
+    num_clients: N, required for sampling='fixed'.
+
+  Returns:
+    The SelfComposedDpEvent of T sampled Gaussian rounds; account a 'fixed' event under
+    NeighboringRelation.REPLACE_ONE.
   """
   s = _check_noise_multiplier(noise_multiplier)
   q = _check_sampling_rate(sampling_rate)
@@ -186,7 +194,19 @@ def _epsilon(s, q, t, d, sampling, accountant, n) -> float:
 
 def compute_epsilon(noise_multiplier, sampling_rate, num_rounds, delta, *, sampling='poisson',
                     accountant='pld', num_clients=None) -> float:
-  """Client-level epsilon at `delta` after `num_rounds` rounds."""
+  """Client-level epsilon of `dp_event(...)` at `delta`.
+
+  Args:
+    noise_multiplier, sampling_rate, num_rounds, sampling, num_clients: as in `dp_event`.
+    delta: the target delta in (0, 1).
+    accountant: 'pld' (tight, default) or 'rdp' (an upper bound; 'fixed' always uses RDP).
+
+  Returns:
+    epsilon (0 for zero rounds, inf for sigma = 0).
+
+  Raises:
+    ValueError naming the argument and its allowed range.
+  """
   s = _check_noise_multiplier(noise_multiplier)
   return _epsilon(s, *_validate(sampling_rate, num_rounds, delta, sampling, accountant,
                                 num_clients))
@@ -281,7 +301,15 @@ def _calibrate_with(make_inner, make_event, target, delta, guess, step) -> float
 
 def calibrate_noise_multiplier(target_epsilon, sampling_rate, num_rounds, delta, *,
                                sampling='poisson', accountant='pld', num_clients=None) -> float:
-  """The smallest noise multiplier (to ~1e-3 relative) with compute_epsilon(...) <= target_epsilon."""
+  """The noise multiplier that spends exactly `target_epsilon`.
+
+  Args:
+    target_epsilon: epsilon > 0 to reach after `num_rounds` rounds at `delta`.
+    sampling_rate, num_rounds, delta, sampling, accountant, num_clients: as in `compute_epsilon`.
+
+  Returns:
+    The smallest sigma (to ~1e-3 relative) with compute_epsilon(sigma, ...) <= target_epsilon.
+  """
   target = _check_target_epsilon(target_epsilon)
   q, t, d, sampling, accountant, n = _validate(sampling_rate, num_rounds, delta, sampling,
                                                accountant, num_clients)

@@ -28,7 +28,21 @@ from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS
 
 @dataclasses.dataclass(frozen=True)
 class DPMechanism:
-  """Sampling, clipping, noise and accounting of one run (all static: hashable, jit-friendly)."""
+  """Sampling, clipping, noise and accounting of one run (all static: hashable, jit-friendly).
+
+  The round step executes exactly this object and the accountant composes its `dp_event`, so the
+  accounted mechanism cannot drift from the executed one. Built by `round.mechanism_from(config)`.
+
+  Attributes:
+    num_clients: N.
+    sampling: 'poisson' | 'fixed' (see accounting.dp_event).
+    sampling_rate: q.
+    clip_norm: C, the bound on each client's whole shared update (global L2 norm).
+    noise_multiplier: sigma; the noise on the sum of clipped updates has std sigma C.
+    noise_placement: 'central' (the server adds it) | 'distributed' (each sampled client adds a
+      share of std sigma C / sqrt(|S|)).
+    private: False for the non-private methods: no clipping, no noise, divide by the cohort.
+  """
   num_clients: int
   sampling: str            # 'poisson' | 'fixed'
   sampling_rate: float     # q
