@@ -7,7 +7,6 @@ one key to two streams (it did: the rand-k mask and the noise on the second arra
 import collections
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
