@@ -42,3 +42,28 @@ def tiny_config(**overrides):
 @pytest.fixture
 def config_factory():
   return tiny_config
+
+
+# ---------------------------------------------------------------- the privacy mutants' table
+
+# Node ids of the tests that passed in this session: tests/test_mutants.py counts a failure under a
+# mutant as a kill only from a test that passes on the real code (it runs it unpatched otherwise).
+PASSED_TESTS = set()
+# mutant name -> the test that killed it (None: it survived), filled by tests/test_mutants.py.
+MUTANT_TABLE = pytest.StashKey[dict]()
+
+
+def pytest_runtest_logreport(report):
+  if report.when == 'call' and report.passed:
+    PASSED_TESTS.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  table = config.stash.get(MUTANT_TABLE, None)
+  if not table:
+    return
+  survived = [name for name, killer in table.items() if killer is None]
+  terminalreporter.section(f'privacy mutants: {len(table) - len(survived)} of {len(table)} killed')
+  width = max(len(name) for name in table)
+  for name, killer in table.items():
+    terminalreporter.write_line(f'{name:<{width}}  {killer or "SURVIVED"}')

@@ -70,11 +70,6 @@ def test_audit_detects_the_canary_when_there_is_almost_no_noise():
   assert result.epsilon_lower > 4.5, result
 
 
-def test_neighbours_follow_the_sampler():
-  assert audit.neighbour_sign('poisson') == 0.0  # add/remove one client
-  assert audit.neighbour_sign('fixed') == -1.0   # replace one client, 2C apart
-
-
 def test_audit_config_and_table_grid_validate():
   from experiments.configs import audit as audit_config
   for entry in audit_config.audit_grid():

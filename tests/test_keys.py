@@ -59,8 +59,9 @@ def test_no_key_is_both_split_and_folded_in_a_round_or_an_evaluation(monkeypatch
     assert not both, f'{len(both)} key(s) both split and folded while tracing {fn}'
 
 
-def test_every_key_of_a_round_is_distinct():
-  """All keys two rounds derive (streams, clients, their phases, per-array noise, eval, init)."""
+def test_keys_module_derivations_of_two_rounds_are_distinct():
+  """The keys keys.py derives for two rounds, followed by hand (streams, clients, their phases,
+  per-array noise, eval, init); what the round step actually draws from is checked below."""
   root, num_clients, num_arrays, epochs = jax.random.key(0), 5, 6, 3
   derived = [keys.init_key(root)]
   for r in (0, 1):
@@ -76,6 +77,45 @@ def test_every_key_of_a_round_is_distinct():
       derived += list(jax.random.split(head, epochs)) + list(jax.random.split(body, epochs))
   data = np.stack([np.asarray(jax.random.key_data(k)) for k in derived])
   assert len(np.unique(data, axis=0)) == len(derived)
+
+
+# The public samplers the package draws from; each call records the key it consumes.
+_DRAWS = ('normal', 'uniform', 'permutation', 'bernoulli', 'choice', 'randint', 'categorical',
+          'truncated_normal', 'gumbel', 'bits')
+
+
+def test_every_random_draw_of_two_rounds_uses_its_own_key():
+  """Records, while two real rounds run, the key of every random draw (sampling, rand-k mask,
+  epoch orders, the clients' noise shares, the server's noise): no key may be drawn from twice.
+  fed_smp_randk, distributed, q = 1 (no padded slot, which would repeat client 0's keys); the
+  sequential executor, since callbacks under vmap compile slowly (keys belong to client ids, so the
+  executor does not change them)."""
+  exp = train.build_experiment(tiny_config(
+      method='fed_smp_randk', sparsity=0.5, sampling_rate=1.0, num_clients=4, executor='sequential',
+      **{'dp.noise_placement': 'distributed', 'dp.delta': 0.1}))
+  drawn = []
+
+  def recording(name, draw):
+    def wrapped(key, *args, **kwargs):
+      jax.debug.callback(lambda data: drawn.append((name, np.asarray(data).tobytes())),
+                         jax.random.key_data(key))
+      return draw(key, *args, **kwargs)
+    return wrapped
+
+  with pytest.MonkeyPatch.context() as mp:
+    for name in _DRAWS:
+      mp.setattr(jax.random, name, recording(name, getattr(jax.random, name)))
+    step = jax.jit(exp.round_step())
+    state = exp.init_state()
+    for _ in range(2):
+      state, _ = step(state, exp.data, exp.root_key)
+    jax.effects_barrier()
+  assert {'normal', 'uniform'} <= {name for name, _ in drawn}, 'the recording is broken'
+  users = collections.defaultdict(list)
+  for name, key in drawn:
+    users[key].append(name)
+  shared = {key.hex(): names for key, names in users.items() if len(names) > 1}
+  assert not shared, f'{len(shared)} key(s) drawn from more than once: {list(shared.values())[:5]}'
 
 
 def test_released_noise_is_independent_of_the_public_randk_mask():

@@ -1,4 +1,8 @@
-"""The DP mechanism object: what the accountant composes is what the round step executes."""
+"""The DP mechanism object: what the accountant composes is what the round step executes.
+
+The oracles here take q, N and sigma from the experiment's RoundConfig and the accounted event, never
+from the mechanism's own helpers (noise_std, denominator), so a wrong helper cannot vouch for itself.
+"""
 
 import dp_accounting
 import jax
@@ -8,8 +12,8 @@ import pytest
 from conftest import tiny_config
 from dp2fedsam_jax import train
 
-SETTINGS = [('poisson', 'central'), ('poisson', 'distributed'), ('fixed', 'central'),
-            ('fixed', 'distributed')]
+# Each sampler with each placement at least once (the placement does not enter the accounted event).
+SETTINGS = [('poisson', 'central'), ('poisson', 'distributed'), ('fixed', 'distributed')]
 
 
 def _build(sampling, placement, **overrides):
@@ -21,25 +25,22 @@ def _build(sampling, placement, **overrides):
   return train.build_experiment(tiny_config(num_clients=10, sampling_rate=0.5, **fields))
 
 
-@pytest.mark.parametrize('sampling,placement', SETTINGS)
-def test_dp_event_is_the_executed_sampler_and_what_epsilon_composes(sampling, placement):
+@pytest.mark.parametrize('sampling,placement', [('poisson', 'central'), ('fixed', 'distributed')])
+def test_epsilon_is_dp_accountings_composition_of_the_mechanisms_event(sampling, placement):
   exp = _build(sampling, placement)
   mech = exp.mechanism
   event = mech.dp_event(7)
   assert isinstance(event, dp_accounting.SelfComposedDpEvent) and event.count == 7
   one = event.event
-  cohorts = [int(np.sum(np.asarray(mech.sample(jax.random.key(s))))) for s in range(200)]
   if sampling == 'poisson':
     assert isinstance(one, dp_accounting.PoissonSampledDpEvent)
     assert one.sampling_probability == exp.config.sampling_rate
     assert one.event.noise_multiplier == exp.privacy.noise_multiplier
     accountant = dp_accounting.pld.PLDAccountant(
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
-    assert 3.5 < np.mean(cohorts) < 6.5 and np.std(cohorts) > 0
   else:
     assert isinstance(one, dp_accounting.SampledWithoutReplacementDpEvent)
-    assert one.source_dataset_size == 10
-    assert set(cohorts) == {one.sample_size}  # the accounted m is the sampled m
+    assert one.source_dataset_size == 10 and one.sample_size == 5
     assert one.event.noise_multiplier == exp.privacy.noise_multiplier / 2  # replace-one: 2C
     accountant = dp_accounting.rdp.RdpAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
@@ -48,27 +49,102 @@ def test_dp_event_is_the_executed_sampler_and_what_epsilon_composes(sampling, pl
   assert exp.epsilon_after(7) == mech.epsilon(7, 1e-3, exp.config.dp.accountant)
 
 
+def _zero_update_experiment(sampling, placement, **overrides):
+  """dp_fedavg with no local epochs: every update is exactly 0, so the release is the noise alone."""
+  fields = {'method': 'dp_fedavg', 'local.body_epochs': 0, 'num_clients': 10, 'sampling_rate': 0.25,
+            'dp.sampling': sampling, 'dp.noise_placement': placement, 'dp.accountant': 'rdp',
+            'dp.clip_norm': 0.5}
+  fields.update(overrides)
+  return train.build_experiment(tiny_config(**fields))
+
+
+def _accounted_cohort(mech):
+  """(q, expected cohort size) of the event the accountant composes for this mechanism."""
+  event = mech.dp_event(1).event
+  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+    return event.sampling_probability, event.sampling_probability * mech.num_clients
+  assert isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent), event
+  assert event.source_dataset_size == mech.num_clients
+  return event.sample_size / mech.num_clients, event.sample_size
+
+
 @pytest.mark.parametrize('sampling,placement', SETTINGS)
-def test_round_step_adds_the_noise_std_the_mechanism_states(sampling, placement):
-  """Zero updates: the released sum (update * denominator / server_lr) is the noise; on *every*
-  array its std is sigma C, and a fresh draw each round (no correlation across rounds)."""
-  exp = _build(sampling, placement, **{'local.lr_body': 0.0, 'local.lr_head': 0.0})
-  mech = exp.mechanism
-  assert mech.noise_std == pytest.approx(0.8 * 0.5)
+def test_released_noise_is_the_calibrated_sigma_c_on_every_array_and_fresh_each_round(sampling,
+                                                                                       placement):
+  """A target-epsilon run: its sigma gives that epsilon under dp_accounting directly, and the release
+  of zero updates times (accounted expected cohort) / server_lr is N(0, (sigma C)^2) on every array,
+  with no coordinate left unnoised, and uncorrelated from one round to the next. q N = 2.5 is never
+  a cohort size, so a release divided by the actual cohort has the wrong std in every round."""
+  target, rounds = 2.0, 4
+  exp = _zero_update_experiment(sampling, placement, num_rounds=rounds,
+                                **{'dp.noise_multiplier': None, 'dp.target_epsilon': target})
+  rc = exp.round_config
+  mech = rc.mechanism
+  sigma, clip, n = mech.noise_multiplier, mech.clip_norm, rc.num_clients
+  _, expected_cohort = _accounted_cohort(mech)
+  if sampling == 'poisson':
+    one = dp_accounting.PoissonSampledDpEvent(mech.sampling_rate, dp_accounting.GaussianDpEvent(sigma))
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+  else:  # replace-one moves the sum by 2C: the library's multiplier is sigma / 2
+    one = dp_accounting.SampledWithoutReplacementDpEvent(n, expected_cohort,
+                                                         dp_accounting.GaussianDpEvent(sigma / 2))
+    relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+  epsilon = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation).compose(
+      dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(exp.privacy.delta)
+  assert 0.98 * target <= epsilon <= target * (1 + 1e-6), (sigma, epsilon)
+
   step = jax.jit(exp.round_step())
   state = exp.init_state()
-  released_by_round = []
-  for _ in range(3):
+  noise_by_round, cohorts = [], []
+  for _ in range(rounds):
     new, metrics = step(state, exp.data, exp.root_key)
-    scale = float(mech.denominator(metrics['cohort_size'])) / exp.round_config.server_lr
-    released_by_round.append([np.asarray(a - b).ravel() * scale for a, b in
-                              zip(jax.tree.leaves(new.shared), jax.tree.leaves(state.shared))])
+    cohorts.append(int(metrics['cohort_size']))
+    noise_by_round.append([(np.asarray(a, np.float64) - np.asarray(b, np.float64)).ravel()
+                           * expected_cohort / rc.server_lr
+                           for a, b in zip(jax.tree.leaves(new.shared), jax.tree.leaves(state.shared))])
     state = new
-  for i in range(len(released_by_round[0])):
-    arrays = [r[i] for r in released_by_round]
-    values = np.concatenate(arrays)
-    if values.size < 300:
-      continue
-    assert np.all(values != 0), f'array {i} has coordinates without noise'
-    np.testing.assert_allclose(values.std(), mech.noise_std, rtol=0.15)
-    assert abs(np.corrcoef(arrays[0], arrays[1])[0, 1]) < 0.2, 'the same noise in two rounds'
+  for r, arrays in enumerate(noise_by_round):
+    for i, z in enumerate(arrays):
+      assert np.all(z != 0), f'round {r}, array {i}: coordinates without noise'
+      # 5 standard errors of the sample std and mean of z.size Gaussians.
+      assert abs(z.std() / (sigma * clip) - 1) < 5 / np.sqrt(2 * z.size), (r, i, z.std(), sigma * clip)
+      assert abs(z.mean()) < 5 * sigma * clip / np.sqrt(z.size), (r, i, z.mean())
+      if r and z.size >= 64:
+        correlation = np.corrcoef(noise_by_round[r - 1][i], z)[0, 1]
+        assert abs(correlation) < 5 / np.sqrt(z.size), f'round {r}, array {i}: the noise of round {r - 1}'
+  # Some round had |S| >= 2 clients sharing the noise (seeded): sigma C / |S| != sigma C / sqrt(|S|).
+  assert max(cohorts) >= 2
+
+
+@pytest.mark.parametrize('sampling', ['poisson', 'fixed'])
+def test_the_rounds_cohorts_are_the_accounted_sampler(sampling):
+  """300 real rounds: the cohort sizes have the mean and variance of the accounted event (N q and
+  N q (1 - q) for Poisson; exactly m for fixed), every client is sampled with probability q
+  (binomial bounds), and the cohort is fresh each round (a client is in two consecutive cohorts with
+  probability q^2). N from the RoundConfig, q and m from the event epsilon composes."""
+  rounds = 300
+  exp = _zero_update_experiment(sampling, 'central', num_clients=20, **{'dp.noise_multiplier': 1.0})
+  rc = exp.round_config
+  n = rc.num_clients
+  q, expected_cohort = _accounted_cohort(rc.mechanism)
+  step = jax.jit(exp.round_step())
+  state = exp.init_state()
+  sampled = []
+  for _ in range(rounds):
+    new, _ = step(state, exp.data, exp.root_key)
+    sampled.append(np.asarray(new.times_sampled - state.times_sampled) > 0)
+    state = new
+  sampled = np.array(sampled)
+  sizes = sampled.sum(axis=1)
+  if sampling == 'poisson':
+    variance = n * q * (1 - q)
+    assert abs(sizes.mean() - expected_cohort) < 5 * np.sqrt(variance / rounds), sizes.mean()
+    # The sample variance's standard error is about variance * sqrt(2 / rounds).
+    assert abs(sizes.var() - variance) < 5 * variance * np.sqrt(2 / rounds), (sizes.var(), variance)
+  else:
+    assert set(sizes.tolist()) == {expected_cohort}
+  per_client = sampled.sum(axis=0)
+  bound = 5 * np.sqrt(rounds * q * (1 - q))
+  assert np.all(np.abs(per_client - rounds * q) < bound), per_client
+  both = np.mean(sampled[1:] & sampled[:-1])
+  assert abs(both - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / (n * (rounds - 1))), (both, q * q)

@@ -1,0 +1,223 @@
+"""Privacy mutation tests (issue 17): each mutant breaks the DP guarantee in one named way, and a
+privacy oracle of the suite must fail under it. The session ends with the table mutant -> killing
+test (conftest.py); a mutant that survives fails the run.
+
+A mutant is a monkeypatch of a name the engine looks up while a round step is traced: a method of
+DPMechanism, or an attribute of `keys`, `noise`, `round` or `state`. The patches so survive
+refactors that keep these seams, and every killer builds and jits a fresh round step, so no jit
+cache hides a patch.
+
+A kill is an AssertionError from a killer that passes on the real code (it passed earlier in the
+session, or it is run unpatched here first); any other exception means the patch is broken and fails
+the test. Each mutant tries the killer it names first, then all the others, so the harness costs
+about one killer run per mutant.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import conftest
+import test_engine
+import test_keys
+import test_mechanism
+from dp2fedsam_jax import keys
+from dp2fedsam_jax import round as round_module
+from dp2fedsam_jax import state as state_module
+from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.privacy import noise, sampling
+from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.trees import global_norm
+
+
+class Killer(NamedTuple):
+  name: str              # the test's node id, as the table prints it
+  run: Callable[[], None]
+
+
+def _killer(test, *params) -> Killer:
+  name = f'{test.__module__}.py::{test.__name__}' + (f'[{"-".join(params)}]' if params else '')
+  return Killer(name, functools.partial(test, *params))
+
+
+CLIPPING = _killer(test_engine.test_clipping_matches_a_float64_oracle_of_all_arrays_concatenated)
+CLIPPED_SUM = _killer(test_engine.test_round_releases_the_clipped_sum_over_the_expected_cohort)
+HEADS = _killer(test_engine.test_personal_heads_train_but_never_reach_the_release)
+NOISE_CENTRAL = _killer(
+    test_mechanism.test_released_noise_is_the_calibrated_sigma_c_on_every_array_and_fresh_each_round,
+    'poisson', 'central')
+NOISE_DISTRIBUTED = _killer(
+    test_mechanism.test_released_noise_is_the_calibrated_sigma_c_on_every_array_and_fresh_each_round,
+    'poisson', 'distributed')
+SAMPLER = _killer(test_mechanism.test_the_rounds_cohorts_are_the_accounted_sampler, 'poisson')
+DRAWS = _killer(test_keys.test_every_random_draw_of_two_rounds_uses_its_own_key)
+
+# Cheapest first: the order in which a mutant's fallbacks are tried.
+KILLERS = {k.name: k.run for k in
+           (CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL, NOISE_DISTRIBUTED, DRAWS)}
+
+# name -> (patch(monkeypatch), killer names to try first)
+MUTANTS: dict[str, tuple[Callable, list[str]]] = {}
+
+
+def mutant(name: str, *try_first: Killer):
+  def register(patch):
+    MUTANTS[name] = (patch, [k.name for k in try_first])
+    return patch
+  return register
+
+
+@mutant('per-array clipping', CLIPPING)
+def _per_array_clipping(mp):
+  def clip_each_array(self, delta):  # sensitivity C sqrt(L) instead of C
+    scale = lambda x: jnp.minimum(1.0, self.clip_norm / jnp.maximum(global_norm(x), 1e-30))
+    return jax.tree.map(lambda x: x * scale(x), delta), global_norm(delta)
+  mp.setattr(DPMechanism, 'clip', clip_each_array)
+
+
+@mutant('no clipping', CLIPPING)
+def _no_clipping(mp):
+  mp.setattr(DPMechanism, 'clip', lambda self, delta: (delta, global_norm(delta)))
+
+
+@mutant('noise std sigma C / 2', NOISE_CENTRAL)
+def _half_noise(mp):
+  real = DPMechanism.noise_std
+  mp.setattr(DPMechanism, 'noise_std', property(lambda self: real.fget(self) / 2))
+
+
+@mutant('noise on all arrays but one', NOISE_CENTRAL)
+def _one_array_without_noise(mp):
+  real = noise.gaussian_like
+
+  def all_but_the_smallest(key, tree, stddev):  # the smallest array moves a pooled std least
+    leaves, treedef = jax.tree.flatten(real(key, tree, stddev))
+    smallest = min(range(len(leaves)), key=lambda i: leaves[i].size)
+    leaves[smallest] = jnp.zeros_like(leaves[smallest])
+    return jax.tree.unflatten(treedef, leaves)
+  mp.setattr(noise, 'gaussian_like', all_but_the_smallest)
+
+
+@mutant('the same noise key every round', NOISE_CENTRAL)
+def _same_noise_key(mp):
+  real = keys.round_keys
+  mp.setattr(keys, 'round_keys', lambda root, r: real(root, r)._replace(noise=real(root, 0).noise))
+
+
+@mutant('the rand-k mask key equal to a noise key', DRAWS)
+def _mask_key_is_a_noise_key(mp):
+  real = keys.round_keys
+
+  def round_keys(root, r):  # the bug that once shipped: fold_in(noise, 1) == split(noise, L)[1]
+    streams = real(root, r)
+    return streams._replace(public_mask=jax.random.fold_in(streams.noise, 1))
+  mp.setattr(keys, 'round_keys', round_keys)
+
+
+@mutant('dividing by the actual cohort size', CLIPPED_SUM)
+def _actual_cohort(mp):
+  mp.setattr(DPMechanism, 'denominator',
+             lambda self, cohort: jnp.maximum(cohort, 1).astype(jnp.float32))
+
+
+@mutant('weighting by client sample counts', CLIPPED_SUM)
+def _count_weighting(mp):
+  real = round_module.client_mapper
+
+  def weighted_mapper(executor, chunk_size):
+    map_clients = real(executor, chunk_size)
+
+    def weighted(f, x, y, count, *rest):  # the client fn takes (x, y, count, personal, key, id)
+      uploads, *others = map_clients(f, x, y, count, *rest)
+      weight = count / jnp.mean(count)
+      uploads = jax.tree.map(
+          lambda u: u * weight.reshape((-1,) + (1,) * (u.ndim - 1)).astype(u.dtype), uploads)
+      return (uploads, *others)
+    return weighted
+  mp.setattr(round_module, 'client_mapper', weighted_mapper)
+
+
+@mutant('a fixed-size sampler accounted as Poisson', SAMPLER)
+def _fixed_size_sampler(mp):
+  real = DPMechanism.sample
+
+  def sample(self, key):
+    if self.sampling == 'poisson':
+      return sampling.sample_cohort(key, 'fixed', self.sampling_rate, self.num_clients)
+    return real(self, key)
+  mp.setattr(DPMechanism, 'sample', sample)
+
+
+@mutant('distributed shares sigma C / |S| instead of sigma C / sqrt|S|', NOISE_DISTRIBUTED)
+def _shares_over_cohort(mp):
+  real = DPMechanism.client_noise_std
+
+  def client_noise_std(self, cohort):
+    return real(self, jnp.ones_like(cohort)) / jnp.maximum(cohort, 1).astype(jnp.float32)
+  mp.setattr(DPMechanism, 'client_noise_std', client_noise_std)
+
+
+@mutant('the personal head included in the upload', HEADS)
+def _head_in_upload(mp):
+  real_split, real_make = state_module.split_params, round_module.make_client_update
+
+  def split_params(spec, params):  # the server holds a head too, so the upload can carry one
+    shared, personal = real_split(spec, params)
+    if spec.personal == 'head':
+      shared = {**shared, 'head': params['head']}
+    return shared, personal
+
+  def make_client_update(spec, model, local_config, normalize, params=MethodParams()):
+    update = real_make(spec, model, local_config, normalize, params)
+
+    def client_update(shared, personal, *args):
+      result = update(shared, personal, *args)
+      if 'head' in result.delta and 'head' in personal:  # the head phase's change goes up
+        change = jax.tree.map(jnp.subtract, result.personal['head'], personal['head'])
+        result = result._replace(delta={**result.delta, 'head': change})
+      return result
+    return client_update
+  mp.setattr(state_module, 'split_params', split_params)
+  mp.setattr(round_module, 'make_client_update', make_client_update)
+
+
+@mutant('padded slots included in the sum', CLIPPED_SUM)
+def _padding_in_sum(mp):
+  mp.setattr(round_module, '_masked_sum',
+             lambda tree, valid: jax.tree.map(lambda x: jnp.sum(x, axis=0), tree))
+
+
+_PASSED_HERE = set()
+
+
+def _check_passes_unpatched(killer: str) -> None:
+  """A failure under a mutant counts only from a killer that passes on the real code."""
+  if killer in _PASSED_HERE or any(node.endswith(killer) for node in conftest.PASSED_TESTS):
+    return
+  try:
+    KILLERS[killer]()
+  except AssertionError as e:
+    pytest.fail(f'{killer} fails on the real code, so it cannot kill a mutant: {e}')
+  _PASSED_HERE.add(killer)
+
+
+@pytest.mark.parametrize('name', list(MUTANTS))
+def test_privacy_mutant_is_killed(name, request):
+  patch, try_first = MUTANTS[name]
+  table = request.config.stash.setdefault(conftest.MUTANT_TABLE, {})
+  table[name] = None
+  for killer in [*try_first, *(k for k in KILLERS if k not in try_first)]:
+    _check_passes_unpatched(killer)
+    with pytest.MonkeyPatch.context() as mp:
+      patch(mp)
+      try:
+        KILLERS[killer]()
+      except AssertionError:
+        table[name] = killer
+        return
+  pytest.fail(f'mutant {name!r} survived every killer: {list(KILLERS)}')
