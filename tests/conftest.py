@@ -2,8 +2,11 @@
 
 import os
 
-# Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices.
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices; LLVM's
+# optimisations off halve the CPU time of the suite (it is compile-bound: tests/test_engine.py 227 s
+# -> 110 s of CPU), and every program a test compares is compiled the same way.
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
+                                   '--xla_backend_optimization_level=0')
 
 import pytest
 
