@@ -14,7 +14,7 @@ A trial runs the real round step `num_rounds` times (scanned) from the initial s
 keys; trials are independent and vmapped in batches. The attacker sees every round's released
 update u_t = (phi_{t+1} - phi_t) * m / server_lr (the noised sum). Two scores per canary and trial:
 
-  white-box  s_i = sum_t <u_t, v_i> / C  (for q = 1 exactly Gaussian: mean T or 0 (-T), std sigma sqrt T)
+  white-box  s_i = sum_t <u_t, v_i> / C   (q = 1: Gaussian, mean T or 0 (-T), std sigma sqrt T)
   final      cos(phi_T - phi_0, v_i)     (the released model only, as Andrew et al. score it)
 
 and from them (statistics in privacy/audit.py, which says what each one assumes):
@@ -55,7 +55,7 @@ from dp2fedsam_jax.round import make_round_step
 class AuditSettings:
   num_trials: int = 20         # independent runs of the audited rounds
   num_canaries: int = 1000     # canary clients per run, each included with probability 1/2
-  num_rounds: int = 1          # rounds per trial (a canary takes part in every round it is sampled in)
+  num_rounds: int = 1          # rounds per trial (a canary is in every round it is sampled in)
   canary_norm: float = 10.0    # the canary's raw update norm, in units of C (clipped back to C)
   alpha: float = 0.05          # 1 - confidence of every bound and interval
   select_fraction: float = 0.2  # scores used only to choose a threshold
@@ -114,10 +114,12 @@ class AuditResult:
   num_canaries: int
   seconds: float
 
-  BOUNDS = ('epsilon_clopper_pearson', 'epsilon_gdp_lower', 'epsilon_one_run', 'epsilon_one_run_fdp')
+  BOUNDS = ('epsilon_clopper_pearson', 'epsilon_gdp_lower', 'epsilon_one_run',
+            'epsilon_one_run_fdp')
 
   def bounds(self) -> dict[str, float]:
-    return {name: getattr(self, name) for name in self.BOUNDS if not math.isnan(getattr(self, name))}
+    values = {name: getattr(self, name) for name in self.BOUNDS}
+    return {name: value for name, value in values.items() if not math.isnan(value)}
 
   @property
   def best_bound(self) -> float:
@@ -186,7 +188,7 @@ def canary_directions(key, num_params: int, num_canaries: int) -> np.ndarray:
 
 
 def canary_hook(first_canary: int, directions, unravel, raw_norm, signs):
-  """update_hook: client first_canary + i uploads signs[i] * raw_norm * v_i, the others their own."""
+  """update_hook: client first_canary + i uploads signs[i] * raw_norm * v_i; others, their own."""
   last = directions.shape[0] - 1
 
   def hook(client_id, delta):

@@ -18,9 +18,9 @@ either *folded* with the distinct constants below, or *split* into a fresh array
 The privacy audit (dp2fedsam_jax/audit.py) has its own root, key(audit seed), so its canaries do not
 depend on the experiment's seed:
 
-    audit root                                        folded: AUDIT_DIRECTIONS, AUDIT_RUNS, AUDIT_INCLUSION
-      runs key                                        split into one root key per trial (a run as above)
-      inclusion key                                   one draw: which canary is in which trial
+    audit root = key(audit seed)          folded: AUDIT_DIRECTIONS, AUDIT_RUNS, AUDIT_INCLUSION
+      runs key                            split into one root key per trial (a run as above)
+      inclusion key                       one draw: which canary is in which trial
 """
 
 

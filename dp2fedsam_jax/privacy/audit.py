@@ -146,8 +146,9 @@ def _gdp_interval(in_scores, out_scores, threshold, alpha):
   n_in, n_out = in_scores.size, out_scores.size
   fp = np.sum(out_scores >= threshold)
   fn = np.sum(in_scores < threshold)
-  lower = gdp_mu(clopper_pearson_upper(fp, n_out, alpha / 4), clopper_pearson_upper(fn, n_in, alpha / 4))
-  upper = gdp_mu(clopper_pearson_lower(fp, n_out, alpha / 4), clopper_pearson_lower(fn, n_in, alpha / 4))
+  level = alpha / 4
+  lower = gdp_mu(clopper_pearson_upper(fp, n_out, level), clopper_pearson_upper(fn, n_in, level))
+  upper = gdp_mu(clopper_pearson_lower(fp, n_out, level), clopper_pearson_lower(fn, n_in, level))
   # A rate of exactly 0 makes the point estimate infinite: count half an error there.
   point = gdp_mu(max(fp, 0.5) / n_out, max(fn, 0.5) / n_in)
   return float(lower), float(point), float(upper)
