@@ -1,54 +1,76 @@
-"""Empirical privacy audit: a lower bound on the epsilon the real round step actually has.
+"""Empirical privacy audit: canary clients in the real round step, and what their scores certify.
 
-A canary client (id `canary_client`) replaces its update, through `make_round_step`'s `update_hook`,
-by `canary_norm * C * v` for a fixed unit direction v of the shared parameters (so after clipping it
-is exactly C v, the largest contribution a client can make). The real round step then runs for
-`num_rounds` rounds, `num_trials` times in each of two neighbouring worlds:
+`num_canaries` canary clients join the federation (ids N..N+k-1; canary j holds a copy of real
+client j mod N's data and trains on it like any client). Through `make_round_step`'s `update_hook`
+canary i's update then becomes canary_norm * C * v_i, where v_1..v_k are orthonormal directions of
+the shared parameters: after clipping it is exactly C v_i, the largest contribution a client can
+make, and with orthonormal directions the canaries see independent noise and no cross-talk. In every
+trial each canary is included independently with probability 1/2; a canary that is not included
+  Poisson (add/remove-one): uploads 0, the same release as removing the client (a zero upload adds
+    nothing; distributed noise shares still total sigma C);
+  fixed-size (replace-one): uploads -canary_norm C v_i, the farthest replacement (2C away).
 
-  with the canary:     the canary's update is +canary_norm C v
-  without the canary:  Poisson (add/remove-one): 0, which releases the same sum as removing the
-                       client (its zero upload adds nothing; distributed noise still totals sigma C);
-                       fixed-size (replace-one): -canary_norm C v, the farthest replacement (2C away).
+A trial runs the real round step `num_rounds` times (scanned) from the initial state with its own
+keys; trials are independent and vmapped in batches. The attacker sees every round's released
+update u_t = (phi_{t+1} - phi_t) * m / server_lr (the noised sum). Two scores per canary and trial:
 
-The attacker sees every round's released update u_t = (phi_{t+1} - phi_t) * m / server_lr (the noised
-sum) and scores a trial by s = sum_t <u_t, v> / C. From the scores of both worlds,
-`privacy/audit.py` (statistics only) derives eps_lower, a Clopper-Pearson lower bound on the
-mechanism's epsilon with a threshold chosen on held-out trials; the harness reports it next to the
-accounted epsilon of the same mechanism.
+  white-box  s_i = sum_t <u_t, v_i> / C   (q = 1: Gaussian, mean T or 0 (-T), std sigma sqrt T)
+  final      cos(phi_T - phi_0, v_i)     (the released model only, as Andrew et al. score it)
+
+and from them (statistics in privacy/audit.py, which says what each one assumes):
+
+  bounds      Clopper-Pearson and the GDP interval (Nasr et al.) on the white-box scores of all
+              trials; the one-run bounds of Steinke et al. and Mahloujifar et al. (f-DP) on the
+              final scores of trial 0 alone: k canaries, ONE training run
+  estimate    the Gaussian fit of Andrew et al. on the final scores of trial 0
+
+The GDP and f-DP bounds test a Gaussian trade-off curve; the accountant claims one only when every
+client takes part in every round (q = 1), so elsewhere they are not computed. Clopper-Pearson and
+GDP treat each (trial, canary) score as an independent trial. Across trials that holds by
+construction. Within a trial it holds for the mechanism the accountant claims: isotropic Gaussian
+noise has independent projections on orthonormal directions, and with working clipping each canary
+moves only its own score. So a bound above the accounted epsilon refutes the accountant's claim at
+level alpha; as a lower bound for an arbitrary mechanism it assumes that independence, which
+`num_canaries=1` makes exact (at about k times the cost per score).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
+import math
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
+from scipy import linalg
 
-from dp2fedsam_jax.algorithms.specs import MethodParams
-from dp2fedsam_jax.privacy.audit import epsilon_from_scores
+from dp2fedsam_jax import keys
+from dp2fedsam_jax.privacy import audit as audit_stats
 from dp2fedsam_jax.round import make_round_step
 
 
 @dataclasses.dataclass(frozen=True)
 class AuditSettings:
-  num_trials: int = 1000       # per world
-  num_rounds: int = 1          # rounds per trial (the canary takes part in every one it is sampled in)
-  canary_client: int = 0
+  num_trials: int = 20         # independent runs of the audited rounds
+  num_canaries: int = 1000     # canary clients per run, each included with probability 1/2
+  num_rounds: int = 1          # rounds per trial (a canary is in every round it is sampled in)
   canary_norm: float = 10.0    # the canary's raw update norm, in units of C (clipped back to C)
-  alpha: float = 0.05          # 1 - confidence of eps_lower
-  select_fraction: float = 0.5  # trials used only to choose the threshold
-  batch_trials: int = 500      # trials vmapped at once (memory)
+  alpha: float = 0.05          # 1 - confidence of every bound and interval
+  select_fraction: float = 0.2  # scores used only to choose a threshold
+  batch_trials: int = 1        # trials vmapped at once (memory)
   seed: int = 0                # the audit's own keys; the experiment's keys come from config.seed
 
   def __post_init__(self):
-    if self.num_trials < 4 or self.num_rounds < 1 or self.batch_trials < 1:
-      raise ValueError(f'audit: num_trials >= 4, num_rounds >= 1 and batch_trials >= 1 needed; got '
-                       f'{self.num_trials}, {self.num_rounds}, {self.batch_trials}.')
-    if not 0.0 < self.alpha < 1.0 or not 0.0 < self.select_fraction < 1.0:
-      raise ValueError(f'audit: alpha and select_fraction must lie in (0, 1); got {self.alpha}, '
-                       f'{self.select_fraction}.')
+    if (self.num_trials < 1 or self.num_canaries < 1 or self.num_rounds < 1
+        or self.batch_trials < 1 or self.num_trials * self.num_canaries < 8):
+      raise ValueError(f'audit: num_trials, num_canaries, num_rounds, batch_trials >= 1 and at '
+                       f'least 8 canary scores needed; got {self.num_trials}, {self.num_canaries}, '
+                       f'{self.num_rounds}, {self.batch_trials}.')
+    if not 0.0 < self.alpha < 0.5 or not 0.0 < self.select_fraction < 1.0:
+      raise ValueError(f'audit: alpha must lie in (0, 0.5) and select_fraction in (0, 1); got '
+                       f'{self.alpha}, {self.select_fraction}.')
     if self.canary_norm < 1.0:
       raise ValueError(f'audit: canary_norm={self.canary_norm} must be >= 1 (a multiple of C).')
 
@@ -73,122 +95,213 @@ class AuditResult:
   num_rounds: int
   delta: float
   epsilon_accounted: float
-  epsilon_lower: float
+  # Lower bounds (1 - alpha); NaN where not computed (see the module docstring).
+  epsilon_clopper_pearson: float
+  epsilon_gdp_lower: float
+  epsilon_one_run: float
+  epsilon_one_run_fdp: float
+  # Estimates.
+  epsilon_gdp: float              # at the observed error rates; the interval's upper end:
+  epsilon_gdp_upper: float
+  gdp_mu_lower: float
+  gdp_mu: float
+  gdp_mu_upper: float
+  epsilon_gaussian_fit: float     # Andrew et al.; bootstrap interval of the estimate:
+  epsilon_gaussian_fit_low: float
+  epsilon_gaussian_fit_high: float
   confidence: float
-  num_trials: int        # per world, threshold selection and evaluation together
-  threshold: float
-  fpr: float             # on the evaluation trials
-  fnr: float
-  fpr_hi: float
-  fnr_hi: float
+  num_trials: int
+  num_canaries: int
+  seconds: float
+
+  BOUNDS = ('epsilon_clopper_pearson', 'epsilon_gdp_lower', 'epsilon_one_run',
+            'epsilon_one_run_fdp')
+
+  def bounds(self) -> dict[str, float]:
+    values = {name: getattr(self, name) for name in self.BOUNDS}
+    return {name: value for name, value in values.items() if not math.isnan(value)}
+
+  @property
+  def best_bound(self) -> float:
+    return max(self.bounds().values())
+
+  def exceeded(self) -> list[str]:
+    """The bounds above the accounted epsilon: the implementation leaks more than it accounts."""
+    return [name for name, value in self.bounds().items() if value > self.epsilon_accounted]
 
   def row(self) -> str:
-    return (f'| {self.method} | {self.sampling} | {self.noise_placement} | {self.sampling_rate:g} | '
-            f'{self.noise_multiplier:g} | {self.num_rounds} | {self.delta:.0e} | '
-            f'{self.epsilon_accounted:.2f} | {self.epsilon_lower:.2f} | {self.fpr:.3f} | '
-            f'{self.fnr:.3f} | {self.num_trials} |')
+    def num(x):
+      return '—' if math.isnan(x) else f'{x:.2f}'
+    gdp = (f'{num(self.epsilon_gdp_lower)} [{num(self.epsilon_gdp)}, {num(self.epsilon_gdp_upper)}]'
+           if not math.isnan(self.epsilon_gdp_lower) else '—')
+    fit = (f'{num(self.epsilon_gaussian_fit)} [{num(self.epsilon_gaussian_fit_low)}, '
+           f'{num(self.epsilon_gaussian_fit_high)}]')
+    return (f'| {self.method} {self.sampling} {self.noise_placement} | {self.noise_multiplier:g} | '
+            f'{self.sampling_rate:g} | {self.num_rounds} | {self.epsilon_accounted:.2f} | '
+            f'{num(self.epsilon_clopper_pearson)} | {gdp} | {num(self.epsilon_one_run)} | '
+            f'{num(self.epsilon_one_run_fdp)} | {fit} | {self.num_trials} × {self.num_canaries} | '
+            f'{self.seconds:.0f} |')
 
 
-TABLE_HEADER = ('| method | sampling | noise | q | sigma | rounds | delta | eps accounted | '
-                'eps_lower (95 %) | FPR | FNR | trials/world |\n'
-                '|---|---|---|---|---|---|---|---|---|---|---|---|')
+TABLE_HEADER = (
+    '| mechanism | σ | q | T | ε accounted | CP bound | GDP bound [estimate, upper] | '
+    'one-run bound | one-run f-DP bound | Gaussian-fit estimate [95 % bootstrap] | '
+    'trials × canaries | s |\n'
+    '|---|---|---|---|---|---|---|---|---|---|---|---|')
 
 
-
-def canary_direction(key, shared):
-  """A unit vector (global L2 norm 1) with the structure of the shared parameters."""
-  leaves, treedef = jax.tree.flatten(shared)
-  keys = jax.random.split(key, len(leaves))
-  v = [jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)]
-  norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in v))
-  return jax.tree.unflatten(treedef, [x / norm for x in v])
-
-
-def canary_hook(canary_client: int, direction, raw_norm, sign):
-  """update_hook: the canary's update becomes sign * raw_norm * direction, the others' stay."""
-  def hook(client_id, delta):
-    is_canary = client_id == canary_client
-    return jax.tree.map(lambda d, v: jnp.where(is_canary, (sign * raw_norm * v).astype(d.dtype), d),
-                        delta, direction)
-  return hook
-
-
-def _vdot(a, b):
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-def make_trial_scores(exp, settings: AuditSettings, direction):
-  """scores(state0, data, keys, signs) -> float32[trials]: each trial's summed projection / C.
-
-  One jitted program: the real round step (with the canary hook), scanned over the rounds and
-  vmapped over the trials; `signs` (+1, 0 or -1 per trial) says which world the trial is in.
-  """
-  rc, spec, mech = exp.round_config, exp.spec, exp.mechanism
-  clip = mech.clip_norm
-  params = MethodParams.from_config(exp.config)
-
-  def one_trial(state0, data, key, sign):
-    hook = canary_hook(settings.canary_client, direction, settings.canary_norm * clip, sign)
-    step = make_round_step(spec, exp.model, exp.local_config, rc, params, update_hook=hook)
-
-    def body(state, _):
-      new, metrics = step(state, data, key)
-      denominator = mech.denominator(metrics['cohort_size'])  # what the round divided by
-      released = jax.tree.map(lambda a, b: (a - b) * (denominator / rc.server_lr),
-                              new.shared, state.shared)
-      return new, _vdot(released, direction) / clip
-
-    _, projections = jax.lax.scan(body, state0, None, length=settings.num_rounds)
-    return jnp.sum(projections)
-
-  return jax.jit(jax.vmap(one_trial, in_axes=(None, None, 0, 0)))
+def gaussian_claim(mechanism) -> bool:
+  """Does the accountant claim a Gaussian trade-off? Only if every client is in every round."""
+  return mechanism.sampling_rate >= 1.0
 
 
 def neighbour_sign(sampler: str) -> float:
-  """The canary's sign in the world without it: removed (Poisson) or mirrored (replace-one)."""
+  """A canary's sign when it is not included: removed (Poisson) or mirrored (replace-one)."""
   return 0.0 if sampler == 'poisson' else -1.0
 
 
-def audit_scores(exp, settings: AuditSettings):
-  """(scores with the canary, scores without it), num_trials each."""
-  if not 0 <= settings.canary_client < exp.data.num_clients:
-    raise ValueError(f'audit: canary_client={settings.canary_client} is not a client id '
-                     f'(0..{exp.data.num_clients - 1}).')
-  root = jax.random.key(settings.seed)
+def with_canary_clients(exp, num_canaries: int):
+  """The experiment with `num_canaries` more clients, N..N+k-1 (canary j holds a copy of client
+  j mod N's data), and its mechanism -- round step and accountant -- over all N + k clients."""
+  data = exp.data
+  source = np.arange(num_canaries) % data.num_clients
+  grow = lambda a: jnp.concatenate([a, a[source]])
+  data = data.replace(train_x=grow(data.train_x), train_y=grow(data.train_y),
+                      train_count=grow(data.train_count), test_x=grow(data.test_x),
+                      test_y=grow(data.test_y), test_count=grow(data.test_count))
+  # dataclasses.replace keeps the mechanism's class: a deliberately broken one stays broken.
+  mechanism = dataclasses.replace(exp.mechanism, num_clients=data.num_clients)
+  round_config = dataclasses.replace(exp.round_config, mechanism=mechanism)
+  return dataclasses.replace(exp, data=data, round_config=round_config)
+
+
+def canary_directions(key, num_params: int, num_canaries: int) -> np.ndarray:
+  """float32[k, d]: k orthonormal rows, uniformly random: the Q of a Gaussian matrix G = QR with
+  R's diagonal positive, computed as G L^-T with L L^T = G^T G (Cholesky QR; G is well conditioned
+  for d >> k; LAPACK's Householder QR was several times slower on the shared CPU)."""
+  if num_canaries > num_params:
+    raise ValueError(f'audit: {num_canaries} canaries cannot be orthogonal in {num_params} shared '
+                     'parameters; use fewer canaries per trial and more trials.')
+  gaussian = np.asarray(jax.random.normal(key, (num_params, num_canaries), jnp.float32), np.float64)
+  lower = np.linalg.cholesky(gaussian.T @ gaussian)
+  return linalg.solve_triangular(lower, gaussian.T, lower=True).astype(np.float32)
+
+
+def canary_hook(first_canary: int, directions, unravel, raw_norm, signs):
+  """update_hook: client first_canary + i uploads signs[i] * raw_norm * v_i; others, their own."""
+  last = directions.shape[0] - 1
+
+  def hook(client_id, delta):
+    index = client_id - first_canary
+    safe = jnp.clip(index, 0, last)
+    canary = unravel(signs[safe] * raw_norm * directions[safe])
+    return jax.tree.map(lambda d, c: jnp.where(index >= 0, c.astype(d.dtype), d), delta, canary)
+  return hook
+
+
+def _flat(tree):
+  return ravel_pytree(tree)[0]
+
+
+def make_trial_scores(exp, settings: AuditSettings):
+  """scores(state0, data, directions, run_keys, signs) -> (white-box, final) scores, [trials, k].
+
+  One jitted program: the real round step (with the canary hook), scanned over the rounds and
+  vmapped over the trials; signs[trial, i] (+1, 0 or -1) is canary i's contribution in that trial.
+  `exp` already holds the canary clients (with_canary_clients).
+  """
+  rc, spec, mech = exp.round_config, exp.spec, exp.mechanism
+  clip = mech.clip_norm
+  first_canary = exp.data.num_clients - settings.num_canaries
+
+  def one_trial(state0, data, directions, run_key, signs):
+    _, unravel = ravel_pytree(state0.shared)
+    hook = canary_hook(first_canary, directions, unravel, settings.canary_norm * clip, signs)
+    step = make_round_step(spec, exp.model, exp.local_config, rc, exp.method_params,
+                           update_hook=hook)
+
+    def body(state, _):
+      new, metrics = step(state, data, run_key)
+      denominator = mech.denominator(metrics['cohort_size'])  # what the round divided by
+      released = (_flat(new.shared) - _flat(state.shared)) * (denominator / rc.server_lr)
+      return new, directions @ released / clip
+
+    final, projections = jax.lax.scan(body, state0, None, length=settings.num_rounds)
+    moved = _flat(final.shared) - _flat(state0.shared)
+    cosine = directions @ moved / jnp.maximum(jnp.linalg.norm(moved), 1e-30)
+    return jnp.sum(projections, axis=0), cosine
+
+  return jax.jit(jax.vmap(one_trial, in_axes=(None, None, None, 0, 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryScores:
+  white_box: np.ndarray  # float[trials, k]
+  final: np.ndarray      # float[trials, k]
+  included: np.ndarray   # bool[trials, k]
+
+
+def audit_scores(exp, settings: AuditSettings) -> CanaryScores:
+  """Every canary's scores in every trial; `exp` already holds the canary clients."""
+  streams = keys.audit_keys(settings.seed, settings.num_trials)
   state0 = exp.init_state()
-  direction = canary_direction(jax.random.fold_in(root, 0), state0.shared)
-  scores = make_trial_scores(exp, settings, direction)
-  out = []
-  for world, sign in ((1, 1.0), (2, neighbour_sign(exp.config.dp.sampling))):
-    keys = jax.random.split(jax.random.fold_in(root, world), settings.num_trials)
-    parts = []
-    size = min(settings.batch_trials, settings.num_trials)
-    signs = jnp.full((size,), sign, jnp.float32)
-    for start in range(0, settings.num_trials, size):
-      batch = keys[start:start + size]
-      real = batch.shape[0]
-      if real < size:  # pad the last batch with repeated keys: one shape, one compilation
-        batch = jnp.concatenate([batch, keys[:size - real]])
-      parts.append(np.asarray(scores(state0, exp.data, batch, signs))[:real])
-    out.append(np.concatenate(parts))
-  return out[0], out[1]
-
-
-def accounted_epsilon(exp, num_rounds: int) -> float:
-  """The accountant's epsilon for the mechanism the round step executed, over the audited rounds."""
-  return exp.epsilon_after(num_rounds)
+  directions = jnp.asarray(canary_directions(
+      streams.directions, _flat(state0.shared).size, settings.num_canaries))
+  included = np.asarray(jax.random.bernoulli(
+      streams.inclusion, 0.5, (settings.num_trials, settings.num_canaries)))
+  signs = np.where(included, 1.0, neighbour_sign(exp.mechanism.sampling)).astype(np.float32)
+  scores = make_trial_scores(exp, settings)
+  size = min(settings.batch_trials, settings.num_trials)
+  white_box, final = [], []
+  for start in range(0, settings.num_trials, size):
+    # The last batch is padded with trial 0 again: one shape, one compilation.
+    rows = np.arange(start, start + size) % settings.num_trials
+    real = min(size, settings.num_trials - start)
+    w, f = scores(state0, exp.data, directions, streams.runs[rows], jnp.asarray(signs[rows]))
+    white_box.append(np.asarray(w)[:real])
+    final.append(np.asarray(f)[:real])
+  return CanaryScores(np.concatenate(white_box), np.concatenate(final), included)
 
 
 def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   """Audits the experiment `exp` (from train.build_experiment) and accounts the same mechanism."""
-  with_canary, without = audit_scores(exp, settings)
-  eps, threshold, fpr, fnr, fpr_hi, fnr_hi = epsilon_from_scores(
-      with_canary, without, exp.privacy.delta, settings.alpha, settings.select_fraction)
+  start = time.perf_counter()
+  audited = with_canary_clients(exp, settings.num_canaries)
+  scores = audit_scores(audited, settings)
+  delta, alpha, seed = exp.privacy.delta, settings.alpha, settings.seed
+  included = scores.included
+  nan = math.nan
+
+  white_in, white_out = scores.white_box[included], scores.white_box[~included]
+  cp = audit_stats.epsilon_clopper_pearson(white_in, white_out, delta, alpha,
+                                           settings.select_fraction, seed)
+  gaussian = gaussian_claim(audited.mechanism)
+  gdp = (audit_stats.gdp_bound(white_in, white_out, delta, alpha, settings.select_fraction, seed)
+         if gaussian else None)
+
+  # One run: trial 0's canaries only.
+  run_in, run_out = scores.final[0][included[0]], scores.final[0][~included[0]]
+  one_run = one_run_fdp = nan
+  fit = audit_stats.GaussianFitEstimate(nan, nan, nan)
+  if min(run_in.size, run_out.size) >= 2:
+    one_run = audit_stats.epsilon_one_run(run_in, run_out, delta, alpha)
+    if gaussian:
+      one_run_fdp = audit_stats.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
+    fit = audit_stats.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
+
   config = exp.config
   return AuditResult(
       method=config.method, sampling=config.dp.sampling, noise_placement=config.dp.noise_placement,
       noise_multiplier=exp.privacy.noise_multiplier, sampling_rate=config.sampling_rate,
-      num_rounds=settings.num_rounds, delta=exp.privacy.delta,
-      epsilon_accounted=accounted_epsilon(exp, settings.num_rounds), epsilon_lower=eps,
-      confidence=1.0 - settings.alpha, num_trials=settings.num_trials, threshold=threshold,
-      fpr=fpr, fnr=fnr, fpr_hi=fpr_hi, fnr_hi=fnr_hi)
+      num_rounds=settings.num_rounds, delta=delta,
+      epsilon_accounted=audited.epsilon_after(settings.num_rounds),
+      epsilon_clopper_pearson=cp,
+      epsilon_gdp_lower=gdp.epsilon_lower if gdp else nan,
+      epsilon_one_run=one_run, epsilon_one_run_fdp=one_run_fdp,
+      epsilon_gdp=gdp.epsilon if gdp else nan, epsilon_gdp_upper=gdp.epsilon_upper if gdp else nan,
+      gdp_mu_lower=gdp.mu_lower if gdp else nan, gdp_mu=gdp.mu if gdp else nan,
+      gdp_mu_upper=gdp.mu_upper if gdp else nan,
+      epsilon_gaussian_fit=fit.epsilon, epsilon_gaussian_fit_low=fit.epsilon_low,
+      epsilon_gaussian_fit_high=fit.epsilon_high, confidence=1.0 - alpha,
+      num_trials=settings.num_trials, num_canaries=settings.num_canaries,
+      seconds=time.perf_counter() - start)

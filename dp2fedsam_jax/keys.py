@@ -14,7 +14,15 @@ either *folded* with the distinct constants below, or *split* into a fresh array
         noise key                                     split per array (the server's noise)
       eval key = fold_in(fold_in(root, EVAL), r)      split per client id (fine-tuning order)
       init key = fold_in(root, INIT)                  the model's initialiser
+
+The privacy audit (dp2fedsam_jax/audit.py) has its own root, key(audit seed), so its canaries do not
+depend on the experiment's seed:
+
+    audit root = key(audit seed)          folded: AUDIT_DIRECTIONS, AUDIT_RUNS, AUDIT_INCLUSION
+      runs key                            split into one root key per trial (a run as above)
+      inclusion key                       one draw: which canary is in which trial
 """
+
 
 from __future__ import annotations
 
@@ -39,6 +47,11 @@ UPLOAD = 2        # the client's own noise share (distributed placement; split p
 # Children of a train key.
 HEAD = 1
 BODY = 2
+
+# Children of the audit's root key.
+AUDIT_DIRECTIONS = 1  # the canaries' directions
+AUDIT_RUNS = 2        # parent of the trials' root keys (split by trial)
+AUDIT_INCLUSION = 3   # which canaries take part in which trial
 
 
 class RoundKeys(NamedTuple):
@@ -73,3 +86,16 @@ def init_key(root: jax.Array) -> jax.Array:
 
 def eval_key(root: jax.Array, round_index: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(root, EVAL), round_index)
+
+
+class AuditKeys(NamedTuple):
+  directions: jax.Array
+  runs: jax.Array       # [num_trials] root keys
+  inclusion: jax.Array
+
+
+def audit_keys(seed: int, num_trials: int) -> AuditKeys:
+  root = jax.random.key(seed)
+  return AuditKeys(jax.random.fold_in(root, AUDIT_DIRECTIONS),
+                   jax.random.split(jax.random.fold_in(root, AUDIT_RUNS), num_trials),
+                   jax.random.fold_in(root, AUDIT_INCLUSION))
