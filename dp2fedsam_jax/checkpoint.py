@@ -1,10 +1,10 @@
 """Checkpoints (orbax), written so that a kill at any moment leaves the last finished one usable.
 
-A checkpoint holds the server state and the evaluation records (metrics.jsonl) up to its round. orbax
-finalizes a step directory atomically (an unfinished one is ignored on restore); on resume train.py
-rewrites metrics.jsonl from the checkpointed records and cuts train_metrics.jsonl back to the
-checkpoint's round (metric_writers.py). Keys derive from (seed, round), so a resumed run repeats the
-uninterrupted one exactly.
+A checkpoint holds the server state and the evaluation records (metrics.jsonl) up to its round.
+orbax finalizes a step directory atomically (an unfinished one is ignored on restore); on resume
+train.py rewrites metrics.jsonl from the checkpointed records and cuts train_metrics.jsonl back to
+the checkpoint's round (metric_writers.py). Keys derive from (seed, round), so a resumed run repeats
+the uninterrupted one exactly.
 """
 
 from __future__ import annotations

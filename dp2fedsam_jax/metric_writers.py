@@ -1,20 +1,22 @@
-"""Metric writers in the style of clu.metric_writers: `write_scalars(step, scalars)`, `flush()`, `close()`.
+"""Metric writers in the style of clu.metric_writers: `write_scalars(step, scalars)`, `flush()`,
+`close()`.
 
 A training run writes two collections into its workdir (train.py):
 
   train_metrics.jsonl   every round: train_loss, mean_update_norm, clipped_fraction, cohort_size,
                         nonfinite_clients, seconds (the round's wall time)
-  metrics.jsonl         every evaluated round: epsilon, the evaluation, the training scalars averaged
-                        over the rounds since the previous evaluation, seconds per round of that window
+  metrics.jsonl         every evaluated round: epsilon, the evaluation, the training scalars
+                        averaged over the rounds since the previous evaluation, seconds per round
+                        of that window
 
-Each line is `{"round": step, **scalars}`. With the `[tensorboard]` extra (tensorboardX, which needs no
-TensorFlow) the same scalars also go to TensorBoard event files under `tensorboard/train` and
+Each line is `{"round": step, **scalars}`. With the `[tensorboard]` extra (tensorboardX, which needs
+no TensorFlow) the same scalars also go to TensorBoard event files under `tensorboard/train` and
 `tensorboard/eval`.
 
-Appending keeps a line whole against a kill (one write call per line); a torn last line, which only a
-crash inside that call could leave, is dropped by `read_jsonl`. On resume, each file is cut back to the
-checkpointed round before the run appends again, so an interrupted and resumed run leaves the files of
-an uninterrupted one (but `seconds`).
+Appending keeps a line whole against a kill (one write call per line); a torn last line, which
+only a crash inside that call could leave, is dropped by `read_jsonl`. On resume, each file is cut
+back to the checkpointed round before the run appends again, so an interrupted and resumed run
+leaves the files of an uninterrupted one (but `seconds`).
 
 This module imports no JAX: the caller decides which process writes (process 0 of a multi-host run).
 """
@@ -36,7 +38,7 @@ TENSORBOARD_DIR = 'tensorboard'
 
 
 class MetricWriter(abc.ABC):
-  """Writes scalars of a step; `flush()` makes what was written durable, `close()` ends the writer."""
+  """Writes the scalars of a step; `flush()` makes them durable, `close()` ends the writer."""
 
   @abc.abstractmethod
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:

@@ -47,10 +47,10 @@ EXECUTORS = ('auto', 'vmap', 'sequential', 'sharded')
 def resolve_executor(executor: str, backend: str | None = None) -> str:
   """'auto' -> the executor that fits `backend` (default: JAX's default backend); others as given.
 
-  CPU: 'sequential', a loop over the clients (with chunk_size, a loop over chunks of it). On a CPU
-  there is no idle hardware for a client batch axis to fill, and vmapped per-client weights turn each
-  GEMM into a batched one with a 5-10x larger working set: benchmarks/README.md measures sequential
-  1.37x faster than the whole-cohort vmap at cohort 50, and vmapped sub-chunks of 2 no faster than it.
+  CPU: 'sequential', a loop over the clients (with chunk_size, a loop over chunks of it). A CPU has
+  no idle hardware for a client batch axis to fill, and vmapped per-client weights turn each GEMM
+  into a batched one with a 5-10x larger working set: benchmarks/README.md measures sequential 1.37x
+  faster than the whole-cohort vmap at cohort 50, and vmapped sub-chunks of 2 no faster than it.
   GPU/TPU: 'vmap', where one client's small GEMMs would leave most of the chip idle.
   """
   if executor not in EXECUTORS:
@@ -66,7 +66,7 @@ class RoundConfig:
   """Everything static a round needs, resolved from the experiment config."""
   mechanism: DPMechanism  # sampling, clipping, noise, divisor: the mechanism that is accounted
   server_lr: float
-  executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots split over all devices) | 'auto'
+  executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots over all devices) | 'auto'
   chunk_size: int | None = None     # clients vmapped at once (None: the whole chunk)
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
 

@@ -434,8 +434,8 @@ def define_flags() -> None:
   flags.DEFINE_string('root', None, 'Directory holding the workdirs (searched recursively).')
   flags.DEFINE_string('out', None, 'Output directory for results.md, results.csv and PNGs.')
   flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json, '
-                    'metrics.jsonl and train_metrics.jsonl (not its checkpoints) to <out>/runs/, so '
-                    'the results can be committed and the report rebuilt from them.')
+                    'metrics.jsonl and train_metrics.jsonl (not its checkpoints) to <out>/runs/, '
+                    'so the results can be committed and the report rebuilt from them.')
 
 
 def main(argv):

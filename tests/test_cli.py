@@ -259,7 +259,7 @@ def test_ctrl_c_mid_run_exits_130_keeps_the_checkpoint_and_the_same_command_resu
 
 
 def _logging_files(stderr: str) -> set[str]:
-  """The source files of absl-formatted log lines ('I1123 19:48:36.239817 1400 train.py:306] ...')."""
+  """Source files of the absl-formatted log lines ('I1123 19:48:36.239817 1400 train.py:306] x')."""
   return set(re.findall(r'^[IWEF]\d{4} [\d:.]+ +\d+ ([^:\s]+):\d+\]', stderr, re.MULTILINE))
 
 

@@ -97,7 +97,7 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
   for key in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size'):
     assert lines[0][key] == pytest.approx(np.mean([r[key] for r in rounds[:2]]), rel=1e-6)
     assert lines[1][key] == pytest.approx(rounds[2][key], rel=1e-6)
-  assert lines[0]['nonfinite_clients'] == rounds[0]['nonfinite_clients'] + rounds[1]['nonfinite_clients']
+  assert lines[0]['nonfinite_clients'] == sum(r['nonfinite_clients'] for r in rounds[:2])
   # 'auto' (the default) is written as the executor it chose.
   assert config.executor == 'auto'
   assert written['executor'] == ('sequential' if jax.default_backend() == 'cpu' else 'vmap')
@@ -105,7 +105,8 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
 
 def test_auto_executor_is_resolved_per_backend_and_a_resume_keeps_the_recorded_one(tmp_path):
   from dp2fedsam_jax.round import resolve_executor
-  assert [resolve_executor('auto', b) for b in ('cpu', 'gpu', 'tpu')] == ['sequential', 'vmap', 'vmap']
+  assert [resolve_executor('auto', b) for b in ('cpu', 'gpu', 'tpu')] == [
+      'sequential', 'vmap', 'vmap']
   assert resolve_executor('sharded', 'cpu') == 'sharded'
   # A checkpointed run recorded as vmap (e.g. started before 'auto' was the default, or on a GPU)
   # resumes with vmap under 'auto'; an explicit executor is kept as it is.
