@@ -1,15 +1,14 @@
-"""Checkpoints (orbax) and the metrics file, written so that a kill at any moment leaves both usable.
+"""Checkpoints (orbax), written so that a kill at any moment leaves the last finished one usable.
 
-A checkpoint holds the server state and the metrics records up to its round. orbax finalizes a step
-directory atomically (an unfinished one is ignored on restore); metrics.jsonl is rewritten from the
-checkpointed records via a temporary file and a rename, so it never holds a half line, and on resume
-it is cut back to the checkpoint's rounds. Keys derive from (seed, round), so a resumed run repeats
+A checkpoint holds the server state and the evaluation records (metrics.jsonl) up to its round.
+orbax finalizes a step directory atomically (an unfinished one is ignored on restore); on resume
+train.py rewrites metrics.jsonl from the checkpointed records and cuts train_metrics.jsonl back to
+the checkpoint's round (metric_writers.py). Keys derive from (seed, round), so a resumed run repeats
 the uninterrupted one exactly.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -55,13 +54,3 @@ def restore(workdir: str, initial_state):
         state=ocp.args.StandardRestore(abstract), records=ocp.args.JsonRestore()))
   return restored['state'], list(restored['records'])
 
-
-def write_metrics(path: str, records: list[dict]) -> None:
-  """metrics.jsonl: one JSON object per evaluated round, replaced atomically."""
-  if jax.process_index() != 0:  # multi-host: one writer on the shared workdir
-    return
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    for record in records:
-      f.write(json.dumps(record) + '\n')
-  os.replace(tmp, path)

@@ -13,6 +13,9 @@ experiments/report.py, experiments/audit.py and benchmarks/client_throughput.py:
   is ever raised inside XLA's compiler, which used to end the process with a segfault.
 - `--config.<field>=None` sets an optional field (e.g. dp.target_epsilon) to None; an unknown
   `--config.<field>` is refused naming the closest field.
+- A quiet console (`log_to_file`): everything logged goes to absl's log file, stderr shows only the
+  project's own lines (the run header, one line per evaluation) and warnings; orbax's ~60 INFO lines
+  per checkpoint stay in the file. `--alsologtostderr` or `-v 1` shows everything again.
 
 This module imports no JAX, so that importing it is cheap.
 """
@@ -34,6 +37,7 @@ from typing import Callable
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -319,6 +323,68 @@ def _diagnose_config_flags(argv: list[str], flag: str, error: Exception) -> Exce
     if not _has_field(config, path):
       return FlagError(unknown_field_message(flag, path, paths))
   return FlagError(f'--{flag}: {type(error).__name__}: {error}')
+
+
+# ---------------------------------------------------------------------------------------------
+# The console
+
+
+def _stderr_threshold() -> int:
+  """The level from which absl's own handler also writes a record to stderr (--stderrthreshold)."""
+  return absl_logging.converter.string_to_standard(flags.FLAGS['stderrthreshold'].value)
+
+
+def is_console_record(record: std_logging.LogRecord) -> bool:
+  """What the quiet console shows: this project's own lines, and warnings and errors of anyone."""
+  if record.levelno >= std_logging.WARNING:
+    return record.levelno < _stderr_threshold()  # else absl's handler writes it to stderr itself
+  path = os.path.abspath(record.pathname)
+  return path.startswith(_ROOT + os.sep) and 'site-packages' not in path
+
+
+class _Console(std_logging.Handler):
+  """The quiet console: is_console_record's lines, in absl's format, on the current sys.stderr."""
+
+  def __init__(self):
+    super().__init__()
+    self.setFormatter(absl_logging.PythonFormatter())
+    self.addFilter(is_console_record)
+
+  def emit(self, record: std_logging.LogRecord) -> None:
+    try:
+      sys.stderr.write(self.format(record) + '\n')
+      sys.stderr.flush()
+    except Exception:  # pylint: disable=broad-except
+      self.handleError(record)
+
+
+def shows_everything_on_stderr() -> bool:
+  """--logtostderr, --alsologtostderr or -v 1 and above: every log line on stderr, as absl does."""
+  f = flags.FLAGS
+  return f['logtostderr'].value or f['alsologtostderr'].value or _verbosity_at_start >= 1
+
+
+def log_to_file(log_dir: str, program_name: str) -> str | None:
+  """Sends every log record to absl's log file in log_dir and leaves the console quiet.
+
+  The file (`<program>.<host>.<user>.log.INFO.<time>.<pid>`, linked as `<program>.INFO`) gets all
+  records, library chatter included; stderr gets what `is_console_record` accepts. With
+  --alsologtostderr or -v 1, stderr gets every record too; with --logtostderr there is no file
+  (absl's meaning). Returns the file's path, or None with --logtostderr.
+  """
+  f = flags.FLAGS
+  if f['logtostderr'].value:
+    return None
+  handler = absl_logging.get_absl_handler()
+  handler.start_logging_to_file(program_name=program_name, log_dir=log_dir)
+  root = std_logging.getLogger()
+  for old in [h for h in root.handlers if isinstance(h, _Console)]:  # a second call replaces it
+    root.removeHandler(old)
+  if shows_everything_on_stderr():
+    f['alsologtostderr'].value = True  # -v 1: absl's own handler mirrors every record
+  else:
+    root.addHandler(_Console())
+  return handler.python_handler.stream.name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_rounds = 10
   c.eval_every = 1
   c.server_lr = 1.0
-  c.executor = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (cohort split over jax.devices())
+  # 'auto' (sequential on CPU, vmap on GPU/TPU; round.resolve_executor) | 'vmap' | 'sequential' |
+  # 'sharded' (cohort split over jax.devices()).
+  c.executor = 'auto'
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
   # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.cohort_capacity = config_dict.placeholder(int)

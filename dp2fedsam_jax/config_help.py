@@ -21,7 +21,8 @@ FIELD_HELP = {
     'num_rounds': 'communication rounds T (may change when resuming)',
     'eval_every': 'evaluate, log and checkpoint every this many rounds (may change when resuming)',
     'server_lr': 'server step size: phi <- phi + server_lr * mean of the uploads',
-    'executor': 'how the cohort is mapped: vmap | sequential | sharded (over all devices)',
+    'executor': 'how the cohort is mapped: auto (sequential on CPU, vmap on GPU/TPU; config.json '
+                'records the choice) | vmap | sequential | sharded (over all devices)',
     'chunk_size': 'clients trained at once (bounds memory); None: the whole cohort',
     'cohort_capacity': 'client slots per chunk; None: mean + 1 std of the cohort (Poisson), m (fixed)',
     'seed': 'the root of every random key (data split, init, sampling, noise)',

@@ -1,7 +1,8 @@
 """train_and_evaluate(config, workdir): the whole experiment, importable from a notebook.
 
 Host work happens only here: config checks, data loading, privacy calibration, the round loop, and
-writing `config.json` and `metrics.jsonl`. The round itself is one jitted call.
+writing `config.json`, `train_metrics.jsonl` (every round) and `metrics.jsonl` (every evaluation;
+metric_writers.py). The round itself is one jitted call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, cli, keys, sharding
+from dp2fedsam_jax import checkpoint, cli, keys, metric_writers, sharding
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
@@ -31,7 +32,8 @@ from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.progress import RoundProgress
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
-from dp2fedsam_jax.round import make_round_step, mechanism_from, round_config_from, RoundConfig
+from dp2fedsam_jax.round import (make_round_step, mechanism_from, resolve_executor,
+                                  round_config_from, RoundConfig)
 from dp2fedsam_jax.state import init_state, ServerState, split_params
 
 
@@ -200,10 +202,48 @@ def _json_number(value) -> float | None:
   return None if math.isnan(value) else value
 
 
+# The per-round training scalars of the round step's metrics (train_metrics.jsonl).
+TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size',
+                 'nonfinite_clients')
+# The executors 'auto' chooses from (round.resolve_executor).
+_AUTO_CHOICES = ('sequential', 'vmap')
+
+
+def _recorded_executor(workdir: str) -> str | None:
+  """The executor config.json records for the checkpointed run in workdir (None: no such run)."""
+  path = os.path.join(workdir, 'config.json')
+  if not (os.path.exists(path) and checkpoint.exists(workdir)):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f).get('executor')
+  except (OSError, ValueError):
+    return None
+
+
+def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str]:
+  """The config with executor 'auto' replaced by the one the run uses, and how it was chosen.
+
+  A resumed 'auto' run keeps the executor its config.json records (also when it resumes on another
+  backend, or was started before 'auto' existed), so that the resume repeats the run exactly.
+  """
+  if config.executor != 'auto':
+    return config, ''
+  recorded = _recorded_executor(workdir)
+  if recorded in _AUTO_CHOICES:
+    executor, how = recorded, 'auto: that of the checkpointed run'
+  else:
+    executor, how = resolve_executor('auto'), f'auto on {jax.default_backend()}'
+  config = config.copy_and_resolve_references()
+  config.executor = executor
+  return config, how
+
+
 def _finished_record(config, workdir: str) -> dict | None:
   """The last record of a finished run of this same config in workdir, found without loading data
   or compiling anything; None when in doubt (the full path then resumes, refuses or trains)."""
-  config_path, metrics_path = (os.path.join(workdir, n) for n in ('config.json', 'metrics.jsonl'))
+  config_path, metrics_path = (os.path.join(workdir, n)
+                               for n in ('config.json', metric_writers.EVAL_FILE))
   if not (os.path.exists(config_path) and os.path.exists(metrics_path)):
     return None
   try:
@@ -266,13 +306,48 @@ def _hint_on_oom(config, where: str, workdir: str):
         'last checkpoint.') from e
 
 
+def _writers(workdir: str, resume_round: int):
+  """(train, eval) metric writers; they write nothing on processes other than 0 (multi-host: one
+  writer on the shared workdir)."""
+  if jax.process_index() != 0:
+    return metric_writers.MultiWriter([]), metric_writers.MultiWriter([])
+  return (metric_writers.create_writer(workdir, 'train', metric_writers.TRAIN_FILE, resume_round),
+          metric_writers.create_writer(workdir, 'eval', metric_writers.EVAL_FILE, resume_round))
+
+
+def _cut_back_metrics(workdir: str, start: int, records: list[dict]) -> None:
+  """Metrics files as the checkpoint of round `start` left them: lines written after it go."""
+  if jax.process_index() != 0:
+    return
+  metric_writers.rewrite_jsonl(os.path.join(workdir, metric_writers.EVAL_FILE), records)
+  kept = metric_writers.truncate_jsonl(os.path.join(workdir, metric_writers.TRAIN_FILE), start)
+  if start and [r['round'] for r in kept] != list(range(1, start + 1)):
+    logging.warning('%s holds %d of the rounds 1-%d (a run started by a version without per-round '
+                    'metrics?); the resumed run appends from round %d.', metric_writers.TRAIN_FILE,
+                    len(kept), start, start + 1)
+
+
+def _train_scalars(metrics: dict, seconds: float) -> dict:
+  """One round's line of train_metrics.jsonl (NaN becomes null there)."""
+  scalars = {k: float(metrics[k]) for k in TRAIN_SCALARS}
+  for k in ('cohort_size', 'nonfinite_clients'):
+    scalars[k] = int(metrics[k])
+  scalars['seconds'] = seconds
+  return scalars
+
+
 @cli.interruptible(_interrupted)
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) the experiment in `workdir`; returns the last metrics record.
 
+  Writes `train_metrics.jsonl` (every round), `metrics.jsonl` (every evaluation; the last line is
+  the returned record), `config.json` (the config as run: sigma, delta and executor resolved) and
+  TensorBoard event files when tensorboardX is installed (metric_writers.py).
+
   Ctrl-C (SIGINT) stops the run at the next round boundary with `cli.Interrupted`, a
   KeyboardInterrupt whose message names the last checkpoint; the same call resumes from it.
   """
+  config, executor_choice = _with_executor(config, workdir)
   finished = _finished_record(config, workdir)
   if finished is not None:
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir,
@@ -292,20 +367,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
   evaluate = jax.jit(exp.evaluate())
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
   state, records = checkpoint.restore(workdir, exp.init_state())
   start = int(state.round)
   if start:
     logging.info('Resuming %s from round %d.', workdir, start)
-  checkpoint.write_metrics(metrics_path, records)  # drops lines written after the checkpoint
+  _cut_back_metrics(workdir, start, records)
   if start >= config.num_rounds and records:
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir, start)
     return records[-1]
   if exp.privacy_caveat:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
-  logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds.',
-               config.method, config.dataset, data.num_clients, exp.privacy.noise_multiplier,
-               exp.privacy.epsilon, exp.privacy.delta, config.num_rounds)
+  logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds; '
+               'executor %s%s.', config.method, config.dataset, data.num_clients,
+               exp.privacy.noise_multiplier, exp.privacy.epsilon, exp.privacy.delta,
+               config.num_rounds, config.executor,
+               f' ({executor_choice})' if executor_choice else '')
 
   # sharded: state, data and keys whole on every device of the mesh (of every process).
   place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
@@ -320,54 +396,61 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
   logging.info('Compiled the round step and the evaluation in %.1f s.',
                time.perf_counter() - compile_start)
+  train_writer, eval_writer = _writers(workdir, start)
   window: list[dict] = []
   window_start = time.perf_counter()
   record = records[-1] if records else {}
   progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
   eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
-  for r in range(start, config.num_rounds):
-    if cli.interrupt_requested():  # Ctrl-C: stop between rounds, the checkpoint intact
-      progress.close()
-      raise cli.Interrupted(_interrupted(config, workdir, r))
-    with _hint_on_oom(config, f'round {r + 1}', workdir):
-      state, metrics = round_step(state, data, key)
-      metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
-    if not bool(metrics['finite']):
-      progress.close()  # end the progress line before the error
-    _check_finite(metrics, r + 1, workdir)
-    window.append(metrics)
-    done = r + 1
-    if done % config.eval_every and done != config.num_rounds:
-      progress.update(done, (time.perf_counter() - window_start) / len(window)
-                      + eval_seconds / config.eval_every)
-      continue
-    progress.clear()  # before evaluation and checkpointing log anything
-    eval_start = time.perf_counter()
-    record = {
-        'round': done,
-        'epsilon': exp.epsilon_after(done),
-        **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
-           for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
-        # Clients whose local training diverged (zero upload) in the rounds since the last record.
-        'nonfinite_clients': int(sum(int(m['nonfinite_clients']) for m in window)),
-        **{k: _json_number(v)
-           for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
-    }
-    if exp.privacy_caveat:
-      record['epsilon_caveat'] = exp.privacy_caveat
-    # Wall time per round of this window, its evaluation included (the checkpoint write below
-    # counts in the next window).
-    seconds = record['seconds'] = (time.perf_counter() - window_start) / len(window)
-    records.append(record)
-    window_start = time.perf_counter()
-    eval_seconds = window_start - eval_start
-    with cli.critical():  # a second Ctrl-C waits for the checkpoint and metrics to be written
-      checkpoint.save(workdir, state, records)
-      checkpoint.write_metrics(metrics_path, records)
-    logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
-                 config.num_rounds, record['test_accuracy'], record['train_loss'],
-                 record['epsilon'], seconds)
-    progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
-    window = []
+  with contextlib.closing(train_writer), contextlib.closing(eval_writer):
+    for r in range(start, config.num_rounds):
+      if cli.interrupt_requested():  # Ctrl-C: stop between rounds, the checkpoint intact
+        progress.close()
+        raise cli.Interrupted(_interrupted(config, workdir, r))
+      round_start = time.perf_counter()
+      with _hint_on_oom(config, f'round {r + 1}', workdir):
+        state, metrics = round_step(state, data, key)
+        metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
+      done = r + 1
+      # Also the line of a round whose release is NaN: the last thing a diverged run tells.
+      train_writer.write_scalars(done, _train_scalars(metrics, time.perf_counter() - round_start))
+      if not bool(metrics['finite']):
+        progress.close()  # end the progress line before the error
+      _check_finite(metrics, done, workdir)
+      window.append(metrics)
+      if done % config.eval_every and done != config.num_rounds:
+        progress.update(done, (time.perf_counter() - window_start) / len(window)
+                        + eval_seconds / config.eval_every)
+        continue
+      progress.clear()  # before evaluation and checkpointing log anything
+      eval_start = time.perf_counter()
+      record = {
+          'round': done,
+          'epsilon': exp.epsilon_after(done),
+          **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
+             for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
+          # Clients whose local training diverged (zero upload) in the rounds since the last record.
+          'nonfinite_clients': int(sum(int(m['nonfinite_clients']) for m in window)),
+          **{k: _json_number(v)
+             for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
+      }
+      if exp.privacy_caveat:
+        record['epsilon_caveat'] = exp.privacy_caveat
+      # Wall time per round of this window, its evaluation included (the checkpoint write below
+      # counts in the next window).
+      seconds = record['seconds'] = (time.perf_counter() - window_start) / len(window)
+      records.append(record)
+      window_start = time.perf_counter()
+      eval_seconds = window_start - eval_start
+      with cli.critical():  # a second Ctrl-C waits for the checkpoint and metrics to be written
+        train_writer.flush()  # on disk before the checkpoint claims these rounds
+        checkpoint.save(workdir, state, records)
+        eval_writer.write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
+        eval_writer.flush()
+      logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
+                   config.num_rounds, record['test_accuracy'], record['train_loss'],
+                   record['epsilon'], seconds)
+      progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
+      window = []
   progress.close()
   return record

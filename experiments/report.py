@@ -1,7 +1,8 @@
 r"""Tables and plots from a root of workdirs: `python -m experiments.report --root=runs --out=report`.
 
-Reads every `metrics.jsonl` under --root (with its `config.json`, and `sweep.json` when
-launch/sweep.py made it), groups the runs by config, setting (the sweep's arguments other than
+Reads every `metrics.jsonl` (one line per evaluated round) under --root, with its `config.json`,
+`train_metrics.jsonl` (one line per round) where the run has one, and `sweep.json` when
+launch/sweep.py made it; groups the runs by config, setting (the sweep's arguments other than
 method and seed) and method, and writes to --out:
 
   results.md, results.csv   final-round test accuracy, mean ± sample std over seeds, per method and
@@ -9,6 +10,8 @@ method and seed) and method, and writes to --out:
                             is chosen on test data, so it is optimistic); epsilon reached; seeds
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
+                            (every round from train_metrics.jsonl when all its runs have one, as
+                            the papers' update-norm figures; else at the evaluated rounds)
   <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when a setting has several
   runs/...                  with --copy_runs: the runs' small files, for committing the results
 
@@ -30,7 +33,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import cli
+from dp2fedsam_jax import cli, metric_writers
 
 FLAGS = flags.FLAGS
 
@@ -45,6 +48,7 @@ class RunResult:
   num_rounds: int           # what the config asks for
   records: list[dict]       # metrics.jsonl, one per evaluated round
   failure: dict | None = None  # failure.json of experiments.train: error, message, round
+  rounds: list[dict] = dataclasses.field(default_factory=list)  # train_metrics.jsonl, every round
 
   @property
   def finished(self) -> bool:
@@ -99,10 +103,7 @@ def load_runs(root: str) -> list[RunResult]:
     if not (has_metrics or (failure and ('config.json' in files or 'sweep.json' in files))):
       continue
     config = _read_json(os.path.join(directory, 'config.json')) if 'config.json' in files else {}
-    records = []
-    if 'metrics.jsonl' in files:
-      with open(os.path.join(directory, 'metrics.jsonl')) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = metric_writers.read_jsonl(os.path.join(directory, metric_writers.EVAL_FILE))
     if not records and not failure:
       continue
     sweep = _read_json(os.path.join(directory, 'sweep.json')) if 'sweep.json' in files else None
@@ -117,8 +118,9 @@ def load_runs(root: str) -> list[RunResult]:
     seed = config.get('seed', args.get('seed', seed_dir[5:] if seed_dir.startswith('seed=') else 0))
     method = config.get('method') or args.get('method') or os.path.basename(
         os.path.dirname(os.path.dirname(directory)))
+    rounds = metric_writers.read_jsonl(os.path.join(directory, metric_writers.TRAIN_FILE))
     runs.append(RunResult(directory, config_name, setting, method, int(seed),
-                          int(config.get('num_rounds', 0)), records, failure))
+                          int(config.get('num_rounds', 0)), records, failure, rounds))
   return runs
 
 
@@ -253,12 +255,14 @@ def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
   return md_path, csv_path
 
 
-def _curves(group: list[RunResult], key: str):
-  """(rounds, mean, std) over seeds at the rounds every seed has evaluated."""
-  common = sorted(set.intersection(*({rec['round'] for rec in r.records if key in rec}
+def _curves(group: list[RunResult], key: str, per_round: bool = False):
+  """(rounds, mean, std) over seeds at the rounds every seed has (per_round: from the runs'
+  train_metrics.jsonl, else at the evaluated rounds)."""
+  lines = {id(r): (r.rounds if per_round else r.records) for r in group}
+  common = sorted(set.intersection(*({rec['round'] for rec in lines[id(r)] if key in rec}
                                      for r in group)))
-  values = np.array([[next(rec[key] for rec in r.records if rec['round'] == rnd) for rnd in common]
-                     for r in group], dtype=float)
+  values = np.array([[next(rec[key] for rec in lines[id(r)] if rec['round'] == rnd)
+                      for rnd in common] for r in group], dtype=float)
   std = values.std(axis=0, ddof=1) if len(group) > 1 else np.zeros(len(common))
   return np.array(common), values.mean(axis=0), std
 
@@ -296,9 +300,9 @@ def _save(fig, ax, title: str, path: str) -> None:
 
 
 def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, colors: dict,
-                 scale=1.0) -> None:
+                 scale=1.0, per_round: bool = False) -> None:
   fig, ax = _new_axes()
-  curves = {m: _curves(g, key) for m, g in sorted(by_method.items())}
+  curves = {m: _curves(g, key, per_round) for m, g in sorted(by_method.items())}
   means = np.concatenate([c[1] for c in curves.values()] or [np.zeros(0)])
   # Update norms can blow up by orders of magnitude in the first rounds: use a log axis then.
   log = bool(len(means)) and means.min() > 0 and means.max() / means.min() > 100
@@ -357,8 +361,10 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
                  scale=100.0)
     paths.append(path)
     path = os.path.join(directory, f'{_safe(setting)}_update_norm.png')
+    # Every round where every run has its per-round file (runs that predate it: evaluated rounds).
+    per_round = all(r.rounds for group in by_method.values() for r in group)
     _plot_curves(by_method, 'mean_update_norm', 'mean update norm before clipping', title, path,
-                 colors)
+                 colors, per_round=per_round)
     paths.append(path)
 
   # Accuracy vs epsilon: settings that differ only in eps.
@@ -398,7 +404,8 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
   for run in runs:
     target = os.path.join(out, 'runs', os.path.relpath(run.workdir, root))
     os.makedirs(target, exist_ok=True)
-    for name in ('config.json', 'sweep.json', 'metrics.jsonl', 'failure.json'):
+    for name in ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE,
+                 'failure.json'):
       if os.path.exists(os.path.join(run.workdir, name)):
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
 
@@ -426,9 +433,9 @@ def define_flags() -> None:
   sweep and a report in one process) never defines a second --root."""
   flags.DEFINE_string('root', None, 'Directory holding the workdirs (searched recursively).')
   flags.DEFINE_string('out', None, 'Output directory for results.md, results.csv and PNGs.')
-  flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json and '
-                    'metrics.jsonl (not its checkpoints) to <out>/runs/, so the results can be '
-                    'committed and the report rebuilt from them.')
+  flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json, '
+                    'metrics.jsonl and train_metrics.jsonl (not its checkpoints) to <out>/runs/, '
+                    'so the results can be committed and the report rebuilt from them.')
 
 
 def main(argv):

@@ -5,6 +5,10 @@ Override any field with `--config.<field>=<value>`, e.g. `--config.method=centau
 (`None` unsets an optional one: `--config.dp.target_epsilon=None --config.dp.noise_multiplier=1.0`),
 or pass arguments to the config file: `--config=experiments/configs/default.py:eps=2`.
 
+The console shows the run header, one line per evaluation and, on a terminal, a progress line; the
+whole log (orbax's lines at every checkpoint, JAX's) goes to `<workdir>/train.INFO` (or --log_dir);
+`--alsologtostderr` or `-v 1` shows it on the console too.
+
 An error prints one line `error: ...` and exits with 2 (`-v 1` or DP2FEDSAM_TRACEBACK=1: with the
 traceback). Ctrl-C stops at the end of the current round and exits with 130; the same command resumes.
 A failed run leaves `failure.json` (error, message, round) in its workdir for experiments/report.py.
@@ -33,7 +37,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Registers the flags (on a fresh FlagValues in tests/test_docs.py)."""
   config_flags.DEFINE_config_file('config', None, 'Experiment config file (see --print_config).',
                                   lock_config=True, flag_values=flag_values)
-  flags.DEFINE_string('workdir', None, 'Where config.json, metrics.jsonl and checkpoints go.',
+  flags.DEFINE_string('workdir', None, 'Where config.json, metrics.jsonl, train_metrics.jsonl, '
+                      'checkpoints and the log file go.',
                       flag_values=flag_values)
   flags.DEFINE_bool('dry_run', False, 'Print the model size and privacy parameters as one '
                     'JSON line, then exit without training.', flag_values=flag_values)
@@ -71,9 +76,10 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
   if f.print_config:
     print(describe_config(config, f'{config_flags.get_config_filename(f["config"])}, resolved'))
     return
-  from dp2fedsam_jax import train  # pylint: disable=import-outside-toplevel  (JAX: after the flags)
+  # pylint: disable=import-outside-toplevel  (JAX: after the flags)
+  import jax
+  from dp2fedsam_jax import train
   if f.distributed:  # before any other JAX call: it fixes the global device list
-    import jax  # pylint: disable=import-outside-toplevel
     jax.distributed.initialize(coordinator_address=f.coordinator_address,
                                num_processes=f.num_processes, process_id=f.process_id,
                                coordinator_bind_address=f.coordinator_bind_address)
@@ -92,6 +98,12 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
   if os.path.exists(os.path.join(workdir, FAILURE_FILE)):
     os.remove(os.path.join(workdir, FAILURE_FILE))
   logging.set_verbosity(logging.INFO)
+  # The log file goes to the workdir; other processes of a multi-host run do not write there.
+  log_dir = flags.FLAGS['log_dir'].value or (workdir if jax.process_index() == 0 else None)
+  log_file = cli.log_to_file(log_dir, 'train')
+  if log_file and not cli.shows_everything_on_stderr():
+    logging.info('Full log (orbax and JAX lines too): %s; --alsologtostderr shows it here.',
+                 log_file)
   try:
     final = train.train_and_evaluate(config, workdir)
   except Exception as e:  # pylint: disable=broad-except

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian/Ubuntu machine: the offline Fashion-MNIST
-# files (Debian package dataset-fashion-mnist) and this package with its test and tfds extras
-# (tensorflow-cpu + tensorflow-datasets: ~1 min, ~2.4 GB; only the TFDS sources import them, and
-# their tests skip without them). SKIP_TFDS=1 installs just '.[test]'.
+# files (Debian package dataset-fashion-mnist) and this package with its test, tensorboard and tfds
+# extras (tensorflow-cpu + tensorflow-datasets: ~1 min, ~2.4 GB; only the TFDS sources import them,
+# and their tests skip without them). SKIP_TFDS=1 installs just '.[test,tensorboard]'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -10,5 +10,5 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq dataset-fashion-mnist
 fi
-EXTRAS="test,tfds"; [ "${SKIP_TFDS:-0}" = "1" ] && EXTRAS="test"
+EXTRAS="test,tensorboard,tfds"; [ "${SKIP_TFDS:-0}" = "1" ] && EXTRAS="test,tensorboard"
 python3 -m pip install -q -e ".[${EXTRAS}]"

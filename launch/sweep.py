@@ -15,11 +15,12 @@ appended to `W/train.log`, where
 
   W = <root>/<config name>/<method>/<other args, sorted, k=v joined by ','>/seed=<seed>
 
-A run whose metrics.jsonl already reaches the config's num_rounds is skipped; one with a
-checkpoint resumes from it (experiments.train does that, bit for bit). Extra `--config.x=y`
-overrides go to every run unchanged; they are recorded in `W/sweep.json` but are not part of W, so
-a different override in the same root is refused by experiments.train when it would change the run
-(only num_rounds, eval_every and dp.target_epsilon may change on resume) — use another --root.
+A run whose metrics.jsonl (one line per evaluation) already reaches the config's num_rounds is
+skipped; one with a checkpoint resumes from it (experiments.train does that, bit for bit, its
+metrics files included). Extra `--config.x=y` overrides go to every run unchanged; they are
+recorded in `W/sweep.json` but are not part of W, so a different override in the same root is
+refused by experiments.train when it would change the run (only num_rounds, eval_every and
+dp.target_epsilon may change on resume) — use another --root.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import time
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import cli
+from dp2fedsam_jax import cli, metric_writers
 
 FLAGS = flags.FLAGS
 
@@ -118,12 +119,9 @@ class Run:
 
   @property
   def rounds_done(self) -> int:
-    path = os.path.join(self.workdir, 'metrics.jsonl')
-    if not os.path.exists(path):
-      return 0
-    with open(path) as f:
-      lines = [l for l in f.read().splitlines() if l.strip()]
-    return int(json.loads(lines[-1])['round']) if lines else 0
+    """The last evaluated round in metrics.jsonl (a run's last round is always evaluated)."""
+    records = metric_writers.read_jsonl(os.path.join(self.workdir, metric_writers.EVAL_FILE))
+    return int(records[-1]['round']) if records else 0
 
   def conflict(self) -> str | None:
     """Why this workdir holds another run (other arguments or overrides), or None."""

@@ -248,6 +248,32 @@ def test_ctrl_c_mid_run_exits_130_keeps_the_checkpoint_and_the_same_command_resu
   assert f'Resuming {workdir} from round {j}' in again.stderr
   assert [json.loads(l)['round'] for l in open(workdir / 'metrics.jsonl')] == list(
       range(2, j + 3, 2))
+  assert [json.loads(l)['round'] for l in open(workdir / 'train_metrics.jsonl')] == list(
+      range(1, j + 3))
+  # A quiet console in both runs (each wrote checkpoints): only the project's own log lines; orbax's
+  # lines at every checkpoint went to the log file in the workdir.
+  for stderr in (log, again.stderr):
+    assert _logging_files(stderr) == {'train.py'}, stderr[-3000:]
+  assert f'round {j + 2}/{j + 2}  acc ' in again.stderr
+  assert 'checkpoint_manager.py' in (workdir / 'train.INFO').read_text()
+
+
+def _logging_files(stderr: str) -> set[str]:
+  """Source files of the absl-formatted log lines ('I1123 19:48:36.239817 1400 train.py:306] x')."""
+  return set(re.findall(r'^[IWEF]\d{4} [\d:.]+ +\d+ ([^:\s]+):\d+\]', stderr, re.MULTILINE))
+
+
+def test_the_quiet_console_shows_project_lines_and_warnings_and_v_shows_everything(monkeypatch):
+  def record(path, level=logging.INFO):
+    return logging.LogRecord('absl', level, path, 1, 'message', None, None)
+  library = os.path.join(os.path.dirname(os.__file__), 'site-packages', 'orbax', 'checkpoint.py')
+  assert cli.is_console_record(record(train.__file__))
+  assert not cli.is_console_record(record(library))
+  assert cli.is_console_record(record(library, logging.WARNING))
+  monkeypatch.setattr(cli, '_verbosity_at_start', 0)
+  assert not cli.shows_everything_on_stderr()
+  monkeypatch.setattr(cli, '_verbosity_at_start', 1)  # -v 1
+  assert cli.shows_everything_on_stderr()
 
 
 # --- messages of the round loop ---------------------------------------------------------------

@@ -178,7 +178,7 @@ def test_padded_cohort_slots_do_not_change_the_update():
 @pytest.mark.parametrize('variant', [dict(executor='sequential'), dict(chunk_size=2),
                                      dict(cohort_capacity=1)])
 def test_executors_and_chunking_give_the_vmap_state(variant):
-  exp = build(**{'sampling_rate': 0.7})
+  exp = build(**{'sampling_rate': 0.7, 'executor': 'vmap'})  # not 'auto': sequential on CPU
   reference, metrics = run_rounds(exp, rounds=2)
   other, other_metrics = run_rounds(exp, rounds=2,
                                     round_config=dataclasses.replace(exp.round_config, **variant))

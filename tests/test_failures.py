@@ -278,6 +278,9 @@ def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_p
     train.train_and_evaluate(tiny_config(num_rounds=3), workdir)
   monkeypatch.undo()
   assert [json.loads(l)['round'] for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()] == [1]
+  # The failed round's training scalars are kept for diagnosis (cut back when the run resumes).
+  trained = [json.loads(l) for l in (tmp_path / 'train_metrics.jsonl').read_text().splitlines()]
+  assert [t['round'] for t in trained] == [1, 2]
   state, _ = checkpoint.restore(workdir, train.build_experiment(tiny_config()).init_state())
   assert int(state.round) == 1
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(state.shared))
@@ -285,6 +288,8 @@ def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_p
   final = train.train_and_evaluate(tiny_config(num_rounds=3), workdir)
   lines = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert [l['round'] for l in lines] == [1, 2, 3] and math.isfinite(final['train_loss'])
+  trained = [json.loads(l) for l in (tmp_path / 'train_metrics.jsonl').read_text().splitlines()]
+  assert [t['round'] for t in trained] == [1, 2, 3]
 
 
 _OOM = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.00GiB.'

@@ -18,7 +18,8 @@ PACKAGE = 'dp2fedsam_jax'
 # Lowest first. A module may import its own unit (a top-level module, or a subpackage as a whole) and
 # the units of lower layers; units that share a layer must not import each other.
 LAYERS = (
-    ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'cli', 'config_help'),  # leaves
+    ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'cli', 'config_help',
+     'metric_writers'),  # leaves
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
     ('privacy', 'local'),        # DP primitives; one client's local training (SGD / SAM / ASAM)
     ('algorithms',),             # MethodSpec registry and the pieces methods compose

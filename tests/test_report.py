@@ -179,3 +179,24 @@ def test_accuracy_plots_label_whole_rounds(tmp_path, monkeypatch):
   for ax in axes:
     ticks = [t for t in ax.get_xticks() if 1 <= t <= 2]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks  # not 1.2, 1.4, ...
+
+
+def test_update_norm_plot_is_per_round_when_every_run_has_train_metrics(tmp_path, monkeypatch):
+  root = str(tmp_path / 'runs')
+  for seed in (0, 1):  # evaluated at round 3 only, trained rounds 1-3
+    workdir = make_workdir(root, 'cfg', 'dp2fedsam', seed, 1.0, 0.6, rounds=(3,))
+    with open(os.path.join(workdir, 'train_metrics.jsonl'), 'w') as f:
+      for r in (1, 2, 3):
+        f.write(json.dumps({'round': r, 'mean_update_norm': r + seed, 'train_loss': 1.0}) + '\n')
+  make_workdir(root, 'old', 'dp2fedsam', 0, 1.0, 0.6, rounds=(3,))  # predates train_metrics.jsonl
+  axes = []
+  save = report._save
+  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  report.write_report(root, str(tmp_path / 'report'), copy_runs=True)
+  norms = {ax.get_title().split(':')[0]: ax.lines[0] for ax in axes
+           if 'update norm' in ax.get_ylabel()}
+  assert list(norms['cfg'].get_xdata()) == [1, 2, 3]
+  assert list(norms['cfg'].get_ydata()) == [1.5, 2.5, 3.5]  # the mean over the two seeds
+  assert list(norms['old'].get_xdata()) == [3]  # the evaluated rounds only
+  copied = tmp_path / 'report' / 'runs' / 'cfg' / 'dp2fedsam' / 'eps=1' / 'seed=0'
+  assert (copied / 'train_metrics.jsonl').exists()

@@ -2,8 +2,9 @@
 
 test_train.py covers a clean stop after a round; here the "kill" (an exception that nothing catches,
 like SIGKILL would leave things) lands (a) after the checkpoint is written but before metrics.jsonl
-is, (b) before a checkpoint is written, with a half-written metrics file and temporary file left
-behind, as a kill inside a non-atomic write would leave them.
+is, (b) before a checkpoint is written, after train_metrics.jsonl got a line of the uncheckpointed
+round, with torn lines in both metrics files and a temporary file left behind, as a kill inside a
+write would leave them. Both metrics files must end as the uninterrupted run's (but `seconds`).
 """
 
 import json
@@ -13,7 +14,7 @@ import chex
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import checkpoint, train
+from dp2fedsam_jax import checkpoint, metric_writers, train
 
 
 class Killed(BaseException):
@@ -29,8 +30,11 @@ def _without_time(record):
 
 
 def _metrics(workdir):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [_without_time(json.loads(line)) for line in f]
+  """(metrics.jsonl, train_metrics.jsonl) without `seconds`; json.loads fails on a torn line."""
+  def read(name):
+    with open(os.path.join(workdir, name)) as f:
+      return [_without_time(json.loads(line)) for line in f]
+  return read('metrics.jsonl'), read('train_metrics.jsonl')
 
 
 def _final_state(workdir):
@@ -47,18 +51,19 @@ def uninterrupted(tmp_path_factory):
 
 def test_kill_between_checkpoint_and_metrics_write(uninterrupted, tmp_path, monkeypatch):
   workdir = str(tmp_path)
-  real_write = checkpoint.write_metrics
+  real_write = metric_writers.JsonlWriter.write_scalars
 
-  def write_then_die_at_round_2(path, records):
-    if records and records[-1]['round'] == 2:
+  def write_then_die_at_round_2(writer, step, scalars):
+    if writer.path.endswith(os.sep + 'metrics.jsonl') and step == 2:
       raise Killed  # round 2's checkpoint exists; its metrics line was never written
-    real_write(path, records)
+    real_write(writer, step, scalars)
 
-  monkeypatch.setattr(checkpoint, 'write_metrics', write_then_die_at_round_2)
+  monkeypatch.setattr(metric_writers.JsonlWriter, 'write_scalars', write_then_die_at_round_2)
   with pytest.raises(Killed):
     train.train_and_evaluate(_config(), workdir)
   monkeypatch.undo()
-  assert [r['round'] for r in _metrics(workdir)] == [1]
+  evaluated, trained = _metrics(workdir)
+  assert [r['round'] for r in evaluated] == [1] and [r['round'] for r in trained] == [1, 2]
   assert int(_final_state(workdir).round) == 2
 
   train.train_and_evaluate(_config(), workdir)
@@ -73,9 +78,11 @@ def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path,
 
   def die_before_saving_round_3(wd, state, records):
     if int(state.round) == 3:
-      # What a kill inside a plain (non-atomic) write would leave: a torn line and a temp file.
+      # What a kill inside a write would leave: torn lines and a temp file.
       with open(os.path.join(wd, 'metrics.jsonl'), 'a') as f:
         f.write('{"round": 3, "test_accur')
+      with open(os.path.join(wd, 'train_metrics.jsonl'), 'a') as f:
+        f.write('{"round": 4, "train_lo')
       with open(os.path.join(wd, 'metrics.jsonl.tmp'), 'w') as f:
         f.write('{"round": 3')
       raise Killed
@@ -86,8 +93,11 @@ def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path,
     train.train_and_evaluate(_config(), workdir)
   monkeypatch.undo()
   assert int(_final_state(workdir).round) == 2
+  with open(os.path.join(workdir, 'train_metrics.jsonl')) as f:
+    assert [json.loads(line)['round'] for line in f.read().splitlines()[:-1]] == [1, 2, 3]
 
   train.train_and_evaluate(_config(), workdir)
   metrics, state = uninterrupted
-  assert _metrics(workdir) == metrics  # the torn line is gone, rounds 3 and 4 are recomputed
+  # The torn lines and round 3's uncheckpointed line are gone, rounds 3 and 4 are recomputed.
+  assert _metrics(workdir) == metrics
   chex.assert_trees_all_equal(_final_state(workdir), state)

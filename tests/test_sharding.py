@@ -43,7 +43,7 @@ def _child(devices: int) -> dict:
       state, metrics = step(state, data, key)
     return rc, step.as_text(), state, metrics
 
-  _, _, reference, ref_metrics = run()
+  _, _, reference, ref_metrics = run(executor='vmap')
   variants = {'sharded': dict(executor='sharded')}
   if devices > 1:
     variants['sharded_chunked'] = dict(executor='sharded', chunk_size=4)

@@ -57,6 +57,17 @@ def test_arg_string_and_grid_expansion():
   assert sweep.expand_grid(base, [('method', ['c'])]) == [{'method': 'c', 'seed': 0}]
 
 
+def test_finished_runs_are_told_by_metrics_jsonl_and_a_torn_line_is_not_an_error(tmp_path):
+  run = sweep.Run({}, str(tmp_path), num_rounds=4, method='dp2fedsam', config_name='tiny')
+  assert run.status == 'new'
+  (tmp_path / 'train_metrics.jsonl').write_text(
+      ''.join(json.dumps({'round': r}) + '\n' for r in (1, 2, 3)))  # every round: not the test
+  (tmp_path / 'metrics.jsonl').write_text('{"round": 2, "epsilon": 1.0}\n{"round": 4, "eps')
+  assert run.rounds_done == 2 and run.status == 'resume from round 2'
+  (tmp_path / 'metrics.jsonl').write_text('{"round": 2}\n{"round": 4}\n')
+  assert run.status == 'done'
+
+
 def test_overrides_are_typed_like_the_field(tiny_config_path):
   module = sweep.load_config_module(tiny_config_path)
   c = sweep.apply_overrides(module.get_config(), ['--config.num_rounds=5', '--config.dp.clip_norm=0.2',

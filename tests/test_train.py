@@ -86,6 +86,35 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
     assert key in lines[-1] and math.isfinite(lines[-1][key])
   assert lines[0]['epsilon'] < lines[1]['epsilon']
   assert final == lines[-1]
+  # Every round has its training scalars; an evaluation's are their mean over its window.
+  rounds = [json.loads(l) for l in (tmp_path / 'train_metrics.jsonl').read_text().splitlines()]
+  assert [r['round'] for r in rounds] == [1, 2, 3]
+  for r in rounds:
+    assert set(r) == {'round', 'seconds', *train.TRAIN_SCALARS} and r['seconds'] > 0
+  for key in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size'):
+    assert lines[0][key] == pytest.approx(np.mean([r[key] for r in rounds[:2]]), rel=1e-6)
+    assert lines[1][key] == pytest.approx(rounds[2][key], rel=1e-6)
+  assert lines[0]['nonfinite_clients'] == sum(r['nonfinite_clients'] for r in rounds[:2])
+  # 'auto' (the default) is written as the executor it chose.
+  assert config.executor == 'auto'
+  assert written['executor'] == ('sequential' if jax.default_backend() == 'cpu' else 'vmap')
+
+
+def test_auto_executor_is_resolved_per_backend_and_a_resume_keeps_the_recorded_one(tmp_path):
+  from dp2fedsam_jax.round import resolve_executor
+  assert [resolve_executor('auto', b) for b in ('cpu', 'gpu', 'tpu')] == [
+      'sequential', 'vmap', 'vmap']
+  assert resolve_executor('sharded', 'cpu') == 'sharded'
+  # A checkpointed run recorded as vmap (e.g. started before 'auto' was the default, or on a GPU)
+  # resumes with vmap under 'auto'; an explicit executor is kept as it is.
+  (tmp_path / 'checkpoints' / '2').mkdir(parents=True)
+  (tmp_path / 'config.json').write_text(json.dumps({'executor': 'vmap'}))
+  config, how = train._with_executor(tiny_config(), str(tmp_path))
+  assert config.executor == 'vmap' and 'checkpointed run' in how
+  config, how = train._with_executor(tiny_config(executor='sequential'), str(tmp_path))
+  assert config.executor == 'sequential' and how == ''
+  config, how = train._with_executor(tiny_config(), str(tmp_path / 'new'))
+  assert config.executor == resolve_executor('auto') and how == f'auto on {jax.default_backend()}'
 
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path):
