@@ -44,7 +44,7 @@ class MetricWriter(abc.ABC):
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Writes the scalars of one step (a round)."""
 
-  def flush(self) -> None:
+  def flush(self) -> None:  # noqa: B027 -- a writer that buffers nothing needs no flush
     pass
 
   def close(self) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import chex
+import jax
+import numpy as np
 import pytest
 
 from conftest import tiny_config
