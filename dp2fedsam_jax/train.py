@@ -122,7 +122,15 @@ class Experiment:
 
 
 def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
-  """Validates the config, loads and partitions the data, builds the model, resolves privacy."""
+  """Validates the config, loads and partitions the data, builds the model, resolves privacy.
+
+  Args:
+    config: the experiment config.
+
+  Returns:
+    An Experiment: data, model, method spec, the DPMechanism (sigma calibrated if a target epsilon
+    is set), the RoundConfig and LocalConfig, with `round_step()`, `evaluate()`, `init_state()`.
+  """
   validate_config(config, METHODS)
   spec = get_method(config.method)
   spec.check_noise_placement(config.dp.noise_placement)
@@ -340,12 +348,24 @@ def _train_scalars(metrics: dict, seconds: float) -> dict:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) the experiment in `workdir`; returns the last metrics record.
 
+  Args:
+    config: the experiment (base_config() fields; validated here, before any data is loaded).
+    workdir: where the run's files go; a workdir of a finished run returns its last record at once,
+      one with a checkpoint resumes from it (bit-identical to an uninterrupted run), one of another
+      config is refused.
+
+  Returns:
+    The last evaluation record: round, test_accuracy, test_loss, participation,
+    test_accuracy_participated, epsilon, the window means of the training scalars, seconds.
+
   Writes `train_metrics.jsonl` (every round), `metrics.jsonl` (every evaluation; the last line is
   the returned record), `config.json` (the config as run: sigma, delta and executor resolved) and
   TensorBoard event files when tensorboardX is installed (metric_writers.py).
 
-  Ctrl-C (SIGINT) stops the run at the next round boundary with `cli.Interrupted`, a
-  KeyboardInterrupt whose message names the last checkpoint; the same call resumes from it.
+  Raises:
+    ConfigError / ValueError naming a bad field; FloatingPointError when the released shared
+    parameters are NaN/Inf (the message names the kept checkpoint); cli.Interrupted on Ctrl-C
+    (SIGINT), at the next round boundary, naming the last checkpoint; the same call resumes from it.
   """
   config, executor_choice = _with_executor(config, workdir)
   finished = _finished_record(config, workdir)
