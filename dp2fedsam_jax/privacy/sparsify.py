@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-# Applying a mask is a tree helper (trees.py); kept importable here, where masks are made.
+# Applying a mask is a tree helper (trees.py); re-exported here, where masks are made.
+from dp2fedsam_jax.trees import apply_mask, ones_like  # noqa: F401
 
 
 def num_kept(ratio: float, size: int) -> int:
