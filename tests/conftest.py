@@ -1,6 +1,11 @@
 """Shared fixtures: tiny configs and data so the whole suite runs in minutes on 2 CPU cores."""
 
 import os
+import signal
+
+# A suite started in the background by a non-interactive shell (`... &`) inherits SIGINT ignored,
+# and so would every binary it starts: the Ctrl-C tests (tests/test_cli.py) need Python's default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices; LLVM's
 # optimisations off halve the CPU time of the suite (it is compile-bound: tests/test_engine.py 227 s
