@@ -37,6 +37,7 @@ level alpha; as a lower bound for an arbitrary mechanism it assumes that indepen
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -61,18 +62,26 @@ class AuditSettings:
   select_fraction: float = 0.2  # scores used only to choose a threshold
   batch_trials: int = 1        # trials vmapped at once (memory)
   seed: int = 0                # the audit's own keys; the experiment's keys come from config.seed
+  estimate_every: int = 0      # one-run estimates also after every this many rounds (0: at the end)
 
   def __post_init__(self):
     if (self.num_trials < 1 or self.num_canaries < 1 or self.num_rounds < 1
-        or self.batch_trials < 1 or self.num_trials * self.num_canaries < 8):
-      raise ValueError(f'audit: num_trials, num_canaries, num_rounds, batch_trials >= 1 and at '
-                       f'least 8 canary scores needed; got {self.num_trials}, {self.num_canaries}, '
-                       f'{self.num_rounds}, {self.batch_trials}.')
+        or self.batch_trials < 1 or self.num_trials * self.num_canaries < 8
+        or self.estimate_every < 0):
+      raise ValueError(f'audit: num_trials, num_canaries, num_rounds, batch_trials >= 1, '
+                       f'estimate_every >= 0 and at least 8 canary scores needed; got '
+                       f'{self.num_trials}, {self.num_canaries}, {self.num_rounds}, '
+                       f'{self.batch_trials}, {self.estimate_every}.')
     if not 0.0 < self.alpha < 0.5 or not 0.0 < self.select_fraction < 1.0:
       raise ValueError(f'audit: alpha must lie in (0, 0.5) and select_fraction in (0, 1); got '
                        f'{self.alpha}, {self.select_fraction}.')
     if self.canary_norm < 1.0:
       raise ValueError(f'audit: canary_norm={self.canary_norm} must be >= 1 (a multiple of C).')
+
+  def estimate_rounds(self) -> list[int]:
+    """The rounds after which the one-run estimates are computed; the last round always."""
+    every = self.estimate_every or self.num_rounds
+    return sorted(set(range(every, self.num_rounds + 1, every)) | {self.num_rounds})
 
   @classmethod
   def from_config(cls, config) -> 'AuditSettings':
@@ -83,6 +92,23 @@ class AuditSettings:
       raise ValueError(f'config.audit: unknown field(s) {sorted(unknown)} (rounds per trial are '
                        'config.num_rounds).')
     return cls(num_rounds=config.num_rounds, **audit)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneRunEstimates:
+  """Trial 0 -- one training run -- after `round` rounds, next to the accounted epsilon then."""
+  round: int
+  epsilon_accounted: float
+  epsilon_one_run: float            # bound (Steinke et al.) on the released model's scores
+  epsilon_gaussian_fit: float       # estimate (Andrew et al.) on the same scores, and interval
+  epsilon_gaussian_fit_low: float
+  epsilon_gaussian_fit_high: float
+  noise_multiplier: float           # white-box estimate of sigma from rounds 1..round, interval
+  noise_multiplier_low: float
+  noise_multiplier_high: float
+  epsilon_noise_estimate: float     # the accountant's epsilon at that sigma, and interval
+  epsilon_noise_estimate_low: float
+  epsilon_noise_estimate_high: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +135,17 @@ class AuditResult:
   epsilon_gaussian_fit: float     # Andrew et al.; bootstrap interval of the estimate:
   epsilon_gaussian_fit_low: float
   epsilon_gaussian_fit_high: float
+  noise_multiplier_estimate: float  # white-box, trial 0, every round; its interval:
+  noise_multiplier_estimate_low: float
+  noise_multiplier_estimate_high: float
+  epsilon_noise_estimate: float     # the accountant's epsilon at that sigma; its interval:
+  epsilon_noise_estimate_low: float
+  epsilon_noise_estimate_high: float
   confidence: float
   num_trials: int
   num_canaries: int
   seconds: float
+  along_run: tuple = ()  # OneRunEstimates after every settings.estimate_every rounds
 
   BOUNDS = ('epsilon_clopper_pearson', 'epsilon_gdp_lower', 'epsilon_one_run',
             'epsilon_one_run_fdp')
@@ -130,24 +163,52 @@ class AuditResult:
     return [name for name, value in self.bounds().items() if value > self.epsilon_accounted]
 
   def row(self) -> str:
-    def num(x):
-      return '—' if math.isnan(x) else f'{x:.2f}'
-    gdp = (f'{num(self.epsilon_gdp_lower)} [{num(self.epsilon_gdp)}, {num(self.epsilon_gdp_upper)}]'
+    gdp = (f'{_num(self.epsilon_gdp_lower)} [{_num(self.epsilon_gdp)}, '
+           f'{_num(self.epsilon_gdp_upper)}]'
            if not math.isnan(self.epsilon_gdp_lower) else '—')
-    fit = (f'{num(self.epsilon_gaussian_fit)} [{num(self.epsilon_gaussian_fit_low)}, '
-           f'{num(self.epsilon_gaussian_fit_high)}]')
+    fit = _interval(self.epsilon_gaussian_fit, self.epsilon_gaussian_fit_low,
+                    self.epsilon_gaussian_fit_high)
+    noise = _interval(self.epsilon_noise_estimate, self.epsilon_noise_estimate_low,
+                      self.epsilon_noise_estimate_high)
+    noise += f' (σ̂ {self.noise_multiplier_estimate:.3g})'
     return (f'| {self.method} {self.sampling} {self.noise_placement} | {self.noise_multiplier:g} | '
             f'{self.sampling_rate:g} | {self.num_rounds} | {self.epsilon_accounted:.2f} | '
-            f'{num(self.epsilon_clopper_pearson)} | {gdp} | {num(self.epsilon_one_run)} | '
-            f'{num(self.epsilon_one_run_fdp)} | {fit} | {self.num_trials} × {self.num_canaries} | '
-            f'{self.seconds:.0f} |')
+            f'{_num(self.epsilon_clopper_pearson)} | {gdp} | {_num(self.epsilon_one_run)} | '
+            f'{_num(self.epsilon_one_run_fdp)} | {fit} | {noise} | '
+            f'{self.num_trials} × {self.num_canaries} | {self.seconds:.0f} |')
+
+  def along_run_table(self) -> str:
+    """The one-run estimates after every K rounds, one row each."""
+    rows = [ALONG_RUN_HEADER]
+    for e in self.along_run:
+      fit = _interval(e.epsilon_gaussian_fit, e.epsilon_gaussian_fit_low,
+                      e.epsilon_gaussian_fit_high)
+      noise = _interval(e.epsilon_noise_estimate, e.epsilon_noise_estimate_low,
+                        e.epsilon_noise_estimate_high)
+      rows.append(f'| {e.round} | {e.epsilon_accounted:.2f} | {_num(e.epsilon_one_run)} | {fit} | '
+                  f'{noise} | {e.noise_multiplier:.3g} [{e.noise_multiplier_low:.3g}, '
+                  f'{e.noise_multiplier_high:.3g}] |')
+    return '\n'.join(rows)
+
+
+def _num(x: float) -> str:
+  return '—' if math.isnan(x) else f'{x:.2f}'
+
+
+def _interval(value: float, low: float, high: float) -> str:
+  return f'{_num(value)} [{_num(low)}, {_num(high)}]'
 
 
 TABLE_HEADER = (
     '| mechanism | σ | q | T | ε accounted | CP bound | GDP bound [estimate, upper] | '
     'one-run bound | one-run f-DP bound | Gaussian-fit estimate [95 % bootstrap] | '
-    'trials × canaries | s |\n'
-    '|---|---|---|---|---|---|---|---|---|---|---|---|')
+    'σ̂ estimate: ε [95 % bootstrap] (σ̂) | trials × canaries | s |\n'
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+
+ALONG_RUN_HEADER = (
+    '| round | ε accounted | one-run bound | Gaussian-fit estimate [95 %] | '
+    'σ̂ estimate: ε [95 %] | σ̂ [95 %] |\n'
+    '|---|---|---|---|---|---|')
 
 
 def gaussian_claim(mechanism) -> bool:
@@ -204,7 +265,9 @@ def _flat(tree):
 
 
 def make_trial_scores(exp, settings: AuditSettings):
-  """scores(state0, data, directions, run_keys, signs) -> (white-box, final) scores, [trials, k].
+  """scores(state0, data, directions, run_keys, signs) -> (projections, cosines, sampled), each
+  [trials, rounds, k]: round t's released sum on canary i's direction / C, the cosine of the model
+  moved since round 0 with it, and whether canary i was in round t's cohort.
 
   One jitted program: the real round step (with the canary hook), scanned over the rounds and
   vmapped over the trials; signs[trial, i] (+1, 0 or -1) is canary i's contribution in that trial.
@@ -219,26 +282,40 @@ def make_trial_scores(exp, settings: AuditSettings):
     hook = canary_hook(first_canary, directions, unravel, settings.canary_norm * clip, signs)
     step = make_round_step(spec, exp.model, exp.local_config, rc, exp.method_params,
                            update_hook=hook)
+    flat0 = _flat(state0.shared)
 
     def body(state, _):
       new, metrics = step(state, data, run_key)
       denominator = mech.denominator(metrics['cohort_size'])  # what the round divided by
       released = (_flat(new.shared) - _flat(state.shared)) * (denominator / rc.server_lr)
-      return new, directions @ released / clip
+      moved = _flat(new.shared) - flat0
+      cosine = directions @ moved / jnp.maximum(jnp.linalg.norm(moved), 1e-30)
+      sampled = (new.times_sampled - state.times_sampled)[first_canary:] > 0
+      return new, (directions @ released / clip, cosine, sampled)
 
-    final, projections = jax.lax.scan(body, state0, None, length=settings.num_rounds)
-    moved = _flat(final.shared) - _flat(state0.shared)
-    cosine = directions @ moved / jnp.maximum(jnp.linalg.norm(moved), 1e-30)
-    return jnp.sum(projections, axis=0), cosine
+    _, per_round = jax.lax.scan(body, state0, None, length=settings.num_rounds)
+    return per_round
 
   return jax.jit(jax.vmap(one_trial, in_axes=(None, None, None, 0, 0)))
 
 
 @dataclasses.dataclass(frozen=True)
 class CanaryScores:
-  white_box: np.ndarray  # float[trials, k]
-  final: np.ndarray      # float[trials, k]
-  included: np.ndarray   # bool[trials, k]
+  projections: np.ndarray  # float[trials, rounds, k]: <u_t, v_i> / C
+  cosines: np.ndarray      # float[trials, rounds, k]: cos(phi_t - phi_0, v_i)
+  sampled: np.ndarray      # bool[trials, rounds, k]: canary i in round t's cohort
+  included: np.ndarray     # bool[trials, k]
+  signs: np.ndarray        # float[trials, k]: canary i's upload in units of C v_i
+
+  @property
+  def white_box(self) -> np.ndarray:
+    """float[trials, k]: sum_t <u_t, v_i> / C."""
+    return self.projections.sum(axis=1)
+
+  @property
+  def final(self) -> np.ndarray:
+    """float[trials, k]: the released model's score, cos(phi_T - phi_0, v_i)."""
+    return self.cosines[:, -1]
 
 
 def audit_scores(exp, settings: AuditSettings) -> CanaryScores:
@@ -252,15 +329,15 @@ def audit_scores(exp, settings: AuditSettings) -> CanaryScores:
   signs = np.where(included, 1.0, neighbour_sign(exp.mechanism.sampling)).astype(np.float32)
   scores = make_trial_scores(exp, settings)
   size = min(settings.batch_trials, settings.num_trials)
-  white_box, final = [], []
+  batches = []
   for start in range(0, settings.num_trials, size):
     # The last batch is padded with trial 0 again: one shape, one compilation.
     rows = np.arange(start, start + size) % settings.num_trials
     real = min(size, settings.num_trials - start)
-    w, f = scores(state0, exp.data, directions, streams.runs[rows], jnp.asarray(signs[rows]))
-    white_box.append(np.asarray(w)[:real])
-    final.append(np.asarray(f)[:real])
-  return CanaryScores(np.concatenate(white_box), np.concatenate(final), included)
+    out = scores(state0, exp.data, directions, streams.runs[rows], jnp.asarray(signs[rows]))
+    batches.append([np.asarray(a)[:real] for a in out])
+  projections, cosines, sampled = (np.concatenate(parts) for parts in zip(*batches))
+  return CanaryScores(projections, cosines, sampled, included, signs)
 
 
 def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
@@ -279,29 +356,73 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   gdp = (audit_stats.gdp_bound(white_in, white_out, delta, alpha, settings.select_fraction, seed)
          if gaussian else None)
 
-  # One run: trial 0's canaries only.
-  run_in, run_out = scores.final[0][included[0]], scores.final[0][~included[0]]
-  one_run = one_run_fdp = nan
-  fit = audit_stats.GaussianFitEstimate(nan, nan, nan)
-  if min(run_in.size, run_out.size) >= 2:
-    one_run = audit_stats.epsilon_one_run(run_in, run_out, delta, alpha)
-    if gaussian:
-      one_run_fdp = audit_stats.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
-    fit = audit_stats.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
+  along_run = tuple(one_run_estimates(audited, scores, rounds, settings)
+                    for rounds in settings.estimate_rounds())
+  last = along_run[-1]
+  one_run_fdp = nan
+  run_in, run_out = _split_by_inclusion(scores.final[0], included[0])
+  if gaussian and min(run_in.size, run_out.size) >= 2:
+    one_run_fdp = audit_stats.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
 
   config = exp.config
   return AuditResult(
       method=config.method, sampling=config.dp.sampling, noise_placement=config.dp.noise_placement,
       noise_multiplier=exp.privacy.noise_multiplier, sampling_rate=config.sampling_rate,
       num_rounds=settings.num_rounds, delta=delta,
-      epsilon_accounted=audited.epsilon_after(settings.num_rounds),
+      epsilon_accounted=last.epsilon_accounted,
       epsilon_clopper_pearson=cp,
       epsilon_gdp_lower=gdp.epsilon_lower if gdp else nan,
-      epsilon_one_run=one_run, epsilon_one_run_fdp=one_run_fdp,
+      epsilon_one_run=last.epsilon_one_run, epsilon_one_run_fdp=one_run_fdp,
       epsilon_gdp=gdp.epsilon if gdp else nan, epsilon_gdp_upper=gdp.epsilon_upper if gdp else nan,
       gdp_mu_lower=gdp.mu_lower if gdp else nan, gdp_mu=gdp.mu if gdp else nan,
       gdp_mu_upper=gdp.mu_upper if gdp else nan,
+      epsilon_gaussian_fit=last.epsilon_gaussian_fit,
+      epsilon_gaussian_fit_low=last.epsilon_gaussian_fit_low,
+      epsilon_gaussian_fit_high=last.epsilon_gaussian_fit_high,
+      noise_multiplier_estimate=last.noise_multiplier,
+      noise_multiplier_estimate_low=last.noise_multiplier_low,
+      noise_multiplier_estimate_high=last.noise_multiplier_high,
+      epsilon_noise_estimate=last.epsilon_noise_estimate,
+      epsilon_noise_estimate_low=last.epsilon_noise_estimate_low,
+      epsilon_noise_estimate_high=last.epsilon_noise_estimate_high,
+      confidence=1.0 - alpha, num_trials=settings.num_trials,
+      num_canaries=settings.num_canaries, seconds=time.perf_counter() - start,
+      along_run=along_run)
+
+
+def _split_by_inclusion(scores, included):
+  return scores[included], scores[~included]
+
+
+def epsilon_at_noise_multiplier(exp, rounds: int, noise_multiplier: float) -> float:
+  """The accountant's epsilon of `exp`'s mechanism run with another sigma (0 for infinite noise)."""
+  if math.isnan(noise_multiplier):
+    return math.nan
+  if math.isinf(noise_multiplier):
+    return 0.0
+  mechanism = dataclasses.replace(exp.mechanism, noise_multiplier=noise_multiplier)
+  return mechanism.epsilon(rounds, exp.privacy.delta, exp.config.dp.accountant)
+
+
+def one_run_estimates(audited, scores: CanaryScores, rounds: int,
+                      settings: AuditSettings) -> OneRunEstimates:
+  """Trial 0's bound and estimates after `rounds` rounds (`audited` holds the canary clients)."""
+  delta, alpha, seed = audited.privacy.delta, settings.alpha, settings.seed
+  run_in, run_out = _split_by_inclusion(scores.cosines[0, rounds - 1], scores.included[0])
+  one_run = math.nan
+  fit = audit_stats.GaussianFitEstimate(math.nan, math.nan, math.nan)
+  if min(run_in.size, run_out.size) >= 2:
+    one_run = audit_stats.epsilon_one_run(run_in, run_out, delta, alpha)
+    fit = audit_stats.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
+  sigma = audit_stats.noise_multiplier_estimate(
+      scores.projections[0, :rounds], scores.sampled[0, :rounds], scores.signs[0], alpha,
+      seed=seed)
+  eps_at = functools.partial(epsilon_at_noise_multiplier, audited, rounds)
+  return OneRunEstimates(
+      round=rounds, epsilon_accounted=audited.epsilon_after(rounds), epsilon_one_run=one_run,
       epsilon_gaussian_fit=fit.epsilon, epsilon_gaussian_fit_low=fit.epsilon_low,
-      epsilon_gaussian_fit_high=fit.epsilon_high, confidence=1.0 - alpha,
-      num_trials=settings.num_trials, num_canaries=settings.num_canaries,
-      seconds=time.perf_counter() - start)
+      epsilon_gaussian_fit_high=fit.epsilon_high, noise_multiplier=sigma.noise_multiplier,
+      noise_multiplier_low=sigma.low, noise_multiplier_high=sigma.high,
+      epsilon_noise_estimate=eps_at(sigma.noise_multiplier),
+      epsilon_noise_estimate_low=eps_at(sigma.high),  # more noise, less epsilon
+      epsilon_noise_estimate_high=eps_at(sigma.low))

@@ -2,7 +2,8 @@ r"""Empirical privacy audit: `python -m experiments.audit --config=experiments/c
 
 Adds config.audit.num_canaries canary clients to the federation, runs the real round step
 config.audit.num_trials times with each canary in or out at random, and prints one table row per
-setting: the accounted epsilon next to every lower bound and estimate (docs/privacy.md, section 5).
+setting: the accounted epsilon next to every lower bound and estimate (docs/privacy.md, section 5),
+and with `--config.audit.estimate_every=K` a table of one run's estimates after every K rounds.
 `--table` runs every setting of the config file's audit_grid(). Exits non-zero if a lower bound
 exceeds the accounted epsilon. Override fields as for training:
 `--config.dp.noise_multiplier=0.5 --config.audit.num_trials=40`.
@@ -55,6 +56,17 @@ def audit_one(config) -> audit.AuditResult:
   return audit.run_audit(exp, audit.AuditSettings.from_config(config))
 
 
+def _strict_json(value):
+  """NaN (a bound or estimate not computed) as null: strict JSON has no NaN."""
+  if isinstance(value, float) and math.isnan(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_strict_json(v) for v in value]
+  return value
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -65,17 +77,21 @@ def main(argv):
                           'resolved'))
     return
   print(audit.TABLE_HEADER, flush=True)
-  violations = []
+  violations, along_run = [], []
   for config in configs:
     result = audit_one(config)
     print(result.row(), flush=True)
+    if len(result.along_run) > 1:
+      along_run.append(f'\nOne run along the way ({result.method} {result.sampling} '
+                       f'{result.noise_placement}, σ {result.noise_multiplier:g}, q '
+                       f'{result.sampling_rate:g}):\n{result.along_run_table()}')
     if FLAGS.out:
-      record = {k: None if isinstance(v, float) and math.isnan(v) else v  # strict JSON: no NaN
-                for k, v in dataclasses.asdict(result).items()}
       with open(FLAGS.out, 'a') as f:
-        f.write(json.dumps(record) + '\n')
+        f.write(json.dumps(_strict_json(dataclasses.asdict(result))) + '\n')
     if result.exceeded():
       violations.append(f'{result.row()}  exceeded: {", ".join(result.exceeded())}')
+  if along_run:
+    print('\n'.join(along_run), flush=True)
   if violations:
     sys.exit('a lower bound exceeds the accounted epsilon (the implementation leaks more than it '
              'accounts, or a caveat applies):\n' + '\n'.join(violations))

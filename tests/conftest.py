@@ -3,10 +3,6 @@
 import os
 import signal
 
-# A suite started in the background by a non-interactive shell (`... &`) inherits SIGINT ignored,
-# and so would every binary it starts: the Ctrl-C tests (tests/test_cli.py) need Python's default.
-signal.signal(signal.SIGINT, signal.default_int_handler)
-
 # Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices; LLVM's
 # optimisations off halve the CPU time of the suite (it is compile-bound: tests/test_engine.py 227 s
 # -> 110 s of CPU), and every program a test compares is compiled the same way.
@@ -16,6 +12,10 @@ os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
 import pytest
 
 from dp2fedsam_jax.config import base_config
+
+# A suite started in the background by a non-interactive shell (`... &`) inherits SIGINT ignored,
+# and so would every binary it starts: the Ctrl-C tests (tests/test_cli.py) need Python's default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def tiny_config(**overrides):

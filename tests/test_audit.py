@@ -100,6 +100,23 @@ def test_bounds_on_gaussian_scores_stay_below_the_true_epsilon(sigma):
   assert 0.5 * true_eps < fit.epsilon < 2 * true_eps, (fit, true_eps)
 
 
+@pytest.mark.parametrize('noise_scale', [1.0, 0.5])
+def test_noise_multiplier_estimate_recovers_the_executed_sigma_at_any_sampling_rate(noise_scale):
+  """Per-round scores of a subsampled Gaussian mechanism (q = 0.05, 40 rounds, 1,000 canaries):
+  the estimate finds the sigma it ran with, so an accountant fed half the noise it claims is seen."""
+  sigma, q, rounds, k = 1.0, 0.05, 40, 1000
+  rng = np.random.default_rng(4)
+  signs = (rng.random(k) < 0.5).astype(float)  # Poisson: an out canary uploads nothing
+  sampled = rng.random((rounds, k)) < q
+  projections = sampled * signs + noise_scale * sigma * rng.normal(size=(rounds, k))
+  estimate = audit_stats.noise_multiplier_estimate(projections, sampled, signs, num_bootstrap=100)
+  assert estimate.low < noise_scale * sigma < estimate.high, estimate
+  assert estimate.high / estimate.low < 1.3, estimate  # a usable estimate: about +-6 % here
+  no_signal = audit_stats.noise_multiplier_estimate(projections - sampled * signs, sampled, signs,
+                                                    num_bootstrap=20)
+  assert no_signal.high > 5 * sigma, no_signal  # nothing moves towards the canaries
+
+
 def test_without_noise_every_method_detects_the_canaries():
   in_scores, out_scores = _gaussian_scores(1e-3, 4000, seed=3)
   assert audit_stats.gdp_bound(in_scores, out_scores, DELTA, 0.05).epsilon_lower > 20
@@ -184,6 +201,11 @@ def test_audit_of_the_real_round_step_is_below_and_close_to_the_accounted_epsilo
   # The one-run estimate (500 canaries) is no bound, but its interval holds the accounted epsilon.
   fit = (result.epsilon_gaussian_fit_low, result.epsilon_gaussian_fit_high)
   assert fit[0] < result.epsilon_accounted < fit[1], result
+  # So does the white-box estimate of the executed sigma, and the epsilon it implies.
+  sigma = (result.noise_multiplier_estimate_low, result.noise_multiplier_estimate_high)
+  assert sigma[0] < 1.0 < sigma[1], result
+  noise = (result.epsilon_noise_estimate_low, result.epsilon_noise_estimate_high)
+  assert noise[0] < result.epsilon_accounted < noise[1], result
 
 
 def test_negative_control_half_the_noise_is_caught():
@@ -193,6 +215,27 @@ def test_negative_control_half_the_noise_is_caught():
   assert result.epsilon_accounted == pytest.approx(4.377, abs=0.01)  # what the accountant claims
   assert 'epsilon_gdp_lower' in result.exceeded(), result
   assert result.gdp_mu_lower > 1.0, result  # the executed mechanism has mu = 2
+  assert result.noise_multiplier_estimate_high < 0.75, result  # it ran with sigma 0.5, not 1
+  assert result.epsilon_noise_estimate_low > result.epsilon_accounted, result
+
+
+def test_one_run_estimates_along_the_run():
+  """Estimates after every round of one run, each against the epsilon accounted by then."""
+  exp = train.build_experiment(tiny_config(**{
+      'dp.noise_multiplier': 1.0, 'dp.delta': DELTA, 'sampling_rate': 0.5, 'num_rounds': 3,
+      'local.batch_size': 256}))
+  result = audit.run_audit(exp, audit.AuditSettings(num_trials=1, num_canaries=300, num_rounds=3,
+                                                    estimate_every=1))
+  assert [e.round for e in result.along_run] == [1, 2, 3]
+  accounted = [e.epsilon_accounted for e in result.along_run]
+  assert accounted == sorted(accounted) and accounted[-1] == result.epsilon_accounted
+  assert accounted[0] == pytest.approx(exp.epsilon_after(1))
+  assert result.along_run[-1].noise_multiplier == result.noise_multiplier_estimate
+  for e in result.along_run:
+    assert e.noise_multiplier_low < e.noise_multiplier < e.noise_multiplier_high, e
+    assert e.epsilon_one_run < e.epsilon_accounted, e
+  table = result.along_run_table().splitlines()
+  assert len(table) == 2 + 3 and table[2].startswith('| 1 | ')
 
 
 def test_audit_config_and_table_grid_validate():

@@ -31,6 +31,12 @@ Estimate (no guarantee): `epsilon_gaussian_fit` (Andrew et al. 2024, "One-shot e
 estimation for federated learning"): fit Gaussians to the in and the out scores and report the
 epsilon of that pair of Gaussians, with a bootstrap interval.
 
+Estimate (no guarantee), white-box and for any sampling rate: `noise_multiplier_estimate` measures
+the executed mechanism's signal-to-noise ratio from every round's released sum projected on the
+canary directions -- the shift a sampled canary causes against the noise std where it was not
+sampled -- so that the accountant, fed the estimated sigma, gives an estimated epsilon. It checks
+clipping and noise in situ in one run; it takes the sampler's form and q from the accountant.
+
 jax_privacy 2.0.0's `CanaryScoreAuditor.epsilon_from_gdp` is not used: it takes |mu| over thresholds
 computed from *upper* bounds of both rates, and where FPR_hi ~ 1 and FNR_hi ~ 0 the reversed test
 then reads as strong evidence; on Gaussian-mechanism scores (sigma = 2, 10,000 scores) it exceeded
@@ -257,3 +263,43 @@ def epsilon_gaussian_fit(in_scores, out_scores, delta, alpha=0.05, num_bootstrap
   low, high = np.quantile(resampled, [alpha / 2, 1 - alpha / 2])
   return GaussianFitEstimate(_fit_epsilon(in_scores, out_scores, delta, equal_variance),
                              float(low), float(high))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseMultiplierEstimate:
+  noise_multiplier: float  # executed noise std / executed sensitivity, as the accountant's sigma
+  low: float               # bootstrap percentile interval over canaries, 1 - alpha
+  high: float
+
+
+def noise_multiplier_estimate(projections, sampled, signs, alpha=0.05, num_bootstrap=200,
+                              seed=0) -> NoiseMultiplierEstimate:
+  """The noise multiplier a run executed, from its canaries' per-round white-box scores.
+
+  projections[t, i] = <u_t, v_i> / C: round t's released sum on canary i's direction; sampled[t, i]:
+  canary i was in round t's cohort; signs[i]: its upload in units of C v_i (+1, 0 or -1). The
+  projections are regressed on the contributions (sign where sampled, else 0): the slope is the
+  shift per unit of contribution, the residual std the noise. A correct mechanism gives slope 1
+  (clipped to exactly C) and std sigma, so their ratio is the accountant's sigma; half the noise or
+  twice the sensitivity halves it. Canaries are resampled for the interval.
+  """
+  projections = np.asarray(projections, np.float64)
+  contribution = np.where(np.asarray(sampled, bool), np.asarray(signs, np.float64), 0.0)
+  if not np.any(contribution) or projections.size < 3:
+    raise ValueError('audit: the noise-multiplier estimate needs a sampled canary with a non-zero '
+                     'upload; use more canaries or rounds.')
+
+  def ratio(columns):
+    p, c = projections[:, columns], contribution[:, columns]
+    if not np.any(c):  # a resample without a sampled canary
+      return math.nan
+    slope = np.sum(p * c) / np.sum(c * c)
+    residual = p - slope * c
+    noise = math.sqrt(np.sum(residual * residual) / (residual.size - 1))
+    return noise / slope if slope > 0 else math.inf  # no shift towards the canaries: no signal
+
+  k = projections.shape[1]
+  rng = np.random.default_rng(seed)
+  resampled = np.array([ratio(rng.integers(0, k, k)) for _ in range(num_bootstrap)])
+  low, high = np.nanquantile(resampled, [alpha / 2, 1 - alpha / 2], method='nearest')
+  return NoiseMultiplierEstimate(float(ratio(np.arange(k))), float(low), float(high))

@@ -40,7 +40,8 @@ def get_config(arg: str | None = None):
   c.dp.noise_placement = args['placement']
   c.seed = args['seed']
   c.audit = dict(num_trials=args['trials'], num_canaries=args['canaries'], canary_norm=10.0,
-                 alpha=0.05, select_fraction=0.2, batch_trials=1, seed=c.seed)
+                 alpha=0.05, select_fraction=0.2, batch_trials=1, seed=c.seed,
+                 estimate_every=0)
   return c
 
 
