@@ -14,6 +14,7 @@ method and seed) and method, and writes to --out:
                             the papers' update-norm figures; else at the evaluated rounds)
   <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when a setting has several
   runs/...                  with --copy_runs: the runs' small files, for committing the results
+                            (--finished_only: only runs that finished or failed, while a sweep runs)
 
 Matplotlib comes with the `[report]` extra.
 """
@@ -386,9 +387,12 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
 
 
 def _group_final(runs: list[RunResult]) -> dict:
-  """(config, setting without eps, method) -> [(eps reached, final acc mean, std)] per eps."""
+  """(config, setting without eps, method) -> [(eps reached, final acc mean, std)] per eps, over
+  finished runs (a run stopped early has reached a smaller epsilon than its setting's)."""
   groups = collections.defaultdict(list)
   for run in runs:
+    if not run.finished:
+      continue
     rest = setting_label({k: v for k, v in run.setting.items() if k != 'eps'})
     eps_key = _fmt(run.setting.get('eps', run.records[-1]['epsilon']))
     groups[(run.config_name, rest, run.method, eps_key)].append(run)
@@ -410,9 +414,12 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
 
 
-def write_report(root: str, out: str, copy_runs: bool = False) -> dict:
-  """Writes the tables and plots; returns their paths."""
+def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bool = False) -> dict:
+  """Writes the tables and plots; returns their paths. `finished_only` leaves out the runs still
+  under way (failed runs stay: the table says why they stopped)."""
   runs = load_runs(root)
+  if finished_only:
+    runs = [r for r in runs if r.finished or r.failed]
   if not runs:
     raise ValueError(f'no workdir with metrics.jsonl and config.json under {root}')
   os.makedirs(out, exist_ok=True)
@@ -436,12 +443,14 @@ def define_flags() -> None:
   flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json, '
                     'metrics.jsonl and train_metrics.jsonl (not its checkpoints) to <out>/runs/, '
                     'so the results can be committed and the report rebuilt from them.')
+  flags.DEFINE_bool('finished_only', False, 'Leave out the runs still under way (a sweep that is '
+                    'running): commit each finished run while the rest go on.')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  paths = write_report(FLAGS.root, FLAGS.out, FLAGS.copy_runs)
+  paths = write_report(FLAGS.root, FLAGS.out, FLAGS.copy_runs, FLAGS.finished_only)
   for line in paths['failures']:
     print(line)
   print(json.dumps(paths, indent=2))

@@ -107,6 +107,17 @@ def test_unfinished_runs_are_flagged_and_plain_workdirs_are_read(tmp_path):
   assert plain.setting == 'N=100,S=2,dataset=fashion_mnist,eps=1' and math.isinf(plain.epsilon)
 
 
+def test_finished_only_leaves_out_runs_under_way_and_keeps_failed_ones(tmp_path):
+  root = str(tmp_path / 'runs')
+  make_workdir(root, 'cfg', 'centaur', 0, 1.0, 0.6)
+  make_workdir(root, 'cfg', 'centaur', 1, 1.0, 0.6, rounds=(1, 2))  # still running
+  _fail(make_workdir(root, 'cfg', 'centaur', 2, 0.5, 0.6), keep_metrics=1)
+  paths = report.write_report(root, str(tmp_path / 'out'), copy_runs=True, finished_only=True)
+  copied = sorted(os.listdir(tmp_path / 'out' / 'runs' / 'cfg' / 'centaur' / 'eps=1'))
+  assert copied == ['seed=0'] and paths['num_runs'] == 2, (copied, paths)
+  assert len(paths['failures']) == 1 and 'accuracy_vs_eps' not in ' '.join(paths['plots'])
+
+
 def test_empty_root_fails_clearly(tmp_path):
   with pytest.raises(ValueError, match='no workdir'):
     report.write_report(str(tmp_path), str(tmp_path / 'out'))
