@@ -254,6 +254,19 @@ def test_audit_config_and_table_grid_validate():
     audit.AuditSettings.from_config(bad)
 
 
+def test_the_default_experiments_audit_is_the_default_experiment_plus_canaries():
+  from experiments.configs import audit_default
+  from experiments.configs import default
+  config = audit_default.get_config('method=centaur,every=5')
+  config_lib.validate_config(config, set(METHODS))
+  settings = audit.AuditSettings.from_config(config)
+  assert settings.estimate_rounds() == [5, 10, 15, 20, 25, 30, 35, 40]
+  assert (settings.num_trials, settings.num_canaries) == (1, 1000)
+  plain = default.get_config('method=centaur')
+  del config['audit']
+  assert config.to_dict() == plain.to_dict()
+
+
 def test_importing_the_audit_binary_defines_no_flags():
   from absl import flags
   import experiments.audit  # noqa: F401
