@@ -194,12 +194,11 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     def one_client(x, y, count, personal, client_key, client_id):
       train_key, upload_key = keys.train_and_upload(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
-      delta = result.delta
-      if update_hook is not None:
-        delta = update_hook(client_id, delta)
       # A diverged client is a failed client: it uploads zero and keeps its old head.
-      finite = _all_finite((delta, result.personal, result.train_loss))
-      delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), delta)
+      finite = _all_finite((result.delta, result.personal, result.train_loss))
+      delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), result.delta)
+      if update_hook is not None:  # after the check: an audit canary uploads its vector even if
+        delta = update_hook(client_id, delta)  # its own training diverged
       new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                                   result.personal, personal)
       mask = upload_mask(spec, delta, result.mask, round_mask, params.sparsity)

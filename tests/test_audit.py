@@ -10,6 +10,7 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax_privacy import auditing
@@ -189,6 +190,23 @@ def test_canary_clients_join_the_federation_and_its_accounting():
   np.testing.assert_array_equal(audited.data.train_count[-7:],
                                 exp.data.train_count[np.arange(7) % exp.data.num_clients])
   assert audited.epsilon_after(1) == exp.epsilon_after(1)  # Poisson: epsilon does not depend on N
+
+
+def test_a_canary_uploads_its_vector_even_when_its_own_training_diverges():
+  """Canaries train on copies of real clients' data; one that diverges still uploads C v_i (the
+  adversary controls its upload), instead of the zero a diverged client uploads."""
+  exp = train.build_experiment(tiny_config(**{
+      'dp.noise_multiplier': 0.02, 'dp.accountant': 'rdp',  # PLD takes minutes at sigma this small
+      'dp.delta': DELTA, 'sampling_rate': 1.0, 'num_rounds': 1, 'local.batch_size': 256}))
+  audited = audit.with_canary_clients(exp, 20)
+  x = audited.data.train_x.astype(jnp.float32)
+  audited = dataclasses.replace(audited, data=audited.data.replace(
+      train_x=x.at[exp.data.num_clients:].set(jnp.nan)))  # every canary's training diverges
+  scores = audit.audit_scores(audited, audit.AuditSettings(num_trials=1, num_canaries=20))
+  projections, included = scores.projections[0, 0], scores.included[0]
+  assert included.any() and not included.all()
+  np.testing.assert_allclose(projections[included], 1.0, atol=0.1)  # noise std 0.02
+  np.testing.assert_allclose(projections[~included], 0.0, atol=0.1)
 
 
 def test_audit_of_the_real_round_step_is_below_and_close_to_the_accounted_epsilon():

@@ -217,19 +217,20 @@ def test_padding_examples_never_change_a_client_update(client_update, pad_x, pad
 
 
 def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
-  """One client's update is NaN: it counts in nonfinite_clients, contributes exactly a zero update
-  (the same release as a client whose update is zero), and its head is not written."""
+  """One client's training diverges (NaN data): it counts in nonfinite_clients, contributes exactly
+  a zero update (the same release as a client whose update is zero), and its head is not written."""
   exp = train.build_experiment(tiny_config(sampling_rate=1.0, **{'dp.delta': 0.1}))
   state = exp.init_state()
   params = MethodParams.from_config(exp.config)
+  float_data = exp.data.replace(train_x=exp.data.train_x.astype(jnp.float32))
+  poisoned_data = float_data.replace(train_x=float_data.train_x.at[2].set(jnp.nan))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config, params))
+  zero_hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, 0.0, x), d)
+  zero_step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
+                                      params, update_hook=zero_hook))
 
-  def step_with(poison):
-    hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, poison, x), d)
-    return jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config, params,
-                                   update_hook=hook))
-
-  nan_state, nan_metrics = step_with(jnp.nan)(state, exp.data, exp.root_key)
-  zero_state, zero_metrics = step_with(0.0)(state, exp.data, exp.root_key)
+  nan_state, nan_metrics = step(state, poisoned_data, exp.root_key)
+  zero_state, zero_metrics = zero_step(state, float_data, exp.root_key)
   assert int(nan_metrics['nonfinite_clients']) == 1 and int(zero_metrics['nonfinite_clients']) == 0
   assert bool(nan_metrics['finite'])
   chex.assert_trees_all_equal(nan_state.shared, zero_state.shared)
