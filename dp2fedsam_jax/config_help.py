@@ -60,6 +60,7 @@ FIELD_HELP = {
     'audit.select_fraction': 'fraction of the scores used only to choose a threshold',
     'audit.batch_trials': 'trials vmapped at once (memory)',
     'audit.seed': "the audit's own keys (the experiment's come from seed)",
+    'audit.estimate_every': "one run's estimates also after every this many rounds (0: at the end)",
 }
 
 
