@@ -124,7 +124,6 @@ class AuditResult:
   # Lower bounds (1 - alpha); NaN where not computed (see the module docstring).
   epsilon_clopper_pearson: float
   epsilon_gdp_lower: float
-  epsilon_one_run: float
   epsilon_one_run_fdp: float
   # Estimates.
   epsilon_gdp: float              # at the observed error rates; the interval's upper end:
@@ -132,20 +131,53 @@ class AuditResult:
   gdp_mu_lower: float
   gdp_mu: float
   gdp_mu_upper: float
-  epsilon_gaussian_fit: float     # Andrew et al.; bootstrap interval of the estimate:
-  epsilon_gaussian_fit_low: float
-  epsilon_gaussian_fit_high: float
-  noise_multiplier_estimate: float  # white-box, trial 0, every round; its interval:
-  noise_multiplier_estimate_low: float
-  noise_multiplier_estimate_high: float
-  epsilon_noise_estimate: float     # the accountant's epsilon at that sigma; its interval:
-  epsilon_noise_estimate_low: float
-  epsilon_noise_estimate_high: float
   confidence: float
   num_trials: int
   num_canaries: int
   seconds: float
-  along_run: tuple = ()  # OneRunEstimates after every settings.estimate_every rounds
+  # One run (trial 0) after every settings.estimate_every rounds; the last is after all rounds and
+  # gives the one-run bound and estimates of the table (the properties below).
+  along_run: tuple[OneRunEstimates, ...]
+
+  @property
+  def epsilon_one_run(self) -> float:
+    return self.along_run[-1].epsilon_one_run
+
+  @property
+  def epsilon_gaussian_fit(self) -> float:
+    return self.along_run[-1].epsilon_gaussian_fit
+
+  @property
+  def epsilon_gaussian_fit_low(self) -> float:
+    return self.along_run[-1].epsilon_gaussian_fit_low
+
+  @property
+  def epsilon_gaussian_fit_high(self) -> float:
+    return self.along_run[-1].epsilon_gaussian_fit_high
+
+  @property
+  def noise_multiplier_estimate(self) -> float:
+    return self.along_run[-1].noise_multiplier
+
+  @property
+  def noise_multiplier_estimate_low(self) -> float:
+    return self.along_run[-1].noise_multiplier_low
+
+  @property
+  def noise_multiplier_estimate_high(self) -> float:
+    return self.along_run[-1].noise_multiplier_high
+
+  @property
+  def epsilon_noise_estimate(self) -> float:
+    return self.along_run[-1].epsilon_noise_estimate
+
+  @property
+  def epsilon_noise_estimate_low(self) -> float:
+    return self.along_run[-1].epsilon_noise_estimate_low
+
+  @property
+  def epsilon_noise_estimate_high(self) -> float:
+    return self.along_run[-1].epsilon_noise_estimate_high
 
   BOUNDS = ('epsilon_clopper_pearson', 'epsilon_gdp_lower', 'epsilon_one_run',
             'epsilon_one_run_fdp')
@@ -287,8 +319,9 @@ def make_trial_scores(exp, settings: AuditSettings):
     def body(state, _):
       new, metrics = step(state, data, run_key)
       denominator = mech.denominator(metrics['cohort_size'])  # what the round divided by
-      released = (_flat(new.shared) - _flat(state.shared)) * (denominator / rc.server_lr)
-      moved = _flat(new.shared) - flat0
+      flat_new = _flat(new.shared)
+      released = (flat_new - _flat(state.shared)) * (denominator / rc.server_lr)
+      moved = flat_new - flat0
       cosine = directions @ moved / jnp.maximum(jnp.linalg.norm(moved), 1e-30)
       sampled = (new.times_sampled - state.times_sampled)[first_canary:] > 0
       return new, (directions @ released / clip, cosine, sampled)
@@ -358,7 +391,6 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
 
   along_run = tuple(one_run_estimates(audited, scores, rounds, settings)
                     for rounds in settings.estimate_rounds())
-  last = along_run[-1]
   one_run_fdp = nan
   run_in, run_out = _split_by_inclusion(scores.final[0], included[0])
   if gaussian and min(run_in.size, run_out.size) >= 2:
@@ -369,22 +401,13 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
       method=config.method, sampling=config.dp.sampling, noise_placement=config.dp.noise_placement,
       noise_multiplier=exp.privacy.noise_multiplier, sampling_rate=config.sampling_rate,
       num_rounds=settings.num_rounds, delta=delta,
-      epsilon_accounted=last.epsilon_accounted,
+      epsilon_accounted=along_run[-1].epsilon_accounted,
       epsilon_clopper_pearson=cp,
       epsilon_gdp_lower=gdp.epsilon_lower if gdp else nan,
-      epsilon_one_run=last.epsilon_one_run, epsilon_one_run_fdp=one_run_fdp,
+      epsilon_one_run_fdp=one_run_fdp,
       epsilon_gdp=gdp.epsilon if gdp else nan, epsilon_gdp_upper=gdp.epsilon_upper if gdp else nan,
       gdp_mu_lower=gdp.mu_lower if gdp else nan, gdp_mu=gdp.mu if gdp else nan,
       gdp_mu_upper=gdp.mu_upper if gdp else nan,
-      epsilon_gaussian_fit=last.epsilon_gaussian_fit,
-      epsilon_gaussian_fit_low=last.epsilon_gaussian_fit_low,
-      epsilon_gaussian_fit_high=last.epsilon_gaussian_fit_high,
-      noise_multiplier_estimate=last.noise_multiplier,
-      noise_multiplier_estimate_low=last.noise_multiplier_low,
-      noise_multiplier_estimate_high=last.noise_multiplier_high,
-      epsilon_noise_estimate=last.epsilon_noise_estimate,
-      epsilon_noise_estimate_low=last.epsilon_noise_estimate_low,
-      epsilon_noise_estimate_high=last.epsilon_noise_estimate_high,
       confidence=1.0 - alpha, num_trials=settings.num_trials,
       num_canaries=settings.num_canaries, seconds=time.perf_counter() - start,
       along_run=along_run)
