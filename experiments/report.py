@@ -11,7 +11,8 @@ method and seed) and method, and writes to --out:
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
                             (every round from train_metrics.jsonl when all its runs have one, as
-                            the papers' update-norm figures; else at the evaluated rounds)
+                            the papers' update-norm figures; else at the evaluated rounds;
+                            values 100x above the median are drawn at the top edge, labelled)
   <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when a setting has several
   runs/...                  with --copy_runs: the runs' small files, for committing the results
                             (--finished_only: only runs that finished or failed, while a sweep runs)
@@ -300,30 +301,52 @@ def _save(fig, ax, title: str, path: str) -> None:
   plt.close(fig)
 
 
+def _off_scale_limit(values: np.ndarray) -> float | None:
+  """The top of the y axis when a few values are orders of magnitude above the rest (a blow-up in
+  the first rounds of DP-FedAvg reaches 1e19 while every later norm is near 1): 3x the largest of
+  the rest, so that the curves stay readable; None when nothing is that far out."""
+  values = values[np.isfinite(values)]
+  if not len(values) or np.median(values) <= 0:
+    return None
+  rest = values[values <= 100 * np.median(values)]
+  return 3 * rest.max() if len(rest) < len(values) else None
+
+
 def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, colors: dict,
-                 scale=1.0, per_round: bool = False) -> None:
+                 scale=1.0, per_round: bool = False, off_scale: bool = False) -> None:
   fig, ax = _new_axes()
   curves = {m: _curves(g, key, per_round) for m, g in sorted(by_method.items())}
   means = np.concatenate([c[1] for c in curves.values()] or [np.zeros(0)])
-  # Update norms can blow up by orders of magnitude in the first rounds: use a log axis then.
-  log = bool(len(means)) and means.min() > 0 and means.max() / means.min() > 100
+  top = _off_scale_limit(means) if off_scale else None
+  shown = means if top is None else means[means <= top]
+  # Norms that still span orders of magnitude (after the off-scale ones) get a log axis.
+  log = bool(len(shown)) and shown.min() > 0 and shown.max() / shown.min() > 100
+  if log:
+    ax.set_yscale('log')
   for method, group in sorted(by_method.items()):
     rounds, mean, std = curves[method]
     if not len(rounds):
       continue
     lower, upper = mean - std, mean + std
     if log:  # a band below zero cannot be drawn on a log axis: floor it under the lowest mean
-      lower = np.maximum(lower, 0.5 * means.min())
-    ax.plot(rounds, scale * mean, marker=colors[method]['marker'], markersize=3,
-            color=colors[method]['color'], linestyle=colors[method]['linestyle'],
-            label=f'{method} (n={len(group)})')
-    ax.fill_between(rounds, scale * lower, scale * upper, color=colors[method]['color'],
-                    alpha=0.2, linewidth=0)
+      lower = np.maximum(lower, 0.5 * shown.min())
+    style = colors[method]
+    ax.plot(rounds, scale * mean, marker=style['marker'], markersize=3, color=style['color'],
+            linestyle=style['linestyle'], label=f'{method} (n={len(group)})')
+    ax.fill_between(rounds, scale * lower, scale * upper, color=style['color'], alpha=0.2,
+                    linewidth=0)
+    for rnd, value in ([] if top is None else zip(rounds, mean)):
+      if value > top:  # drawn at the top edge, labelled with its value
+        ax.plot([rnd], [scale * top], marker='^', color=style['color'], markersize=7, clip_on=False)
+        ax.annotate(f'off scale: {scale * value:.1e}', (rnd, scale * top), xytext=(4, -10),
+                    textcoords='offset points', fontsize=7, color=style['color'])
+  if top is not None:
+    ax.set_ylim(top=scale * top)
+    if not log:
+      ax.set_ylim(bottom=min(0.0, scale * shown.min()))
   ax.set_xlabel('round')
   from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
-  if log:
-    ax.set_yscale('log')
   ax.set_ylabel(ylabel + (' (log scale)' if log else ''))
   _save(fig, ax, title, path)
 
@@ -365,7 +388,7 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
     # Every round where every run has its per-round file (runs that predate it: evaluated rounds).
     per_round = all(r.rounds for group in by_method.values() for r in group)
     _plot_curves(by_method, 'mean_update_norm', 'mean update norm before clipping', title, path,
-                 colors, per_round=per_round)
+                 colors, per_round=per_round, off_scale=True)
     paths.append(path)
 
   # Accuracy vs epsilon: settings that differ only in eps.

@@ -211,3 +211,25 @@ def test_update_norm_plot_is_per_round_when_every_run_has_train_metrics(tmp_path
   assert list(norms['old'].get_xdata()) == [3]  # the evaluated rounds only
   copied = tmp_path / 'report' / 'runs' / 'cfg' / 'dp2fedsam' / 'eps=1' / 'seed=0'
   assert (copied / 'train_metrics.jsonl').exists()
+
+
+def test_an_update_norm_blow_up_is_drawn_off_scale_and_labelled(tmp_path, monkeypatch):
+  """One round at 1e19 (DP-FedAvg's first rounds in the paper regime) must not flatten the other
+  curves: the axis stops at 3x the rest and the blow-up is a labelled marker at the top edge."""
+  root = str(tmp_path / 'runs')
+  for method, blow_up in (('dp_fedavg', 5e19), ('dp2fedsam', None)):
+    workdir = make_workdir(root, 'cfg', method, 0, 1.0, 0.6)
+    with open(os.path.join(workdir, 'train_metrics.jsonl'), 'w') as f:
+      for r in range(1, 21):
+        norm = blow_up if (blow_up and r == 2) else (2.0 if method == 'dp_fedavg' else 1.0) / r
+        f.write(json.dumps({'round': r, 'mean_update_norm': norm, 'train_loss': 1.0}) + '\n')
+  axes = []
+  save = report._save
+  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  report.write_report(root, str(tmp_path / 'report'))
+  norm_ax = next(ax for ax in axes if 'update norm' in ax.get_ylabel())
+  assert norm_ax.get_yscale() == 'linear'  # the rest spans 0.05 .. 2: no log axis needed
+  assert norm_ax.get_ylim()[1] == pytest.approx(3 * 2.0)
+  assert [t.get_text() for t in norm_ax.texts] == ['off scale: 5.0e+19']
+  accuracy_ax = next(ax for ax in axes if 'accuracy' in ax.get_ylabel())
+  assert not accuracy_ax.texts  # only the norm plot marks values off scale
