@@ -7,7 +7,9 @@ method and seed) and method, and writes to --out:
 
   results.md, results.csv   final-round test accuracy, mean ± sample std over seeds, per method and
                             setting; the best round's accuracy in a separate, labelled column (it
-                            is chosen on test data, so it is optimistic); epsilon reached; seeds
+                            is chosen on test data, so it is optimistic); epsilon reached; seeds;
+                            each method against the next below it: gap in points and in pooled
+                            seed stds
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
                             (every round from train_metrics.jsonl when all its runs have one, as
@@ -216,6 +218,24 @@ def _seeds_text(row: Row) -> str:
   return f'{row.num_seeds}/{row.num_runs}' if row.num_seeds < row.num_runs else str(row.num_seeds)
 
 
+def ordering(rows: list[Row]) -> list[tuple[Row, Row, float, float]]:
+  """(higher, lower, gap, gap / pooled seed std) for each method against the next one below it in
+  the same config and setting, by final-round mean accuracy. The pooled std is
+  sqrt((s_hi^2 + s_lo^2) / 2) over seeds; nan when either side has fewer than two seeds."""
+  pairs = []
+  by_setting = collections.defaultdict(list)
+  for r in rows:
+    if not math.isnan(r.final_acc[0]):
+      by_setting[(r.config_name, r.setting)].append(r)
+  for _, ranked in sorted(by_setting.items()):
+    ranked.sort(key=lambda r: -r.final_acc[0])
+    for hi, lo in zip(ranked, ranked[1:]):
+      gap = hi.final_acc[0] - lo.final_acc[0]
+      pooled = math.sqrt((hi.final_acc[1] ** 2 + lo.final_acc[1] ** 2) / 2)  # nan if one seed
+      pairs.append((hi, lo, gap, gap / pooled if pooled > 0 else float('nan')))
+  return pairs
+
+
 def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
   csv_path, md_path = os.path.join(out, 'results.csv'), os.path.join(out, 'results.md')
   with open(csv_path, 'w', newline='') as f:
@@ -251,6 +271,16 @@ def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
                      f'{_pct(r.best_acc)} | '
                      f'{"–" if math.isnan(r.seconds_per_round) else f"{r.seconds_per_round:.2f}"} | '
                      f'{r.note} |')
+    pairs = [p for p in ordering(rows) if p[0].config_name == config_name]
+    if pairs:
+      lines += ['', 'Each method against the next one below it in its setting (final-round mean): '
+                'the gap in points and in pooled seed standard deviations '
+                '√((s₁² + s₂²)/2) (– where a side has fewer than two seeds; with three seeds this '
+                'is a size, not a significance test).', '',
+                '| setting | higher | lower | gap (points) | gap / pooled std |',
+                '|---|---|---|---|---|']
+      lines += [f'| {hi.setting} | {hi.method} | {lo.method} | {100 * gap:.2f} | '
+                f'{"–" if math.isnan(units) else f"{units:.1f}"} |' for hi, lo, gap, units in pairs]
     lines.append('')
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines))

@@ -73,6 +73,22 @@ def test_table_has_final_mean_std_and_separate_best_round(root, tmp_path):
   assert out['num_runs'] == 6
 
 
+def test_ordering_gives_each_gap_in_pooled_seed_stds(root, tmp_path):
+  out = report.write_report(root, str(tmp_path / 'report'))
+  hi, lo = ACC['dp2fedsam'], ACC['centaur']
+  gap = np.mean(hi) - np.mean(lo)
+  pooled = np.sqrt((np.var(hi, ddof=1) + np.var(lo, ddof=1)) / 2)
+  assert f'| eps=2 | dp2fedsam | centaur | {100 * gap:.2f} | {gap / pooled:.1f} |' in open(
+      out['markdown']).read()
+  # A method with one seed has no std: its gap is given in points only.
+  one_seed = report.Row('default', 'eps=2', 'dp_fedavg', 2.0, 1, 3, (0.5, float('nan')),
+                        (0.5, float('nan')), 1.0, '')
+  pairs = report.ordering(report.summarize(report.load_runs(root)) + [one_seed])
+  assert [(h.method, l.method) for h, l, *_ in pairs] == [('dp2fedsam', 'centaur'),
+                                                          ('centaur', 'dp_fedavg')]
+  assert pairs[1][2] == pytest.approx(np.mean(lo) - 0.5) and math.isnan(pairs[1][3])
+
+
 def test_plots_are_real_pngs(root, tmp_path):
   import matplotlib.image
   out = report.write_report(root, str(tmp_path / 'report'))
