@@ -31,7 +31,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 14}
+              'fmnist_paper_regime': 15}
 
 
 def _module(name):
@@ -95,6 +95,15 @@ def test_paper_regime_has_three_seeds_for_the_compared_methods():
   for setting, seeds in _seeds_per_setting('fmnist_paper_regime').items():
     method = re.search(r'method=(\w+)', setting).group(1)
     assert seeds == ({0, 1, 2} if method in three else {0}), setting
+
+
+def test_paper_regime_ceilings_have_no_noise_and_its_private_one_keeps_clipping():
+  module = _module('fmnist_paper_regime')
+  clip_only = module.get_config('method=dp_fedavg,eps=inf')
+  assert clip_only.dp.noise_multiplier == 0.0 and clip_only.dp.target_epsilon is None
+  assert clip_only.dp.clip_norm == module.get_config('method=dp_fedavg').dp.clip_norm
+  fedavg = module.get_config('method=fedavg,eps=inf')  # non-private: its dp fields stay unset
+  assert fedavg.dp.noise_multiplier is None and fedavg.dp.target_epsilon is None
 
 
 def test_paper_values_dp2fedsam():

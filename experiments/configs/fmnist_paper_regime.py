@@ -15,7 +15,9 @@ keeps every client of every method finite. The same rates for every method; no p
 
 Grid (`sweep_grid()`): dp2fedsam, centaur, dp_fedavg, dp_fedsam, dp_fedavg_ft, dp_fedsam_ft and
 the non-private ceilings p_fedsam and fedavg at seed 0, then seeds 1 and 2 for dp2fedsam, centaur
-and dp_fedsam_ft: 14 runs.
+and dp_fedsam_ft: 14 runs; and one more ceiling, dp_fedavg at eps = inf, i.e. sigma = 0 (clipping
+only): plain FedAvg collapses in round 1 at these rates (an unclipped client blow-up, results
+README), so this is the ceiling that shows what the noise costs DP-FedAvg, at the same rates.
 
   python -m launch.sweep --config=experiments/configs/fmnist_paper_regime.py --root=$HOME/sweeps
   python -m experiments.report --root=$HOME/sweeps/fmnist_paper_regime \
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.config import base_config
 from experiments.configs import _common
 
@@ -54,6 +57,8 @@ def get_config(arg: str | None = None):
       'dp.clip_norm': 0.1, 'dp.sampling': 'poisson', 'dp.accountant': 'pld',
   })
   c.dp.target_epsilon = None if math.isinf(args['eps']) else args['eps']
+  if math.isinf(args['eps']) and METHODS[c.method].private:
+    c.dp.noise_multiplier = 0.0  # a private method at eps = inf: clipped, no noise
   c.dp.delta = None  # 1 / N
   return c
 
@@ -61,4 +66,5 @@ def get_config(arg: str | None = None):
 def sweep_grid() -> list[dict]:
   first = ([dict(method=m, eps=1.0, seed=0) for m in TABLE_METHODS]
            + [dict(method=m, eps=math.inf, seed=0) for m in CEILINGS])
-  return first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]
+  return (first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]
+          + [dict(method='dp_fedavg', eps=math.inf, seed=0)])
