@@ -111,6 +111,12 @@ class OneRunEstimates:
   epsilon_noise_estimate_high: float
 
 
+def _after_all_rounds(field: str) -> property:
+  """A read-only AuditResult value: `field` of its last along-the-run row (after every round)."""
+  return property(lambda self: getattr(self.along_run[-1], field),
+                  doc=f'{field} of the last along-the-run row (after all rounds).')
+
+
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
   method: str
@@ -139,45 +145,16 @@ class AuditResult:
   # gives the one-run bound and estimates of the table (the properties below).
   along_run: tuple[OneRunEstimates, ...]
 
-  @property
-  def epsilon_one_run(self) -> float:
-    return self.along_run[-1].epsilon_one_run
-
-  @property
-  def epsilon_gaussian_fit(self) -> float:
-    return self.along_run[-1].epsilon_gaussian_fit
-
-  @property
-  def epsilon_gaussian_fit_low(self) -> float:
-    return self.along_run[-1].epsilon_gaussian_fit_low
-
-  @property
-  def epsilon_gaussian_fit_high(self) -> float:
-    return self.along_run[-1].epsilon_gaussian_fit_high
-
-  @property
-  def noise_multiplier_estimate(self) -> float:
-    return self.along_run[-1].noise_multiplier
-
-  @property
-  def noise_multiplier_estimate_low(self) -> float:
-    return self.along_run[-1].noise_multiplier_low
-
-  @property
-  def noise_multiplier_estimate_high(self) -> float:
-    return self.along_run[-1].noise_multiplier_high
-
-  @property
-  def epsilon_noise_estimate(self) -> float:
-    return self.along_run[-1].epsilon_noise_estimate
-
-  @property
-  def epsilon_noise_estimate_low(self) -> float:
-    return self.along_run[-1].epsilon_noise_estimate_low
-
-  @property
-  def epsilon_noise_estimate_high(self) -> float:
-    return self.along_run[-1].epsilon_noise_estimate_high
+  epsilon_one_run = _after_all_rounds('epsilon_one_run')
+  epsilon_gaussian_fit = _after_all_rounds('epsilon_gaussian_fit')
+  epsilon_gaussian_fit_low = _after_all_rounds('epsilon_gaussian_fit_low')
+  epsilon_gaussian_fit_high = _after_all_rounds('epsilon_gaussian_fit_high')
+  noise_multiplier_estimate = _after_all_rounds('noise_multiplier')
+  noise_multiplier_estimate_low = _after_all_rounds('noise_multiplier_low')
+  noise_multiplier_estimate_high = _after_all_rounds('noise_multiplier_high')
+  epsilon_noise_estimate = _after_all_rounds('epsilon_noise_estimate')
+  epsilon_noise_estimate_low = _after_all_rounds('epsilon_noise_estimate_low')
+  epsilon_noise_estimate_high = _after_all_rounds('epsilon_noise_estimate_high')
 
   BOUNDS = ('epsilon_clopper_pearson', 'epsilon_gdp_lower', 'epsilon_one_run',
             'epsilon_one_run_fdp')
