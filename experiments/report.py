@@ -9,13 +9,16 @@ method and seed) and method, and writes to --out:
                             setting; the best round's accuracy in a separate, labelled column (it
                             is chosen on test data, so it is optimistic); epsilon reached; seeds;
                             each method against the next below it: gap in points and in pooled
-                            seed stds
+                            seed stds, with the seeds on each side; --reference (dp2fedsam)
+                            against every other method, one column per eps
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
                             (every round from train_metrics.jsonl when all its runs have one, as
                             the papers' update-norm figures; else at the evaluated rounds;
                             values 100x above the median are drawn at the top edge, labelled)
-  <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when a setting has several
+  <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when settings differ only in
+                            eps: seed-std error bars, log eps axis, eps = inf as horizontal lines,
+                            values far off the curves' range listed in a note, not drawn
   runs/...                  with --copy_runs: the runs' small files, for committing the results
                             (--finished_only: only runs that finished or failed, while a sweep runs)
 
@@ -151,6 +154,17 @@ class Row:
   # fields, or where nobody took part yet: nan).
   participated_acc: tuple[float, float] = (float('nan'), float('nan'))
   participation: float = float('nan')
+  setting_args: dict = dataclasses.field(default_factory=dict)  # the setting as a dict
+
+  @property
+  def eps_setting(self):
+    """The setting's eps (the sweep's argument; None when the setting has none)."""
+    return self.setting_args.get('eps')
+
+  @property
+  def rest(self) -> str:
+    """The setting without eps: rows that differ only in eps share it."""
+    return setting_label({k: v for k, v in self.setting_args.items() if k != 'eps'})
 
 
 def _mean_std_of(records: list[dict], key: str) -> tuple[float, float]:
@@ -191,7 +205,8 @@ def summarize(runs: list[RunResult]) -> list[Row]:
                                           for r in group])) if group else float('nan')),
         note='; '.join(notes), num_runs=len(everyone),
         participated_acc=_mean_std_of(finals, 'test_accuracy_participated'),
-        participation=_mean_std_of(finals, 'participation')[0]))
+        participation=_mean_std_of(finals, 'participation')[0],
+        setting_args=dict(everyone[0].setting)))
   return rows
 
 
@@ -230,13 +245,52 @@ def ordering(rows: list[Row]) -> list[tuple[Row, Row, float, float]]:
   for _, ranked in sorted(by_setting.items()):
     ranked.sort(key=lambda r: -r.final_acc[0])
     for hi, lo in zip(ranked, ranked[1:]):
-      gap = hi.final_acc[0] - lo.final_acc[0]
-      pooled = math.sqrt((hi.final_acc[1] ** 2 + lo.final_acc[1] ** 2) / 2)  # nan if one seed
-      pairs.append((hi, lo, gap, gap / pooled if pooled > 0 else float('nan')))
+      pairs.append((hi, lo, *_gap(hi, lo)))
   return pairs
 
 
-def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
+def _gap(hi: Row, lo: Row) -> tuple[float, float]:
+  """(hi - lo in final-round mean accuracy, that gap / pooled seed std sqrt((s_hi^2 + s_lo^2)/2));
+  the second is nan when either side has fewer than two seeds."""
+  gap = hi.final_acc[0] - lo.final_acc[0]
+  pooled = math.sqrt((hi.final_acc[1] ** 2 + lo.final_acc[1] ** 2) / 2)  # nan if one seed
+  return gap, gap / pooled if pooled > 0 else float('nan')
+
+
+def reference_gaps(rows: list[Row], reference: str) -> dict:
+  """The reference method against every other method at the same eps: (config, setting without
+  eps) -> {other method: {eps label: (reference row, other row, gap, gap / pooled std)}}, for the
+  settings where the reference method has a result."""
+  by_setting = collections.defaultdict(dict)
+  for r in rows:
+    if not math.isnan(r.final_acc[0]):
+      by_setting[(r.config_name, r.setting)][r.method] = r
+  gaps = collections.defaultdict(lambda: collections.defaultdict(dict))
+  for (config_name, _), methods in sorted(by_setting.items()):
+    ref = methods.get(reference)
+    if ref is None:
+      continue
+    for method, other in methods.items():
+      if method != reference:
+        gaps[(config_name, ref.rest)][method][_eps_label(ref)] = (ref, other, *_gap(ref, other))
+  return gaps
+
+
+def _eps_label(row: Row) -> str:
+  eps = row.eps_setting if row.eps_setting is not None else row.epsilon
+  return _fmt(float(eps))
+
+
+def _eps_sort_key(label: str) -> float:
+  return float(label)
+
+
+def _gap_cell(gap: float, units: float, ref: Row, other: Row) -> str:
+  size = '–' if math.isnan(units) else f'{units:+.1f} sd'
+  return f'{100 * gap:+.2f} / {size} ({ref.num_seeds} v {other.num_seeds})'
+
+
+def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tuple[str, str]:
   csv_path, md_path = os.path.join(out, 'results.csv'), os.path.join(out, 'results.md')
   with open(csv_path, 'w', newline='') as f:
     writer = csv.writer(f)
@@ -277,14 +331,41 @@ def write_tables(rows: list[Row], out: str) -> tuple[str, str]:
                 'the gap in points and in pooled seed standard deviations '
                 '√((s₁² + s₂²)/2) (– where a side has fewer than two seeds; with three seeds this '
                 'is a size, not a significance test).', '',
-                '| setting | higher | lower | gap (points) | gap / pooled std |',
-                '|---|---|---|---|---|']
+                '| setting | higher | lower | gap (points) | gap / pooled std | seeds |',
+                '|---|---|---|---|---|---|']
       lines += [f'| {hi.setting} | {hi.method} | {lo.method} | {100 * gap:.2f} | '
-                f'{"–" if math.isnan(units) else f"{units:.1f}"} |' for hi, lo, gap, units in pairs]
+                f'{"–" if math.isnan(units) else f"{units:.1f}"} | '
+                f'{hi.num_seeds} v {lo.num_seeds} |' for hi, lo, gap, units in pairs]
+    lines += _reference_table(rows, config_name, reference)
     lines.append('')
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines))
   return md_path, csv_path
+
+
+def _reference_table(rows: list[Row], config_name: str, reference: str) -> list[str]:
+  """The reference method's gap to every other method, one column per eps: where its gain holds,
+  grows or vanishes as eps shrinks. One table per config and setting without eps where the
+  reference has a result."""
+  lines = []
+  for (name, rest), by_method in sorted(reference_gaps(rows, reference).items()):
+    if name != config_name:
+      continue
+    eps_labels = sorted({e for cells in by_method.values() for e in cells}, key=_eps_sort_key)
+    columns = ' | '.join(f'ε = {"∞" if e == "inf" else e}' for e in eps_labels)
+    lines += ['', f'{reference} against each other method at the same ε'
+              + ('' if rest == 'default' else f' ({rest})') + ': final-round gap in points '
+              f'({reference} minus the other) / in pooled seed stds √((s₁² + s₂²)/2) '
+              f'(– with one seed on a side) (seeds: {reference} v the other).', '',
+              f'| method | {columns} |', '|---|' + '---|' * len(eps_labels)]
+    order = sorted(by_method, key=lambda m: (-len(by_method[m]), m))
+    for method in order:
+      cells = []
+      for e in eps_labels:
+        ref, other, gap, units = by_method[method].get(e, (None,) * 4)
+        cells.append('' if ref is None else _gap_cell(gap, units, ref, other))
+      lines.append(f'| {method} | ' + ' | '.join(cells) + ' |')
+  return lines
 
 
 def _curves(group: list[RunResult], key: str, per_round: bool = False):
@@ -382,19 +463,55 @@ def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, 
 
 
 def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
-  """points: method -> list of (eps, mean, std); eps = inf is drawn as a horizontal line."""
+  """points: method -> list of (eps, mean, std, seeds). Each method with finite eps is a line with
+  seed-std error bars; eps = inf (non-private, or clipping only) a dashed horizontal line. The y
+  axis spans the methods drawn at two eps or more; a point or line far outside that span (a
+  collapsed ceiling at 10 %) would flatten them, so it is listed in a note on the axes instead.
+  A log eps axis when the eps span a factor of 4 or more."""
   fig, ax = _new_axes()
-  for method, pts in sorted(points.items()):
-    finite = sorted(p for p in pts if math.isfinite(p[0]))
-    if finite:
-      eps, mean, std = (np.array(v) for v in zip(*finite))
-      ax.errorbar(eps, 100 * mean, yerr=100 * np.nan_to_num(std), marker='o', capsize=3,
-                  color=colors[method]['color'], label=method)
-    unbounded = [p[1] for p in pts if not math.isfinite(p[0])]  # non-private: one line
+  curves = {m: sorted(p for p in pts if math.isfinite(p[0])) for m, pts in points.items()}
+  focus = [p for pts in curves.values() if len(pts) >= 2 for p in pts] or [
+      p for pts in curves.values() for p in pts]
+  lows = [100 * (p[1] - np.nan_to_num(p[2])) for p in focus]
+  highs = [100 * (p[1] + np.nan_to_num(p[2])) for p in focus]
+  low, high = (min(lows), max(highs)) if focus else (0.0, 100.0)
+  slack = max(2.0, high - low)
+  keep = (low - slack, high + slack)
+  off = []
+  for method in sorted(points):
+    style = colors[method]
+    finite = curves[method]
+    shown = [p for p in finite if keep[0] <= 100 * p[1] <= keep[1]]
+    off += [f'{method} {100 * p[1]:.1f} % at ε = {p[0]:.3g}' for p in finite if p not in shown]
+    if shown:
+      eps, mean, std, seeds = (np.array(v) for v in zip(*shown))
+      n = f'{seeds.min()}' if seeds.min() == seeds.max() else f'{seeds.min()}–{seeds.max()}'
+      ax.errorbar(eps, 100 * mean, yerr=100 * np.nan_to_num(std), marker=style['marker'],
+                  capsize=3, color=style['color'], linestyle=style['linestyle'],
+                  label=f'{method} ({n} seed{"" if n == "1" else "s"})')
+      bars = 100 * np.nan_to_num(std)
+      low, high = min(low, *(100 * mean - bars)), max(high, *(100 * mean + bars))
+    unbounded = [p[1] for p in points[method] if not math.isfinite(p[0])]  # non-private: a line
     if unbounded:
-      ax.axhline(100 * np.mean(unbounded), linestyle='--', color=colors[method]['color'],
-                 label=f'{method} (ε = ∞)')
-  ax.set_xlabel('ε (reached after the final round)')
+      value = 100 * float(np.mean(unbounded))
+      if keep[0] <= value <= keep[1]:
+        ax.axhline(value, linestyle='--', color=style['color'], label=f'{method} (ε = ∞)')
+        low, high = min(low, value), max(high, value)
+      else:
+        off.append(f'{method} {value:.1f} % at ε = ∞')
+  finite_eps = sorted({round(p[0], 6) for pts in curves.values() for p in pts})
+  if finite_eps and finite_eps[0] > 0 and finite_eps[-1] / finite_eps[0] >= 4:
+    ax.set_xscale('log')
+    ax.set_xticks(finite_eps)
+    ax.set_xticklabels([f'{e:.3g}' for e in finite_eps])
+    ax.minorticks_off()
+  pad = max(0.3, 0.05 * (high - low))
+  ax.set_ylim(low - pad, high + pad)
+  if off:
+    ax.text(0.01, 0.01, 'off scale: ' + '; '.join(off), transform=ax.transAxes, fontsize=7,
+            va='bottom', ha='left', wrap=True)
+  ax.set_xlabel('ε (reached after the final round)' + (', log scale' if ax.get_xscale() == 'log'
+                                                       else ''))
   ax.set_ylabel('final-round test accuracy (%)')
   _save(fig, ax, title, path)
 
@@ -440,7 +557,7 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
 
 
 def _group_final(runs: list[RunResult]) -> dict:
-  """(config, setting without eps, method) -> [(eps reached, final acc mean, std)] per eps, over
+  """(config, setting without eps, method) -> [(eps reached, final acc mean, std, seeds)] per eps, over
   finished runs (a run stopped early has reached a smaller epsilon than its setting's)."""
   groups = collections.defaultdict(list)
   for run in runs:
@@ -453,7 +570,7 @@ def _group_final(runs: list[RunResult]) -> dict:
   for (config_name, rest, method, _), group in groups.items():
     mean, std = _mean_std([r.records[-1]['test_accuracy'] for r in group])
     eps = float(np.mean([r.records[-1]['epsilon'] for r in group]))
-    out[(config_name, rest, method)].append((eps, mean, std))
+    out[(config_name, rest, method)].append((eps, mean, std, len(group)))
   return out
 
 
@@ -467,7 +584,8 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
 
 
-def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bool = False) -> dict:
+def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bool = False,
+                 reference: str = 'dp2fedsam') -> dict:
   """Writes the tables and plots; returns their paths. `finished_only` leaves out the runs still
   under way (failed runs stay: the table says why they stopped)."""
   runs = load_runs(root)
@@ -479,7 +597,7 @@ def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bo
   if copy_runs:
     copy_run_files(runs, root, out)
   rows = summarize(runs)
-  md, csv_path = write_tables(rows, out)
+  md, csv_path = write_tables(rows, out, reference)
   plots = write_plots([r for r in runs if r.records and not r.failed], out)
   with open(md, 'a') as f:
     f.write('\n## Plots\n\n' + '\n'.join(f'![{os.path.relpath(p, out)}]({os.path.relpath(p, out)})'
@@ -496,6 +614,8 @@ def define_flags() -> None:
   flags.DEFINE_bool('copy_runs', False, 'Also copy each run\'s config.json, sweep.json, '
                     'metrics.jsonl and train_metrics.jsonl (not its checkpoints) to <out>/runs/, '
                     'so the results can be committed and the report rebuilt from them.')
+  flags.DEFINE_string('reference', 'dp2fedsam', 'The method whose gap to every other method at '
+                      'each eps gets its own table (where it has results).')
   flags.DEFINE_bool('finished_only', False, 'Leave out the runs still under way (a sweep that is '
                     'running): commit each finished run while the rest go on.')
 
@@ -503,7 +623,8 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  paths = write_report(FLAGS.root, FLAGS.out, FLAGS.copy_runs, FLAGS.finished_only)
+  paths = write_report(FLAGS.root, FLAGS.out, FLAGS.copy_runs, FLAGS.finished_only,
+                       FLAGS.reference)
   for line in paths['failures']:
     print(line)
   print(json.dumps(paths, indent=2))

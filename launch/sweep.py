@@ -5,6 +5,7 @@ r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unf
       --only=dataset=cifar10 --only=N=1000 --methods=dp2fedsam,centaur --seeds=0 \
       --config.num_rounds=50
   python -m launch.sweep ... --plan     # list the runs and their status, run nothing
+  python -m launch.sweep ... --seed_from=experiments/results/<name>/runs   # committed runs count
 
 The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
 empty entry; `--only=key=value` keeps the entries with that value; then `--methods`, `--seeds`,
@@ -21,6 +22,15 @@ metrics files included). Extra `--config.x=y` overrides go to every run unchange
 recorded in `W/sweep.json` but are not part of W, so a different override in the same root is
 refused by experiments.train when it would change the run (only num_rounds, eval_every and
 dp.target_epsilon may change on resume) — use another --root.
+
+Runs go in grid order (with --parallel=k, the next k at a time): a config lists its most wanted
+runs first, and an interrupted sweep has done those.
+
+--seed_from=DIR fills a fresh root with committed runs (the `runs/` folder `experiments.report
+--copy_runs` writes): each grid entry whose workdir holds no metrics.jsonl and no checkpoints gets
+the small files of the same run in DIR (found at the workdir's path under <root>/<config name>, or
+under <root>), when that run finished and its sweep.json has the same arguments and overrides; the
+sweep then skips it. Nothing is overwritten; with --plan too (the copy is what the plan reports).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,6 +251,40 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
   return runs
 
 
+SEED_FILES = ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE)
+
+
+def seed_from(runs: list[Run], root: str, source: str) -> list[tuple[str, str]]:
+  """Copies finished runs from `source` (a report's runs/ folder) into the empty workdirs of the
+  same runs; returns [(workdir, copied from)]. Never overwrites: a workdir with metrics.jsonl or
+  checkpoints is left alone, and a source run that is unfinished, failed or of other arguments or
+  overrides is not used."""
+  if not os.path.isdir(source):
+    raise ValueError(f'--seed_from={source}: no such directory')
+  seeded = []
+  for run in runs:
+    if (os.path.exists(os.path.join(run.workdir, metric_writers.EVAL_FILE))
+        or os.path.exists(os.path.join(run.workdir, 'checkpoints'))):
+      continue
+    relative = os.path.relpath(run.workdir, root)
+    candidates = [os.path.join(source, os.path.relpath(relative, run.config_name)),
+                  os.path.join(source, relative)]
+    for path in candidates:
+      if not os.path.exists(os.path.join(path, 'sweep.json')):
+        continue
+      committed = dataclasses.replace(run, workdir=path)
+      if (committed.conflict() or committed.rounds_done < run.num_rounds
+          or os.path.exists(os.path.join(path, 'failure.json'))):
+        continue
+      os.makedirs(run.workdir, exist_ok=True)
+      for name in SEED_FILES:
+        if os.path.exists(os.path.join(path, name)):
+          shutil.copyfile(os.path.join(path, name), os.path.join(run.workdir, name))
+      seeded.append((run.workdir, path))
+      break
+  return seeded
+
+
 def plan_summary(runs: list[Run]) -> str:
   """'N runs: F finished, R to run (n new, u to resume)[, c conflicts][; d without their data]'."""
   statuses = [run.status for run in runs]
@@ -388,6 +433,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
                     'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
+  flags.DEFINE_string('seed_from', None, 'A folder of committed runs (a report\'s runs/, from '
+                      '--copy_runs): its finished runs are copied into the same, empty workdirs '
+                      'under --root first, so the sweep skips them; nothing is overwritten.', **fv)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -426,6 +474,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   _check_methods(FLAGS.methods)
+  if FLAGS.seed_from:
+    runs = plan(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.only)
+    for workdir, path in seed_from(runs, FLAGS.root, FLAGS.seed_from):
+      _log(f'seeded  {workdir} from {path}')
   if FLAGS.plan:
     runs = plan(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.only)
     for run in runs:

@@ -31,7 +31,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 15}
+              'fmnist_paper_regime': 57}
 
 
 def _module(name):
@@ -90,11 +90,53 @@ def test_grids_have_three_seeds_per_setting():
     assert all(seeds == {0, 1, 2} for seeds in _seeds_per_setting(name).values()), name
 
 
-def test_paper_regime_has_three_seeds_for_the_compared_methods():
-  three = set(_module('fmnist_paper_regime').SEEDED)
+def test_paper_regime_has_three_seeds_per_private_method_and_eps():
+  module = _module('fmnist_paper_regime')
   for setting, seeds in _seeds_per_setting('fmnist_paper_regime').items():
     method = re.search(r'method=(\w+)', setting).group(1)
-    assert seeds == ({0, 1, 2} if method in three else {0}), setting
+    eps = float(re.search(r'eps=([\w.]+)', setting).group(1))
+    assert seeds == ({0} if math.isinf(eps) else {0, 1, 2}), setting
+    if eps != 1 and not math.isinf(eps):
+      assert method in module.CURVE and eps in module.CURVE_EPS, setting
+  curve = {(e['method'], e['eps']) for e in module.sweep_grid() if math.isfinite(e['eps'])}
+  assert curve >= {(m, e) for m in module.CURVE for e in (0.25, 0.5, 1.0, 2.0)}
+
+
+# The paper-regime runs of issue 14, in the order they ran: their workdirs hold committed runs.
+ISSUE14 = ([f'eps=1,method={m},seed=0' for m in ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedsam',
+                                                 'dp_fedavg_ft', 'dp_fedsam_ft')]
+           + ['eps=inf,method=p_fedsam,seed=0', 'eps=inf,method=fedavg,seed=0']
+           + [f'eps=1,method={m},seed={s}' for s in (1, 2)
+              for m in ('dp2fedsam', 'centaur', 'dp_fedsam_ft')]
+           + ['eps=inf,method=dp_fedavg,seed=0'])
+
+
+def test_paper_regime_grid_keeps_its_first_runs_then_issue_26_in_priority_order():
+  grid = _module('fmnist_paper_regime').sweep_grid()
+  names = [sweep.arg_string(e) for e in grid]
+  assert names[:15] == ISSUE14
+  # (a) the missing eps = 1 seeds; then the curve's eps at seed 0, 1, 2 ((b), (c), (d)).
+  assert names[15:21] == [f'eps=1,method={m},seed={s}' for s in (1, 2)
+                          for m in ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')]
+  rest = grid[21:]
+  assert [e['seed'] for e in rest] == [0] * 12 + [1] * 12 + [2] * 12
+  assert all(e['eps'] in (0.25, 0.5, 2.0) for e in rest)
+
+
+def test_paper_regime_committed_runs_seed_a_fresh_root(tmp_path):
+  """The committed runs' workdirs are grid workdirs: --seed_from makes them count as finished."""
+  config = os.path.join(ROOT, 'experiments', 'configs', 'fmnist_paper_regime.py')
+  committed = os.path.join(ROOT, 'experiments', 'results', 'fmnist_paper_regime', 'runs')
+  found = sorted(os.path.relpath(d, committed) for d, _, files in os.walk(committed)
+                 if 'metrics.jsonl' in files)
+  root = str(tmp_path)
+  runs = sweep.plan(config, root, [], [])
+  seeded = sweep.seed_from(runs, root, committed)
+  assert sorted(os.path.relpath(w, os.path.join(root, 'fmnist_paper_regime'))
+                for w, _ in seeded) == found and len(found) >= 14
+  runs = sweep.plan(config, root, [], [])
+  assert sweep.plan_summary(runs).startswith(f'57 runs: {len(found)} finished')
+  assert sweep.seed_from(runs, root, committed) == []  # never twice, never over a workdir
 
 
 def test_paper_regime_ceilings_have_no_noise_and_its_private_one_keeps_clipping():

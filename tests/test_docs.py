@@ -6,7 +6,8 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
 
   experiments.train           --dry_run, in this process (fresh flags; calibrations and datasets
                               cached across commands), through the binary's own flag parsing
-  launch.sweep                --plan, in this process (every run's config is validated)
+  launch.sweep                --plan, in this process (every run's config is validated;
+                              --seed_from copies into a fresh root, and those runs are finished)
   experiments.audit           flags parsed, every audited config validated
   experiments.report          run on an empty --root: the flags parse and it says there is nothing
   benchmarks.client_throughput  --dry_run, in a subprocess
@@ -145,8 +146,12 @@ def _check_sweep(argv, tmp_path):
   overrides = [a for a in argv if a.startswith('--config.')]
   fv = _flag_values(sweep.define_flags, [a for a in argv if not a.startswith('--config.')])
   sweep._check_methods(fv.methods)
-  runs = sweep.plan(fv.config, str(tmp_path / 'root'), sweep._axes(fv), overrides, fv.only)
-  assert runs and sweep.plan_summary(runs).startswith(f'{len(runs)} runs: 0 finished')
+  root = str(tmp_path / 'root')
+  runs = sweep.plan(fv.config, root, sweep._axes(fv), overrides, fv.only)
+  seeded = sweep.seed_from(runs, root, fv.seed_from) if fv.seed_from else []
+  assert not fv.seed_from or seeded, f'--seed_from={fv.seed_from} seeded no run'
+  runs = sweep.plan(fv.config, root, sweep._axes(fv), overrides, fv.only)
+  assert runs and sweep.plan_summary(runs).startswith(f'{len(runs)} runs: {len(seeded)} finished')
 
 
 def _check_audit(argv):

@@ -78,7 +78,7 @@ def test_ordering_gives_each_gap_in_pooled_seed_stds(root, tmp_path):
   hi, lo = ACC['dp2fedsam'], ACC['centaur']
   gap = np.mean(hi) - np.mean(lo)
   pooled = np.sqrt((np.var(hi, ddof=1) + np.var(lo, ddof=1)) / 2)
-  assert f'| eps=2 | dp2fedsam | centaur | {100 * gap:.2f} | {gap / pooled:.1f} |' in open(
+  assert f'| eps=2 | dp2fedsam | centaur | {100 * gap:.2f} | {gap / pooled:.1f} | 3 v 3 |' in open(
       out['markdown']).read()
   # A method with one seed has no std: its gap is given in points only.
   one_seed = report.Row('default', 'eps=2', 'dp_fedavg', 2.0, 1, 3, (0.5, float('nan')),
@@ -107,7 +107,7 @@ def test_accuracy_vs_eps_plot_when_several_eps(root, tmp_path):
   out = report.write_report(root, str(tmp_path / 'report'))
   assert any(p.endswith('default_accuracy_vs_eps.png') for p in out['plots'])
   points = report._group_final(report.load_runs(root))[('default', 'default', 'dp2fedsam')]
-  assert sorted((round(e, 6), round(m, 6)) for e, m, _ in points) == [
+  assert sorted((round(e, 6), round(m, 6)) for e, m, *_ in points) == [
       (1.0, round(np.mean([0.5, 0.52, 0.55]), 6)), (2.0, round(np.mean(ACC['dp2fedsam']), 6))]
 
 
@@ -249,3 +249,89 @@ def test_an_update_norm_blow_up_is_drawn_off_scale_and_labelled(tmp_path, monkey
   assert [t.get_text() for t in norm_ax.texts] == ['off scale: 5.0e+19']
   accuracy_ax = next(ax for ax in axes if 'accuracy' in ax.get_ylabel())
   assert not accuracy_ax.texts  # only the norm plot marks values off scale
+
+
+# The paper regime's privacy-utility curve in miniature: final accuracy per (method, eps) and seed.
+CURVE = {
+    'dp2fedsam': {0.5: [0.80, 0.82, 0.84], 1.0: [0.90, 0.91, 0.92], 2.0: [0.93, 0.93, 0.94]},
+    'centaur': {0.5: [0.70, 0.72], 1.0: [0.88, 0.89, 0.90], 2.0: [0.93, 0.94, 0.95]},
+    'dp_fedavg': {1.0: [0.85]},
+}
+CEILINGS = {'p_fedsam': 0.96, 'fedavg': 0.10}  # eps = inf; fedavg collapsed
+
+
+@pytest.fixture
+def curve_root(tmp_path):
+  root = str(tmp_path / 'runs')
+  for method, by_eps in CURVE.items():
+    for eps, accs in by_eps.items():
+      for seed, acc in enumerate(accs):
+        make_workdir(root, 'cfg', method, seed, eps, acc)
+  for method, acc in CEILINGS.items():
+    make_workdir(root, 'cfg', method, 0, math.inf, acc)
+  return root
+
+
+def _cell(ref, other):
+  gap = np.mean(ref) - np.mean(other)
+  if len(ref) > 1 and len(other) > 1:
+    units = f'{gap / np.sqrt((np.var(ref, ddof=1) + np.var(other, ddof=1)) / 2):+.1f} sd'
+  else:
+    units = '–'
+  return f'{100 * gap:+.2f} / {units} ({len(ref)} v {len(other)})'
+
+
+def test_reference_method_gap_to_every_other_method_at_each_eps(curve_root, tmp_path):
+  """One row per other method, one column per eps: the gap in points and in pooled seed stds,
+  with the seeds on each side; empty where a method did not run at that eps."""
+  out = report.write_report(curve_root, str(tmp_path / 'report'))
+  md = open(out['markdown']).read()
+  ref = CURVE['dp2fedsam']
+  assert '| method | ε = 0.5 | ε = 1 | ε = 2 |' in md
+  assert ('| centaur | ' + ' | '.join(_cell(ref[e], CURVE['centaur'][e]) for e in (0.5, 1.0, 2.0))
+          + ' |') in md
+  assert f'| dp_fedavg |  | {_cell(ref[1.0], CURVE["dp_fedavg"][1.0])} |  |' in md
+  assert '| p_fedsam |' not in md.split('against each other method')[1]  # no dp2fedsam at eps = inf
+  # Another reference method: its own table.
+  again = report.write_report(curve_root, str(tmp_path / 'again'), reference='centaur')
+  assert (f'| dp2fedsam | {_cell(CURVE["centaur"][0.5], ref[0.5])} |'
+          in open(again['markdown']).read())
+
+
+def test_accuracy_vs_eps_plot_has_log_eps_error_bars_ceilings_and_off_scale_note(
+    curve_root, tmp_path, monkeypatch):
+  axes = []
+  save = report._save
+  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  out = report.write_report(curve_root, str(tmp_path / 'report'))
+  assert any(p.endswith('cfg/default_accuracy_vs_eps.png') for p in out['plots'])
+  ax = next(ax for ax in axes if ax.get_xlabel().startswith('ε'))
+  assert ax.get_xscale() == 'log' and list(ax.get_xticks()) == [0.5, 1.0, 2.0]
+  bars = {c.get_label(): c for c in ax.containers}  # errorbar containers, one per method
+  assert set(bars) == {'dp2fedsam (3 seeds)', 'centaur (2–3 seeds)', 'dp_fedavg (1 seed)'}
+  line, _, (yerr,) = bars['dp2fedsam (3 seeds)']
+  assert list(line.get_ydata()) == pytest.approx([100 * np.mean(CURVE['dp2fedsam'][e])
+                                                  for e in (0.5, 1.0, 2.0)])
+  heights = [seg[1, 1] - seg[0, 1] for seg in yerr.get_segments()]  # 2 std each
+  assert heights == pytest.approx([200 * np.std(CURVE['dp2fedsam'][e], ddof=1)
+                                   for e in (0.5, 1.0, 2.0)])
+  ceilings = {l.get_label(): l.get_ydata()[0] for l in ax.lines if l.get_label().endswith('∞)')}
+  assert ceilings == {'p_fedsam (ε = ∞)': pytest.approx(96.0)}
+  # The collapsed ceiling (10 %) would flatten the curves: a note, not a line.
+  assert [t.get_text() for t in ax.texts] == ['off scale: fedavg 10.0 % at ε = ∞']
+  assert ax.get_ylim()[0] > 60
+
+
+def test_committed_paper_regime_results_are_what_the_report_makes_of_its_runs(tmp_path):
+  """experiments/results/fmnist_paper_regime: its results.md and results.csv are the report of its
+  runs/ (the command in WORKSPACE.md, run on the committed small files): tables that README's
+  numbers come from cannot drift from the runs or from the report's code."""
+  committed = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           'experiments', 'results', 'fmnist_paper_regime')
+  out = report.write_report(os.path.join(committed, 'runs'), str(tmp_path / 'out'),
+                            finished_only=True)
+  for name in ('results.md', 'results.csv'):
+    with open(os.path.join(committed, name)) as f:
+      assert open(out['markdown' if name.endswith('md') else 'csv']).read() == f.read(), name
+  assert all(os.path.exists(os.path.join(committed, os.path.relpath(p, tmp_path / 'out')))
+             for p in out['plots']), 'a plot of results.md is not committed'

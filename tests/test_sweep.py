@@ -166,3 +166,64 @@ def test_only_filters_the_config_grid(tmp_path):
       'N=1000,S=5,dataset=cifar10,eps=1,method=centaur,seed=0']
   with pytest.raises(ValueError, match='no grid entry'):
     sweep.plan(config, str(tmp_path), [], [], only=['dataset=mnist'])
+
+
+class _FinishedProcess:
+  """A run that finishes at once: writes the metrics of its last round into its workdir."""
+
+  def __init__(self, command, **_):
+    workdir = next(a for a in command if a.startswith('--workdir='))[len('--workdir='):]
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+      f.write(json.dumps({'round': 2}) + '\n')
+    self.returncode = 0
+
+  def poll(self):
+    return 0
+
+
+def test_runs_start_in_grid_order(tiny_config_path, tmp_path, monkeypatch):
+  """A config lists its most wanted runs first: an interrupted sweep must have done those."""
+  root = str(tmp_path / 'runs')
+  started = []
+  monkeypatch.setattr(sweep.subprocess, 'Popen',
+                      lambda command, **kw: (started.append(command[-1]),
+                                             _FinishedProcess(command))[1])
+  monkeypatch.setattr(sweep.time, 'sleep', lambda _: None)
+  order = [r.workdir for r in sweep.plan(tiny_config_path, root, [], [])]
+  results = sweep.run_sweep(tiny_config_path, root, [], [], parallel=2)
+  assert started == [f'--workdir={w}' for w in order] and set(results.values()) == {'ran'}
+
+
+def test_seed_from_copies_finished_committed_runs_into_empty_workdirs_only(tiny_config_path,
+                                                                           tmp_path):
+  committed, root = tmp_path / 'committed', str(tmp_path / 'root')
+  runs = sweep.plan(tiny_config_path, root, [], [])  # dp2fedsam seeds 0, 1; centaur seeds 0, 1
+
+  def commit(run, rounds, args=None, failed=False):
+    path = committed / os.path.relpath(run.workdir, os.path.join(root, 'tiny'))
+    path.mkdir(parents=True)
+    (path / 'sweep.json').write_text(json.dumps({'args': args or run.args, 'overrides': []}))
+    (path / 'config.json').write_text('{}')
+    (path / 'metrics.jsonl').write_text(''.join(json.dumps({'round': r}) + '\n' for r in rounds))
+    if failed:
+      (path / 'failure.json').write_text('{}')
+
+  commit(runs[0], [1, 2])                                  # finished: copied
+  commit(runs[1], [1])                                     # unfinished (no checkpoint): not
+  commit(runs[2], [1, 2], args={**runs[2].args, 'seed': 9})  # another run's files: not
+  commit(runs[3], [1, 2])                                  # finished, but its workdir is in use
+  os.makedirs(os.path.join(runs[3].workdir, 'checkpoints'))
+  seeded = sweep.seed_from(runs, root, str(committed))
+  assert [w for w, _ in seeded] == [runs[0].workdir]
+  assert sorted(os.listdir(runs[0].workdir)) == ['config.json', 'metrics.jsonl', 'sweep.json']
+  assert [r.status for r in sweep.plan(tiny_config_path, root, [], [])] == [
+      'done', 'new', 'new', 'new']
+  # The binary: --seed_from with --plan reports the copies, and the seeded run as finished.
+  out = subprocess.run(
+      [sys.executable, '-m', 'launch.sweep', f'--config={tiny_config_path}',
+       f'--root={tmp_path / "fresh"}', f'--seed_from={committed}', '--plan'],
+      cwd=ROOT, capture_output=True, text=True, check=True, timeout=300)
+  assert out.stderr.count('seeded  ') == 2  # runs[0] and runs[3] (its fresh workdir is empty)
+  assert out.stdout.strip().splitlines()[-1] == 'plan: 4 runs: 2 finished, 2 to run (2 new, 0 to resume)'
+  with pytest.raises(ValueError, match='no such directory'):
+    sweep.seed_from(runs, root, str(tmp_path / 'nowhere'))

@@ -13,15 +13,42 @@ Learning rates: the head 0.005 as §5.1 assigns it (by role: see _dp2fedsam.py);
 their first local round from a random init (`python -m experiments.local_stability`), while 0.05
 keeps every client of every method finite. The same rates for every method; no per-method tuning.
 
-Grid (`sweep_grid()`): dp2fedsam, centaur, dp_fedavg, dp_fedsam, dp_fedavg_ft, dp_fedsam_ft and
-the non-private ceilings p_fedsam and fedavg at seed 0, then seeds 1 and 2 for dp2fedsam, centaur
-and dp_fedsam_ft: 14 runs; and one more ceiling, dp_fedavg at eps = inf, i.e. sigma = 0 (clipping
-only): plain FedAvg collapses in round 1 at these rates (an unclipped client blow-up, results
-README), so this is the ceiling that shows what the noise costs DP-FedAvg, at the same rates.
+Grid (`sweep_grid()`), 57 runs in this order (launch/sweep.py runs them in grid order, so an
+interrupted sweep has done the first blocks):
+  the first 15 (issue 14; their workdirs must not change, so the committed runs count as finished):
+    dp2fedsam, centaur, dp_fedavg, dp_fedsam, dp_fedavg_ft, dp_fedsam_ft and the non-private
+    ceilings p_fedsam and fedavg at seed 0; seeds 1 and 2 for dp2fedsam, centaur and dp_fedsam_ft;
+    and one more ceiling, dp_fedavg at eps = inf, i.e. sigma = 0 (clipping only): plain FedAvg
+    collapses in round 1 at these rates (an unclipped client blow-up, results README), so this is
+    the ceiling that shows what the noise costs DP-FedAvg, at the same rates;
+  (a) 6 runs (issue 26): seeds 1 and 2 of dp_fedavg, dp_fedsam and dp_fedavg_ft at eps = 1 (seed 1
+    of all three first), so that every eps = 1 method has three seeds;
+  (b) 12 runs: the privacy-utility curve, eps in {0.5, 0.25, 2} x CURVE (dp2fedsam, centaur,
+    dp_fedsam_ft, dp_fedavg_ft) at seed 0; (c) the same 12 at seed 1; (d) the same 12 at seed 2.
+    With the eps = 1 runs these give accuracy against eps at eps in {0.25, 0.5, 1, 2}.
+Time, 2 cores, quiet machine: ~13-25 min a run (dp_fedavg and centaur the fastest), ~45 min an -FT
+run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h; each of (b), (c), (d) ~6.5 h
+(4 methods x 3 eps, two of them -FT): the 43 runs beyond the 14 committed ~23 h; with a machine
+shared with other work, up to 2x longer.
+Calibrated sigma at delta = 1e-3 (PLD): 5.924 / 3.401 / 2.014 / 1.280 for eps = 0.25 / 0.5 / 1 / 2.
+
+Seeding a fresh root with the committed runs (so that the sweep skips them; only finished runs are
+copied, only into workdirs that hold no metrics or checkpoints, never over anything; the plan then
+says "57 runs: 14 finished, 43 to run" before issue 26's runs are committed):
+
+  python -m launch.sweep --config=experiments/configs/fmnist_paper_regime.py --root=$HOME/sweeps \
+      --seed_from=experiments/results/fmnist_paper_regime/runs --plan
+
+The sweep (resumes where it stopped; runs in the grid's order) and the report (while the sweep goes
+on, of the finished runs, whose small files are committed at once):
 
   python -m launch.sweep --config=experiments/configs/fmnist_paper_regime.py --root=$HOME/sweeps
   python -m experiments.report --root=$HOME/sweeps/fmnist_paper_regime \
-      --out=experiments/results/fmnist_paper_regime --copy_runs
+      --out=experiments/results/fmnist_paper_regime --copy_runs --finished_only
+
+The report draws final accuracy against eps (log axis, seed-std error bars, the eps = inf ceilings
+as horizontal lines) and tabulates DP2-FedSAM's gap to every other method at each eps, in points
+and in pooled seed stds.
 
 Arguments: `:method=dp2fedsam,S=2,eps=1,seed=0`.
 """
@@ -38,6 +65,10 @@ DEFAULTS = dict(method='dp2fedsam', N=1000, S=2, eps=1.0, seed=0)
 TABLE_METHODS = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft', 'dp_fedsam_ft')
 CEILINGS = ('p_fedsam', 'fedavg')  # non-private: eps = inf
 SEEDED = ('dp2fedsam', 'centaur', 'dp_fedsam_ft')
+# Issue 26: the other eps = 1 methods get seeds 1 and 2; the curve's methods run at CURVE_EPS too.
+SEEDED_LATER = ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')
+CURVE = ('dp2fedsam', 'centaur', 'dp_fedsam_ft', 'dp_fedavg_ft')
+CURVE_EPS = (0.5, 0.25, 2.0)  # in the order they run: the small eps, where methods should separate
 
 
 def get_config(arg: str | None = None):
@@ -64,7 +95,11 @@ def get_config(arg: str | None = None):
 
 
 def sweep_grid() -> list[dict]:
+  """The first 15 entries (issue 14) in their order, then issue 26's blocks in priority order."""
   first = ([dict(method=m, eps=1.0, seed=0) for m in TABLE_METHODS]
            + [dict(method=m, eps=math.inf, seed=0) for m in CEILINGS])
-  return (first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]
-          + [dict(method='dp_fedavg', eps=math.inf, seed=0)])
+  issue14 = (first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]
+             + [dict(method='dp_fedavg', eps=math.inf, seed=0)])
+  seeds_at_eps1 = [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED_LATER]
+  curve = [dict(method=m, eps=e, seed=s) for s in (0, 1, 2) for e in CURVE_EPS for m in CURVE]
+  return issue14 + seeds_at_eps1 + curve
