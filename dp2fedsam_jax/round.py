@@ -61,6 +61,36 @@ def resolve_executor(executor: str, backend: str | None = None) -> str:
   return 'sequential' if backend == 'cpu' else 'vmap'
 
 
+def program_bytes(compiled) -> int:
+  """Device memory a compiled program needs at once: arguments, outputs and temporaries (XLA's
+  memory analysis; a donated argument that becomes an output is counted once)."""
+  m = compiled.memory_analysis()
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+             + m.temp_size_in_bytes)
+
+
+def fitting_chunk_size(capacity: int, bytes_at_1: int, bytes_at_2: int, memory_bytes: int,
+                       headroom: float = 0.8) -> int | None:
+  """How many clients to vmap at once so that a round fits `headroom` of the device's memory.
+
+  A round's memory is affine in the clients vmapped at once (the state and data, plus each client's
+  activations and update): measured at chunk sizes 1 and 2, extrapolated to `capacity`. Returns None
+  when the whole chunk of `capacity` clients fits, else the largest chunk size that does.
+  """
+  per_client = max(bytes_at_2 - bytes_at_1, 1)
+  fixed = bytes_at_1 - per_client
+  budget = headroom * memory_bytes
+  if fixed + capacity * per_client <= budget:
+    return None
+  chunk = int((budget - fixed) // per_client)
+  if chunk < 1:
+    raise ValueError(
+        f'one vmapped client needs ~{bytes_at_1 / 2**30:.2f} GiB with the state and data, more than '
+        f'{headroom:.0%} of the device\'s {memory_bytes / 2**30:.2f} GiB: use a smaller '
+        '--config.local.batch_size or model, or --config.executor=sequential.')
+  return min(chunk, capacity)
+
+
 @dataclasses.dataclass(frozen=True)
 class RoundConfig:
   """Everything static a round needs, resolved from the experiment config."""

@@ -25,13 +25,14 @@ from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
-from dp2fedsam_jax.evaluation import make_evaluate
+from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.progress import RoundProgress
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax import round as round_lib
 from dp2fedsam_jax.round import (make_round_step, mechanism_from, resolve_executor,
                                   round_config_from, RoundConfig)
 from dp2fedsam_jax.state import init_state, ServerState, split_params
@@ -118,7 +119,8 @@ class Experiment:
                            self.method_params)
 
   def evaluate(self):
-    return make_evaluate(self.spec, self.model, self.local_config, self.method_params)
+    return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
+                         evaluation_batch_size(self.spec, self.round_config.executor))
 
 
 def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
@@ -217,16 +219,16 @@ TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_s
 _AUTO_CHOICES = ('sequential', 'vmap')
 
 
-def _recorded_executor(workdir: str) -> str | None:
-  """The executor config.json records for the checkpointed run in workdir (None: no such run)."""
+def _recorded_config(workdir: str) -> dict:
+  """The config.json of the checkpointed run in workdir ({} if there is no such run)."""
   path = os.path.join(workdir, 'config.json')
   if not (os.path.exists(path) and checkpoint.exists(workdir)):
-    return None
+    return {}
   try:
     with open(path) as f:
-      return json.load(f).get('executor')
+      return json.load(f)
   except (OSError, ValueError):
-    return None
+    return {}
 
 
 def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str]:
@@ -237,14 +239,45 @@ def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str
   """
   if config.executor != 'auto':
     return config, ''
-  recorded = _recorded_executor(workdir)
-  if recorded in _AUTO_CHOICES:
-    executor, how = recorded, 'auto: that of the checkpointed run'
-  else:
-    executor, how = resolve_executor('auto'), f'auto on {jax.default_backend()}'
+  recorded = _recorded_config(workdir)
   config = config.copy_and_resolve_references()
-  config.executor = executor
+  if recorded.get('executor') in _AUTO_CHOICES:
+    config.executor, how = recorded['executor'], 'auto: that of the checkpointed run'
+    if config.chunk_size is None:
+      config.chunk_size = recorded.get('chunk_size')
+  else:
+    config.executor, how = resolve_executor('auto'), f'auto on {jax.default_backend()}'
   return config, how
+
+
+def device_memory_bytes() -> int | None:
+  """The default device's memory where the backend reports it (GPU, TPU); None on CPU."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get('bytes_limit')
+
+
+def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
+                   headroom: float = 0.8) -> int | None:
+  """The chunk size that keeps a vmapped round within `headroom` of the device's memory (None: the
+  whole cohort fits, or the device does not report its memory). From XLA's memory analysis of the
+  compiled round step: once at the full capacity, and only if that does not fit, at chunk sizes 1
+  and 2 (round.fitting_chunk_size extrapolates)."""
+  memory_bytes = memory_bytes or device_memory_bytes()
+  if memory_bytes is None:
+    return None
+  state = jax.eval_shape(exp.init_state)
+
+  def program_bytes(chunk_size):
+    rc = dataclasses.replace(exp.round_config, chunk_size=chunk_size)
+    step = make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params)
+    return round_lib.program_bytes(
+        jax.jit(step, donate_argnums=0).lower(state, exp.data, exp.root_key).compile())
+
+  capacity = exp.round_config.capacity
+  if program_bytes(None) <= headroom * memory_bytes:
+    return None
+  return round_lib.fitting_chunk_size(capacity, program_bytes(1), program_bytes(2), memory_bytes,
+                                      headroom)
 
 
 def _finished_record(config, workdir: str) -> dict | None:
@@ -374,6 +407,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                  finished['round'])
     return finished
   exp = build_experiment(config)
+  if executor_choice and config.executor == 'vmap' and config.chunk_size is None:
+    chunk_size = fit_chunk_size(exp)  # 'auto' on an accelerator fits the cohort to its memory
+    if chunk_size is not None:
+      config.chunk_size = chunk_size
+      exp = dataclasses.replace(exp, config=config, round_config=dataclasses.replace(
+          exp.round_config, chunk_size=chunk_size))
+      executor_choice += f'; chunks of {chunk_size} clients fit the device memory'
   os.makedirs(workdir, exist_ok=True)
   resolved = config.to_dict()
   if exp.spec.private:

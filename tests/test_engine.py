@@ -164,6 +164,25 @@ def test_padding_does_not_change_a_client_update():
   chex.assert_trees_all_close(a, b, atol=1e-6, rtol=1e-6)
 
 
+def test_padded_steps_are_skipped_not_computed_in_a_client_loop():
+  """A client with 5 real of 40 slots (batch 5) trains 1 step an epoch; the 7 padded steps must not
+  run a forward pass at all under the sequential executor (a cond, not a select)."""
+  from dp2fedsam_jax import local
+  calls = []
+
+  def loss_fn(w, x, y, mask):
+    jax.debug.callback(lambda: calls.append(1))
+    return jnp.sum(jnp.where(mask, (x @ w - y) ** 2, 0.0)) / jnp.maximum(mask.sum(), 1)
+
+  x, y = jnp.ones((40, 3)), jnp.zeros((40,))
+  phase = local.Phase(epochs=2, batch_size=5)
+  run = jax.jit(lambda w, n: local.run_phase(phase, loss_fn, w, x, y, n, jax.random.key(0), 0.1))
+  w, loss = run(jnp.ones((3,)), jnp.int32(5))
+  jax.effects_barrier()
+  assert len(calls) == 2  # one active step in each of the two epochs
+  assert float(loss) > 0 and not np.allclose(np.asarray(w), 1.0)
+
+
 def test_padded_cohort_slots_do_not_change_the_update():
   """A capacity larger than the cohort adds padded slots; they must not contribute."""
   exp = build(**{'dp.sampling': 'fixed', 'dp.accountant': 'rdp'})
@@ -283,6 +302,22 @@ def test_evaluation_is_the_mean_own_head_accuracy_over_clients_with_test_data():
 # ---------------------------------------------------------------- the local config at the boundary
 
 
+def test_finetune_evaluation_is_the_same_one_client_at_a_time():
+  """-FT evaluations loop over clients on the sequential executor (evaluation_batch_size); the
+  result is the vmapped one up to float rounding."""
+  from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
+  exp = build(method='dp_fedavg_ft', **{'local.finetune_epochs': 1})
+  assert evaluation_batch_size(exp.spec, 'sequential') == 1
+  assert evaluation_batch_size(exp.spec, 'vmap') > 1
+  assert evaluation_batch_size(train.get_method('dp2fedsam'), 'sequential') > 1  # forward only
+  state, _ = run_rounds(exp)
+  key = exp.eval_key(1)
+  looped, vmapped = (jax.device_get(jax.jit(make_evaluate(
+      exp.spec, exp.model, exp.local_config, clients_per_batch=b))(state, exp.data, key)) for b in (1, 64))
+  for name in ('test_accuracy', 'test_loss'):
+    np.testing.assert_allclose(looped[name], vmapped[name], rtol=1e-5)
+
+
 def test_local_config_is_frozen_and_the_engine_refuses_the_configdict():
   from dp2fedsam_jax.evaluation import make_evaluate
   from dp2fedsam_jax.local import LocalConfig
@@ -304,3 +339,36 @@ def test_local_config_is_frozen_and_the_engine_refuses_the_configdict():
   extra.local.warmup = 1
   with pytest.raises(ValueError, match='config.local has fields'):
     LocalConfig.from_config(extra)
+
+
+# ---------------------------------------------------------------- fitting the cohort to memory
+
+
+def test_fitting_chunk_size_extrapolates_the_affine_memory_of_a_round():
+  from dp2fedsam_jax.round import fitting_chunk_size
+  # 100 fixed + 10 per client; a budget of 0.8 * 1000 = 800 holds 70 clients.
+  assert fitting_chunk_size(64, 110, 120, memory_bytes=1000) is None  # 740 fits
+  assert fitting_chunk_size(256, 110, 120, memory_bytes=1000) == 70
+  assert fitting_chunk_size(256, 110, 120, memory_bytes=1000, headroom=0.5) == 40
+  with pytest.raises(ValueError, match='executor=sequential'):
+    fitting_chunk_size(256, 110, 120, memory_bytes=100)
+
+
+def test_fit_chunk_size_keeps_the_compiled_round_within_a_fake_device_memory():
+  from dp2fedsam_jax.round import program_bytes
+  exp = build(**{'sampling_rate': 1.0, 'num_clients': 8, 'executor': 'vmap'})
+
+  def bytes_at(chunk_size):
+    rc = dataclasses.replace(exp.round_config, chunk_size=chunk_size)
+    step = make_round_step(exp.spec, exp.model, exp.local_config, rc)
+    return program_bytes(jax.jit(step, donate_argnums=0).lower(
+        jax.eval_shape(exp.init_state), exp.data, exp.root_key).compile())
+
+  whole, one = bytes_at(None), bytes_at(1)
+  assert one < whole
+  assert train.fit_chunk_size(exp, memory_bytes=2 * whole) is None  # the whole cohort fits
+  fake = (one + whole) / 2 / 0.8  # room for some clients, not all 8
+  chunk = train.fit_chunk_size(exp, memory_bytes=fake)
+  assert 1 <= chunk < 8 and bytes_at(chunk) <= 0.8 * fake
+  if jax.default_backend() == 'cpu':  # no memory size reported: nothing to fit, nothing compiled
+    assert train.device_memory_bytes() is None and train.fit_chunk_size(exp) is None
