@@ -45,7 +45,12 @@ INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3), 'resnet18_gn'
 
 _MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES), 'Model.')
 _CLIENTS = flags.DEFINE_list('clients', ['10', '50'], 'Cohort sizes (clients trained per round).')
-_SAMPLES = flags.DEFINE_integer('samples_per_client', 45, 'Training examples per client.')
+_SAMPLES = flags.DEFINE_integer('samples_per_client', 45, 'Training examples per client (the most, '
+                                'with --min_samples_per_client).')
+_MIN_SAMPLES = flags.DEFINE_integer('min_samples_per_client', None, 'Unequal clients: counts drawn '
+                                    'uniformly from [this, samples_per_client] (padding to the '
+                                    'largest, as real partitions are; GFLOP/s still counts full '
+                                    'clients); None: all equal.')
 _BATCH = flags.DEFINE_integer('batch_size', 10, 'Local batch size.')
 _HEAD_EPOCHS = flags.DEFINE_integer('head_epochs', 2, 'Head-phase epochs (tau_h).')
 _BODY_EPOCHS = flags.DEFINE_integer('body_epochs', 2, 'Shared-phase epochs (tau_phi).')
@@ -64,6 +69,8 @@ _TORCH_CLIENTS = flags.DEFINE_list('torch_clients', None, 'Cohort sizes for the 
                                    'seconds per client do not depend on the cohort.')
 _MATMUL = flags.DEFINE_integer('matmul_size', 2048, 'Square f32 matmul size for the machine peak '
                                '(0: skip).')
+_FLOPS = flags.DEFINE_bool('flops', True, "XLA's FLOP count of one client (GFLOP/s columns); off "
+                           'saves its compilations.')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Check the flags, print what would be timed as one '
                              'JSON line, and exit.')
 _MODE_NAMES = ('vmap', 'sequential', 'sharded')
@@ -109,11 +116,14 @@ def peak_memory() -> dict:
   return {'peak_rss_bytes_process': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int, seed: int = 0):
+def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int, seed: int = 0,
+                   min_samples: int | None = None):
   rng = np.random.default_rng(seed)
   x = rng.integers(0, 256, (num_clients, samples, *input_shape), dtype=np.uint8)
   y = rng.integers(0, num_classes, (num_clients, samples)).astype(np.int32)
   count = np.full((num_clients,), samples, np.int32)
+  if min_samples is not None:
+    count = rng.integers(min_samples, samples + 1, num_clients).astype(np.int32)
   c = input_shape[-1]
   return FederatedData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(count),
                        jnp.asarray(x[:, :1]), jnp.asarray(y[:, :1]), jnp.ones((num_clients,), jnp.int32),
@@ -128,7 +138,8 @@ def local_config() -> LocalConfig:
 
 
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
-  data = synthetic_data(cohort, _SAMPLES.value, model.input_shape, model.num_classes)
+  data = synthetic_data(cohort, _SAMPLES.value, model.input_shape, model.num_classes,
+                        min_samples=_MIN_SAMPLES.value)
   mechanism = DPMechanism(num_clients=cohort, sampling='fixed', sampling_rate=1.0, clip_norm=0.1,
                           noise_multiplier=1.0 if spec.private else 0.0, private=spec.private)
   rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=_CHUNK.value)
@@ -154,8 +165,8 @@ def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   seconds = statistics.median(times)
   return {'mode': mode, 'clients': cohort, 'seconds_per_round': seconds, 'round_seconds': times,
           'clients_per_second': cohort / seconds,
-          'examples_per_second': cohort * _SAMPLES.value * (_HEAD_EPOCHS.value * spec.head_phase
-                                                            + _BODY_EPOCHS.value) / seconds,
+          'examples_per_second': int(np.sum(data.train_count)) * (
+              _HEAD_EPOCHS.value * spec.head_phase + _BODY_EPOCHS.value) / seconds,
           'compile_seconds': compile_seconds, 'capacity': rc.capacity,
           'xla_temp_bytes': int(getattr(mem, 'temp_size_in_bytes', 0) or 0),
           **peak_memory(), 'load_before': load_before, 'load_after': _load()}
@@ -204,7 +215,10 @@ def main(argv):
                       'chunk_size': _CHUNK.value, 'json_out': _JSON_OUT.value}))
     return
   data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes)
-  cf = flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
+  if _FLOPS.value:
+    cf = flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
+  else:  # no count: the GFLOP/s columns are NaN
+    cf = flops_lib.ClientFlops(*(float('nan'),) * 4, head_steps=0, body_steps=0)
   layers = flops_lib.layer_matmul_flops(model)
   conv = sum(v for k, v in layers.items() if k.startswith('conv:'))
   machine = device_description()
@@ -215,7 +229,8 @@ def main(argv):
       'config': {'model': _MODEL.value, 'num_params': count_params(jax.eval_shape(
                      model.init, jax.random.key(0))), 'conv_impl': model.conv_impl,
                  'method': _METHOD.value, 'samples_per_client': _SAMPLES.value,
-                 'batch_size': _BATCH.value, 'head_epochs': _HEAD_EPOCHS.value,
+                 'min_samples_per_client': _MIN_SAMPLES.value, 'batch_size': _BATCH.value,
+                 'head_epochs': _HEAD_EPOCHS.value,
                  'body_epochs': _BODY_EPOCHS.value, 'rounds': _ROUNDS.value,
                  'chunk_size': _CHUNK.value},
       'device': machine,

@@ -28,3 +28,42 @@ def test_client_throughput_binary_writes_positive_numbers(tmp_path):
                   'gflops_per_second', 'compile_seconds', 'peak_rss_bytes_process',
                   'percent_of_matmul_peak'):
       assert row[field] > 0, (field, row)
+
+
+def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
+  """benchmarks/accelerator.sh, the README's one command for a GPU/TPU machine, on this CPU."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]),
+             XLA_FLAGS='', JAX_PLATFORMS='cpu', SMOKE='1', SKIP_INSTALL='1')
+  out = tmp_path / 'acc'
+  proc = subprocess.run(['bash', 'benchmarks/accelerator.sh', str(out)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  summary = json.loads((out / 'summary.json').read_text())
+  assert summary['smoke'] and summary['device']['platform'] == 'cpu'
+  assert summary['agreement']['agree'] and summary['speedups']['2'] > 0
+  assert summary['paper_regime']['rounds'] == 1 and summary['paper_regime']['wall_seconds'] > 0
+  scaling = json.loads((out / 'cohort_scaling.json').read_text())
+  assert {(r['mode'], r['clients']) for r in scaling['rows'] if r['status'] == 'ok'} == {
+      ('sequential', 1), ('sequential', 2), ('vmap', 1), ('vmap', 2)}
+  assert all(r['seconds_per_client'] > 0 and r['peak_memory_bytes'] > 0 for r in scaling['rows'])
+  assert (out / 'cohort_scaling.png').stat().st_size > 10_000
+  assert 'paper regime: 1 rounds' in proc.stdout and 'executors agree' in proc.stdout
+
+
+def test_executor_agreement_is_relative_and_catches_a_perturbed_round():
+  from types import SimpleNamespace
+  import numpy as np
+  from benchmarks.accelerator import compare_rounds
+  start = {'w': np.zeros(4)}
+  metrics = {'mean_update_norm': 5.1172, 'train_loss': 1.6093, 'clipped_fraction': 1.0,
+             'cohort_size': 20}
+  a = (SimpleNamespace(shared={'w': np.full(4, 1.0)}), metrics)
+  # The measured gap of the default experiment (2.8e-4 in the norm) agrees ...
+  close = (SimpleNamespace(shared={'w': np.full(4, 1.0001)}),
+           {**metrics, 'mean_update_norm': 5.1158, 'train_loss': 1.6087})
+  assert compare_rounds(start, a, close)['agree']
+  # ... a different cohort, a client trained twice (norm off by ~1/20) or another step does not.
+  assert not compare_rounds(start, a, (close[0], {**close[1], 'cohort_size': 19}))['agree']
+  assert not compare_rounds(start, a, (close[0], {**close[1], 'mean_update_norm': 5.37}))['agree']
+  assert not compare_rounds(start, a, (SimpleNamespace(shared={'w': np.full(4, 1.05)}),
+                                       close[1]))['agree']
