@@ -229,7 +229,7 @@ def _check_noise_mechanism(config) -> None:
           "group; tree: a shuffle per epoch); leave --config.dp.sampling=poisson.")
   if mechanism == 'banded':
     bands, q = config.dp.num_bands, config.sampling_rate
-    if q * bands > 1:
+    if q * bands > 1 + 1e-12:
       _fail('dp.num_bands', bands, f'BandMF samples at rate sampling_rate * num_bands = {q * bands:g} '
             f'within a group, which must be <= 1: set --config.dp.num_bands <= {int(1 / q)}.')
     if bands > max(config.num_rounds, 1):

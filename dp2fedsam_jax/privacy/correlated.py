@@ -21,6 +21,8 @@ of C X + Z, whose sensitivity is what the accountant sees (DESIGN.md section 7).
                    E = ceil(N / m) rounds. Accounted without amplification: per epoch a Gaussian with
                    sensitivity sqrt(L), L = floor(log2 E) + 1 the nodes a round is in (equal to
                    dp_accounting's SingleEpochTreeAggregationDpEvent; tests/test_correlated.py).
+                   Neighbours: a client's uploads replaced by zero in its (public) rounds --
+                   dp_accounting's REPLACE_SPECIAL; an unsampled Gaussian has add/remove's curve there.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def group_of_clients(root: jax.Array, num_clients: int, bands: int) -> jax.Array
 def sample_banded(key, round_index, root, sampling_rate: float, num_clients: int, bands: int):
   """bool[N]: Poisson at rate q b within group (round mod b); nobody from the other groups."""
   in_group = group_of_clients(root, num_clients, bands) == round_index % bands
-  return in_group & (jax.random.uniform(key, (num_clients,)) < sampling_rate * bands)
+  return in_group & (jax.random.uniform(key, (num_clients,)) < min(1.0, sampling_rate * bands))
 
 
 # -------------------------------------------------------------------------------------------- tree

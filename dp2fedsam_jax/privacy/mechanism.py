@@ -75,7 +75,7 @@ class DPMechanism:
     if self.correlated and (self.distributed or self.sampling != 'poisson'):
       raise ValueError(f'config.dp.noise_mechanism={self.noise_mechanism!r} needs '
                        "dp.noise_placement='central' and dp.sampling='poisson'.")
-    if self.noise_mechanism == 'banded' and self.sampling_rate * self.bands > 1:
+    if self.noise_mechanism == 'banded' and self.sampling_rate * self.bands > 1 + 1e-12:
       raise ValueError(f'config.dp.num_bands={self.bands} with sampling_rate={self.sampling_rate}: '
                        'BandMF samples at rate sampling_rate * num_bands within a group, which '
                        'must be <= 1.')
@@ -206,7 +206,7 @@ class DPMechanism:
     full, rest = divmod(rounds, epoch)
     per_epoch = lambda length: dp_accounting.GaussianDpEvent(
         sigma / math.sqrt(correlated.tree_sensitivity_squared(length)))
-    events = [dp_accounting.SelfComposedDpEvent(per_epoch(epoch), full)]
+    events = [dp_accounting.SelfComposedDpEvent(per_epoch(epoch), full)] if full else []
     if rest:
       events.append(per_epoch(rest))
     return dp_accounting.ComposedDpEvent(events)
