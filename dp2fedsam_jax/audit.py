@@ -32,6 +32,14 @@ noise has independent projections on orthonormal directions, and with working cl
 moves only its own score. So a bound above the accounted epsilon refutes the accountant's claim at
 level alpha; as a lower bound for an arbitrary mechanism it assumes that independence, which
 `num_canaries=1` makes exact (at about k times the cost per score).
+
+Correlated noise (dp.noise_mechanism banded | tree, privacy/correlated.py): the canaries join through
+the mechanism's own sampler (BandMF's groups, the tree's epochs), and the white-box score sum_t <u_t,
+v_i> / C is then the canary's coordinate of the released prefix sum, whose noise the strategy shrinks
+(std sigma ||row T of A C^-1||, not sigma sqrt T); projections on orthonormal directions stay
+independent (the noise is isotropic in every round), so Clopper-Pearson and the one-run bound keep
+their meaning. The white-box noise-multiplier estimate assumes fresh noise every round and is not
+computed (NaN) for these mechanisms.
 """
 
 from __future__ import annotations
@@ -144,6 +152,7 @@ class AuditResult:
   # One run (trial 0) after every settings.estimate_every rounds; the last is after all rounds and
   # gives the one-run bound and estimates of the table (the properties below).
   along_run: tuple[OneRunEstimates, ...]
+  noise_mechanism: str = 'independent'  # config.dp.noise_mechanism
 
   epsilon_one_run = _after_all_rounds('epsilon_one_run')
   epsilon_gaussian_fit = _after_all_rounds('epsilon_gaussian_fit')
@@ -180,7 +189,8 @@ class AuditResult:
     noise = _interval(self.epsilon_noise_estimate, self.epsilon_noise_estimate_low,
                       self.epsilon_noise_estimate_high)
     noise += f' (σ̂ {self.noise_multiplier_estimate:.3g})'
-    return (f'| {self.method} {self.sampling} {self.noise_placement} | {self.noise_multiplier:g} | '
+    sampler = self.sampling if self.noise_mechanism == 'independent' else self.noise_mechanism
+    return (f'| {self.method} {sampler} {self.noise_placement} | {self.noise_multiplier:g} | '
             f'{self.sampling_rate:g} | {self.num_rounds} | {self.epsilon_accounted:.2f} | '
             f'{_num(self.epsilon_clopper_pearson)} | {gdp} | {_num(self.epsilon_one_run)} | '
             f'{_num(self.epsilon_one_run_fdp)} | {fit} | {noise} | '
@@ -387,7 +397,7 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
       gdp_mu_upper=gdp.mu_upper if gdp else nan,
       confidence=1.0 - alpha, num_trials=settings.num_trials,
       num_canaries=settings.num_canaries, seconds=time.perf_counter() - start,
-      along_run=along_run)
+      along_run=along_run, noise_mechanism=config.dp.noise_mechanism)
 
 
 def _split_by_inclusion(scores, included):
@@ -414,9 +424,13 @@ def one_run_estimates(audited, scores: CanaryScores, rounds: int,
   if min(run_in.size, run_out.size) >= 2:
     one_run = audit_stats.epsilon_one_run(run_in, run_out, delta, alpha)
     fit = audit_stats.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
-  sigma = audit_stats.noise_multiplier_estimate(
-      scores.projections[0, :rounds], scores.sampled[0, :rounds], scores.signs[0], alpha,
-      seed=seed)
+  if audited.mechanism.correlated:
+    # The estimate reads each round's noise as fresh N(0, sigma^2 C^2); correlated rounds are not.
+    sigma = audit_stats.NoiseMultiplierEstimate(math.nan, math.nan, math.nan)
+  else:
+    sigma = audit_stats.noise_multiplier_estimate(
+        scores.projections[0, :rounds], scores.sampled[0, :rounds], scores.signs[0], alpha,
+        seed=seed)
   eps_at = functools.partial(epsilon_at_noise_multiplier, audited, rounds)
   return OneRunEstimates(
       round=rounds, epsilon_accounted=audited.epsilon_after(rounds), epsilon_one_run=one_run,

@@ -69,6 +69,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.dp.sampling = 'poisson'
   c.dp.noise_placement = 'central'
   c.dp.accountant = 'pld'
+  # Noise across rounds (privacy/correlated.py, docs/privacy.md section 7): 'independent' | 'banded'
+  # (BandMF, num_bands bands, Poisson within one of num_bands client groups per round) | 'tree'
+  # (DP-FTRL tree aggregation, each client once per epoch).
+  c.dp.noise_mechanism = 'independent'
+  c.dp.num_bands = 4  # b of 'banded' (sampling_rate * num_bands <= 1; 1 is independent noise)
   return c
 
 
@@ -83,7 +88,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
   from dp2fedsam_jax.models import layers, registry
-  from dp2fedsam_jax.privacy import accounting, noise, sampling
+  from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
   return {
       'method': tuple(sorted(specs.METHODS)),
       'model': tuple(registry.model_names()),
@@ -93,6 +98,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'dp.sampling': sampling.SAMPLINGS,
       'dp.noise_placement': noise.NOISE_PLACEMENTS,
       'dp.accountant': accounting.ACCOUNTANTS,
+      'dp.noise_mechanism': correlated.NOISE_MECHANISMS,
   }
 
 
@@ -149,7 +155,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if data_dir is not None and not isinstance(data_dir, str):
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
   for field in ('model', 'partition', 'conv_impl', 'executor', 'dp.sampling', 'dp.noise_placement',
-                'dp.accountant'):
+                'dp.accountant', 'dp.noise_mechanism'):
     _choice(config, field, allowed[field])
 
   _positive(config, 'num_clients', integer=True)
@@ -203,6 +209,32 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if config.dp.sampling == 'fixed' and config.dp.accountant != 'rdp':
     _fail('dp.accountant', config.dp.accountant,
           "fixed-size sampling (dp.sampling='fixed') is accounted with RDP: set --config.dp.accountant=rdp.")
+  _positive(config, 'dp.num_bands', integer=True)
+  _check_noise_mechanism(config)
+
+
+def _check_noise_mechanism(config) -> None:
+  """What correlated noise needs of the other fields (the method's own needs: MethodSpec)."""
+  mechanism = config.dp.noise_mechanism
+  if mechanism == 'independent':
+    return
+  if config.dp.noise_placement != 'central':
+    _fail('dp.noise_placement', config.dp.noise_placement,
+          f"dp.noise_mechanism={mechanism!r} correlates the server's noise across rounds; "
+          'set --config.dp.noise_placement=central (client shares would need the same clients '
+          'every round).')
+  if config.dp.sampling != 'poisson':
+    _fail('dp.sampling', config.dp.sampling,
+          f"dp.noise_mechanism={mechanism!r} brings its own sampler (banded: Poisson within a "
+          "group; tree: a shuffle per epoch); leave --config.dp.sampling=poisson.")
+  if mechanism == 'banded':
+    bands, q = config.dp.num_bands, config.sampling_rate
+    if q * bands > 1 + 1e-12:
+      _fail('dp.num_bands', bands, f'BandMF samples at rate sampling_rate * num_bands = {q * bands:g} '
+            f'within a group, which must be <= 1: set --config.dp.num_bands <= {int(1 / q)}.')
+    if bands > max(config.num_rounds, 1):
+      _fail('dp.num_bands', bands, f'more bands than num_rounds={config.num_rounds}; set '
+            f'--config.dp.num_bands <= {max(config.num_rounds, 1)}.')
 
 
 def validate_privacy_fields(config: ml_collections.ConfigDict) -> None:

@@ -52,6 +52,10 @@ FIELD_HELP = {
     'dp.sampling': 'poisson (add/remove-one, PLD) | fixed (without replacement, replace-one, RDP)',
     'dp.noise_placement': 'central (a trusted server adds it) | distributed (each client adds its share)',
     'dp.accountant': 'pld | rdp (fixed sampling needs rdp)',
+    'dp.noise_mechanism': 'independent (fresh noise each round) | banded (BandMF: noise correlated over '
+                          'num_bands rounds, Poisson within one of num_bands client groups) | tree '
+                          '(DP-FTRL, each client once per epoch); docs/privacy.md section 7',
+    'dp.num_bands': 'b of the banded mechanism (sampling_rate * num_bands <= 1; T fixes the strategy)',
     'audit': 'the empirical privacy audit (experiments.audit)',
     'audit.num_trials': 'independent runs of the audited rounds (trial 0 is the one-run audit)',
     'audit.num_canaries': 'canary clients per run, each included with probability 1/2',

@@ -5,7 +5,7 @@ key that is both split and folded hands the same key to two streams (e.g. a publ
 the noise would then be a function of public data and epsilon void). The rule here: a parent key is
 either *folded* with the distinct constants below, or *split* into a fresh array of keys, never both.
 
-    root = key(seed)                                  folded: round r, INIT, EVAL
+    root = key(seed)                                  folded: round r, INIT, EVAL, SCHEDULE, TREE_NOISE
       round key = fold_in(root, r)                    folded: SAMPLE, CLIENTS, NOISE, PUBLIC_MASK
         clients key                                   split into one key per client id
           client key                                  folded: TRAIN, UPLOAD
@@ -14,6 +14,10 @@ either *folded* with the distinct constants below, or *split* into a fresh array
         noise key                                     split per array (the server's noise)
       eval key = fold_in(fold_in(root, EVAL), r)      split per client id (fine-tuning order)
       init key = fold_in(root, INIT)                  the model's initialiser
+      schedule key = fold_in(root, SCHEDULE)          folded: GROUPS, EPOCHS (correlated noise's samplers)
+        groups key                                    one permutation: BandMF's public client groups
+        epochs key                                    folded: epoch e -> the tree's shuffle of epoch e
+      tree key = fold_in(root, TREE_NOISE)            folded: epoch -> level -> node (split per array)
 
 The privacy audit (dp2fedsam_jax/audit.py) has its own root, key(audit seed), so its canaries do not
 depend on the experiment's seed:
@@ -30,9 +34,15 @@ from typing import NamedTuple
 
 import jax
 
-# Children of the root key. Rounds use fold_in(root, r) for r < 2**31 - 2; these two lie beyond.
+# Children of the root key. Rounds use fold_in(root, r) for r < 2**31 - 4; these lie beyond.
 INIT = 2**31 - 1
 EVAL = 2**31 - 2
+SCHEDULE = 2**31 - 3    # the public cohort schedules of the correlated-noise samplers
+TREE_NOISE = 2**31 - 4  # the tree's node noises (DP-FTRL)
+
+# Children of the schedule key.
+GROUPS = 1        # BandMF's fixed public client groups
+EPOCHS = 2        # parent of the tree's per-epoch shuffles (folded by epoch)
 
 # Children of a round key.
 SAMPLE = 1        # who takes part
@@ -86,6 +96,20 @@ def init_key(root: jax.Array) -> jax.Array:
 
 def eval_key(root: jax.Array, round_index: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(root, EVAL), round_index)
+
+
+def group_key(root: jax.Array) -> jax.Array:
+  return jax.random.fold_in(jax.random.fold_in(root, SCHEDULE), GROUPS)
+
+
+def epoch_order_key(root: jax.Array, epoch) -> jax.Array:
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(root, SCHEDULE), EPOCHS), epoch)
+
+
+def tree_node_key(root: jax.Array, epoch, level: int, node) -> jax.Array:
+  """The key of the tree's node (level, node) of `epoch`: split per array into its noise."""
+  key = jax.random.fold_in(jax.random.fold_in(root, TREE_NOISE), epoch)
+  return jax.random.fold_in(jax.random.fold_in(key, level), node)
 
 
 class AuditKeys(NamedTuple):

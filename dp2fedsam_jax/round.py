@@ -37,7 +37,7 @@ from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import keys, sharding
 from dp2fedsam_jax.local import LocalConfig
-from dp2fedsam_jax.privacy import sampling, sparsify
+from dp2fedsam_jax.privacy import correlated, sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.state import ServerState
 
@@ -110,7 +110,7 @@ class RoundConfig:
     if self.cohort_capacity is not None:
       capacity = min(self.cohort_capacity, m.num_clients)
     else:
-      capacity = sampling.default_capacity(m.sampling, m.sampling_rate, m.num_clients)
+      capacity = sampling.default_capacity(m.cohort_sampling, m.sampling_rate, m.num_clients)
     if self.chunk_size is not None:
       # A chunk's uploads ([slots, params]) are summed before the next chunk trains: slots beyond
       # chunk_size would only hold more of them in memory at once.
@@ -124,7 +124,10 @@ def mechanism_from(config, num_clients: int, noise_multiplier: float, private: b
   return DPMechanism(
       num_clients=num_clients, sampling=config.dp.sampling, sampling_rate=config.sampling_rate,
       clip_norm=config.dp.clip_norm, noise_multiplier=noise_multiplier if private else 0.0,
-      noise_placement=config.dp.noise_placement, private=private)
+      noise_placement=config.dp.noise_placement, private=private,
+      noise_mechanism=config.dp.noise_mechanism,
+      strategy=(correlated.banded_strategy(config.num_rounds, config.dp.num_bands)
+                if private and config.dp.noise_mechanism == 'banded' else (1.0,)))
 
 
 def round_config_from(config, mechanism: DPMechanism) -> RoundConfig:
@@ -209,7 +212,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   def round_step(state: ServerState, data, key):
     client_update = make_client_update(spec, model, local_config, data.normalize, params)
     streams = keys.round_keys(key, state.round)
-    sampled = mech.sample(streams.sample)                                        # line 2
+    sampled = mech.sample(streams.sample, state.round, key)                      # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
     # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's run.
     client_keys = keys.client_keys(streams.clients, mech.num_clients)
@@ -282,7 +285,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
 
     # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
     # if nobody was sampled, so the release is the mechanism the accountant assumed).
-    upload_sum = mech.privatize_sum(streams.noise, upload_sum, cohort, support)
+    upload_sum, noise_state = mech.privatize_sum(streams.noise, upload_sum, cohort, support,
+                                                 state.noise_state, state.round, key)
     if spec.postprocess == 'topk_server':  # post-processing of the noised sum
       upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
     # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
@@ -300,7 +304,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
     }
     new_state = ServerState(round=state.round + 1, shared=shared, personal=personal,
-                            times_sampled=state.times_sampled + sampled.astype(jnp.int32))
+                            times_sampled=state.times_sampled + sampled.astype(jnp.int32),
+                            noise_state=noise_state)
     if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
       new_state, metrics = jax.lax.with_sharding_constraint(
           (new_state, metrics), sharding.replicated(sharding.client_mesh()))

@@ -17,6 +17,9 @@ class ServerState:
   shared: Any       # the global params the server aggregates, e.g. {'extractor': ...}
   personal: Any     # every client's personal params stacked on a leading [num_clients] axis
   times_sampled: jax.Array  # int32[num_clients]: rounds each client took part in (for evaluation)
+  # What the noise mechanism carries between rounds (privacy/correlated.py): BandMF's last b-1 noise
+  # draws, shaped like `shared` with a leading [b-1] axis; () for independent and tree noise.
+  noise_state: Any = ()
 
 
 def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:

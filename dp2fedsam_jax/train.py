@@ -29,7 +29,6 @@ from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
-from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.progress import RoundProgress
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax import round as round_lib
@@ -57,12 +56,12 @@ def resolve_privacy(config, spec: MethodSpec) -> Privacy:
   if sigma is not None and config.dp.target_epsilon is not None:
     logging.warning('dp.noise_multiplier=%s is set, so dp.target_epsilon=%s is ignored.', sigma,
                     config.dp.target_epsilon)
+  # The mechanism the round step will run (the one object both use): its sigma and epsilon.
+  mechanism = mechanism_from(config, config.num_clients, float(sigma or 0.0), private=True)
   if sigma is None:
-    sigma = accounting.calibrate_noise_multiplier(
-        config.dp.target_epsilon, config.sampling_rate, config.num_rounds, delta,
-        sampling=config.dp.sampling, accountant=config.dp.accountant, num_clients=config.num_clients)
-  # The epsilon of the mechanism the round step will run (the one object both use).
-  mechanism = mechanism_from(config, config.num_clients, float(sigma), private=True)
+    sigma = mechanism.calibrate(config.dp.target_epsilon, config.num_rounds, delta,
+                                config.dp.accountant)
+    mechanism = mechanism.with_noise(sigma)
   return Privacy(True, float(sigma), delta,
                  mechanism.epsilon(config.num_rounds, delta, config.dp.accountant))
 
@@ -89,7 +88,8 @@ class Experiment:
     model = self.model
     if self.config.get('init_checkpoint'):  # the extractor (and a fitting head) from a file
       model = CheckpointInit(model, self.config.init_checkpoint)
-    return init_state(self.spec, model, self.init_key, self.data.num_clients)
+    state = init_state(self.spec, model, self.init_key, self.data.num_clients)
+    return state.replace(noise_state=self.mechanism.init_noise_state(state.shared))
 
   @property
   def root_key(self) -> jax.Array:
@@ -136,6 +136,7 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
   validate_config(config, METHODS)
   spec = get_method(config.method)
   spec.check_noise_placement(config.dp.noise_placement)
+  spec.check_noise_mechanism(config.dp.noise_mechanism)
   privacy = resolve_privacy(config, spec)  # before loading data: a bad dp field fails fast
   data = make_federated_data(
       dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
@@ -154,6 +155,7 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   validate_config(config, METHODS)
   spec = get_method(config.method)
   spec.check_noise_placement(config.dp.noise_placement)
+  spec.check_noise_mechanism(config.dp.noise_mechanism)
   privacy = resolve_privacy(config, spec)
   if config.dataset in sources.DATASET_SHAPES:
     num_classes, input_shape = sources.DATASET_SHAPES[config.dataset]
@@ -183,6 +185,10 @@ def _write_json_atomic(path: str, obj) -> None:
 _RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'dp.target_epsilon')
 
 
+# Fields added after runs were started, with the value those runs had.
+_ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4}
+
+
 def _flatten(d: dict, prefix: str = '') -> dict:
   out = {}
   for k, v in d.items():
@@ -198,8 +204,12 @@ def _check_same_run(workdir: str, resolved: dict) -> None:
   with open(path) as f:
     old = _flatten(json.load(f))
   new = _flatten(resolved)
+  for k, default in _ADDED_FIELDS.items():  # a run started before the field existed had its default
+    old.setdefault(k, default)
+  # BandMF's strategy C is optimised for num_rounds rounds: that run cannot be made longer.
+  fixed = ('num_rounds',) if new.get('dp.noise_mechanism') == 'banded' else ()
   changed = sorted(k for k in set(old) | set(new)
-                   if k not in _RESUMABLE_CHANGES and old.get(k) != new.get(k))
+                   if (k not in _RESUMABLE_CHANGES or k in fixed) and old.get(k) != new.get(k))
   if changed:
     details = ', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed)
     raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with another config ({details}). '

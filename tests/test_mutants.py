@@ -16,6 +16,8 @@ about one killer run per mutant.
 from __future__ import annotations
 
 import functools
+import pathlib
+import tempfile
 from typing import Callable, NamedTuple
 
 import jax
@@ -23,14 +25,15 @@ import jax.numpy as jnp
 import pytest
 
 import conftest
+import test_correlated
 import test_engine
 import test_keys
 import test_mechanism
-from dp2fedsam_jax import keys
+from dp2fedsam_jax import checkpoint, keys
 from dp2fedsam_jax import round as round_module
 from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms.specs import MethodParams
-from dp2fedsam_jax.privacy import noise, sampling
+from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.trees import global_norm
 
@@ -56,10 +59,28 @@ NOISE_DISTRIBUTED = _killer(
     'poisson', 'distributed')
 SAMPLER = _killer(test_mechanism.test_the_rounds_cohorts_are_the_accounted_sampler, 'poisson')
 DRAWS = _killer(test_keys.test_every_random_draw_of_two_rounds_uses_its_own_key)
+BANDED_ROWS = _killer(test_correlated.test_banded_noise_rows_satisfy_c_w_equals_z)
+TREE_ROWS = _killer(test_correlated.test_tree_noise_is_the_difference_of_the_prefix_sums_of_tree_nodes)
+BANDED_SAMPLER = _killer(test_correlated.test_banded_cohorts_are_poisson_within_one_group_per_round)
+TREE_SAMPLER = _killer(test_correlated.test_tree_cohorts_hold_every_client_exactly_once_per_epoch)
+BANDED_EPSILON = _killer(test_correlated.test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant)
+TREE_CALIBRATION = _killer(
+    test_correlated.test_calibrated_sigma_meets_the_target_under_the_libraries_accountants, 'tree')
+
+
+def _banded_resume():
+  with tempfile.TemporaryDirectory() as workdir, pytest.MonkeyPatch.context() as mp:
+    test_correlated.test_banded_resume_restores_the_noise_buffer_bit_for_bit(pathlib.Path(workdir), mp)
+
+
+BANDED_RESUME = Killer(
+    'test_correlated.py::test_banded_resume_restores_the_noise_buffer_bit_for_bit', _banded_resume)
 
 # Cheapest first: the order in which a mutant's fallbacks are tried.
 KILLERS = {k.name: k.run for k in
-           (CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL, NOISE_DISTRIBUTED, DRAWS)}
+           (CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL, NOISE_DISTRIBUTED, DRAWS,
+            BANDED_EPSILON, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS, BANDED_ROWS,
+            BANDED_RESUME)}
 
 # name -> (patch(monkeypatch), killer names to try first)
 MUTANTS: dict[str, tuple[Callable, list[str]]] = {}
@@ -190,6 +211,57 @@ def _head_in_upload(mp):
 def _padding_in_sum(mp):
   mp.setattr(round_module, '_masked_sum',
              lambda tree, valid: jax.tree.map(lambda x: jnp.sum(x, axis=0), tree))
+
+
+# ---------------------------------------------------------------- correlated noise (issue 24)
+@mutant('banded: independent draws, rows not C^-1 Z', BANDED_ROWS)
+def _banded_uncorrelated(mp):
+  mp.setattr(correlated, 'banded_noise', lambda z, buffer, strategy: (z, buffer))
+
+
+@mutant('tree: independent leaf noise, not the prefix-sum nodes', TREE_ROWS)
+def _tree_uncorrelated(mp):
+  def leaf_only(root, round_index, like, stddev, epoch_length):
+    node = keys.tree_node_key(root, round_index // epoch_length, 0, round_index % epoch_length)
+    return noise.gaussian_like(node, like, stddev)
+  mp.setattr(correlated, 'tree_noise', leaf_only)
+
+
+@mutant('banded: the noise buffer not restored on resume (saved as zeros)', BANDED_RESUME)
+def _buffer_not_checkpointed(mp):
+  real = checkpoint.save
+
+  def save(workdir, state, records):
+    real(workdir, state.replace(noise_state=jax.tree.map(jnp.zeros_like, state.noise_state)), records)
+  mp.setattr(checkpoint, 'save', save)
+
+
+@mutant('banded: Poisson q over all N, not within the round\'s group', BANDED_SAMPLER)
+def _banded_poisson_everyone(mp):
+  mp.setattr(correlated, 'sample_banded', lambda key, round_index, root, q, n, bands:
+             jax.random.uniform(key, (n,)) < q)
+
+
+@mutant('tree: Poisson q, a client more than once per epoch', TREE_SAMPLER)
+def _tree_poisson(mp):
+  mp.setattr(correlated, 'sample_tree', lambda round_index, root, q, n:
+             jax.random.uniform(keys.epoch_order_key(root, round_index), (n,)) < q)
+
+
+@mutant('banded: accounted as T independent rounds at rate q', BANDED_EPSILON)
+def _banded_accounted_as_independent(mp):
+  real = DPMechanism.dp_event
+
+  def dp_event(self, rounds):
+    if self.correlated and self.noise_mechanism == 'banded':
+      return accounting.dp_event(self.noise_multiplier, self.sampling_rate, rounds)
+    return real(self, rounds)
+  mp.setattr(DPMechanism, 'dp_event', dp_event)
+
+
+@mutant('tree: noise scaled for sensitivity C, not C sqrt(levels)', TREE_CALIBRATION)
+def _tree_sensitivity_one(mp):
+  mp.setattr(correlated, 'tree_sensitivity_squared', lambda rounds: 1)
 
 
 _PASSED_HERE = set()

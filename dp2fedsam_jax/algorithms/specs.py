@@ -77,6 +77,25 @@ class MethodSpec:
           f"set --config.dp.noise_placement=distributed, or use {self.name}_server (the server "
           'sparsifies the noised sum).')
 
+  def check_noise_mechanism(self, noise_mechanism: str) -> None:
+    """Correlated noise (privacy/correlated.py) needs a release that is the central noised sum of
+    clipped uploads on every coordinate, every round; refused (one line) where it is not."""
+    if noise_mechanism == 'independent':
+      return
+    field = f'config.dp.noise_mechanism={noise_mechanism!r}'
+    if not self.private:
+      raise ConfigError(f'{field}: {self.name} is not private (it adds no noise); leave '
+                        '--config.dp.noise_mechanism=independent or choose a private method.')
+    if self.noise_on_mask:
+      raise ConfigError(f"{field}: {self.name} adds noise only on each round's own mask, so no "
+                        'coordinate carries the correlated rows of C^-1 Z; use '
+                        '--config.dp.noise_mechanism=independent, or a method that noises every '
+                        'coordinate (e.g. fed_smp_topk_safe, dp_pfeddsu_safe).')
+    if self.postprocess == 'topk_client':
+      raise ConfigError(f"{field}: {self.name} sparsifies each client's own noised share "
+                        '(distributed noise); use dp_fedsam_topk_server (top-k of the noised sum) '
+                        'or --config.dp.noise_mechanism=independent.')
+
   @property
   def shared_keys(self) -> tuple[str, ...]:
     return ('extractor',) if self.shared == 'extractor' else ('extractor', 'head')

@@ -340,3 +340,52 @@ def calibrate_noise_multiplier(target_epsilon, sampling_rate, num_rounds, delta,
   # Rare: the grids disagree by more than the tolerance; redo the search on the fine grid nearby.
   return _calibrate_with(make_fine, make_event, target, d, sigma,
                          step=1.0 + 4.0 * _CALIBRATION_RTOL)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Any mechanism given as sigma -> DpEvent (the correlated-noise mechanisms of mechanism.DPMechanism):
+# add/remove-one neighbours, PLD or RDP.
+# ---------------------------------------------------------------------------------------------------
+def epsilon_of_event(make_event: Callable[[float], dp_accounting.DpEvent], noise_multiplier,
+                     num_rounds, delta, accountant='pld') -> float:
+  """Epsilon at `delta` of make_event(noise_multiplier) (0 for zero rounds, inf for sigma = 0)."""
+  s = _check_noise_multiplier(noise_multiplier)
+  t = _check_num_rounds(num_rounds)
+  d = _check_delta(delta)
+  accountant = _check_accountant(accountant, 'poisson')
+  if t == 0:
+    return 0.0
+  if s == 0:
+    return math.inf
+  return float(_make_accountant('poisson', accountant).compose(make_event(s)).get_epsilon(d))
+
+
+def calibrate_event(make_event: Callable[[float], dp_accounting.DpEvent], target_epsilon,
+                    num_rounds, delta, accountant='pld') -> float:
+  """The smallest sigma (to ~1e-3 relative) with epsilon_of_event(make_event, sigma) <= target."""
+  target = _check_target_epsilon(target_epsilon)
+  t = _check_num_rounds(num_rounds)
+  d = _check_delta(delta)
+  accountant = _check_accountant(accountant, 'poisson')
+  if t == 0:
+    return 0.0
+  guess = max(0.5, math.sqrt(2.0 * math.log(1.0 / d)) / target)  # only seeds the bracket search
+  if accountant == 'rdp':
+    return _calibrate_with(lambda: _make_accountant('poisson', 'rdp'), make_event, target, d, guess,
+                           step=2.0)
+
+  def make_coarse():
+    return _pld.PLDAccountant(neighboring_relation=_ADD_OR_REMOVE,
+                              value_discretization_interval=_PLD_COARSE_INTERVAL)
+
+  def make_fine():
+    return _make_accountant('poisson', 'pld')
+
+  sigma = _calibrate_with(make_coarse, make_event, target, d, guess, step=2.0)
+
+  def eps_fine(x):
+    return epsilon_of_event(make_event, x, t, d, 'pld')
+
+  if eps_fine(sigma) <= target < eps_fine(sigma * (1.0 - _CALIBRATION_RTOL)):
+    return sigma
+  return _calibrate_with(make_fine, make_event, target, d, sigma, step=1.0 + 4.0 * _CALIBRATION_RTOL)
