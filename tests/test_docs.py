@@ -11,6 +11,8 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
   experiments.audit           flags parsed, every audited config validated
   experiments.report          run on an empty --root: the flags parse and it says there is nothing
   benchmarks.client_throughput  --dry_run, in a subprocess
+  benchmarks.cohort_scaling     --dry_run, in a subprocess (benchmarks/accelerator.sh runs end to
+                                end in tests/test_benchmark.py)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dp2fedsam_jax.privacy import accounting
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ('README.md', 'WORKSPACE.md')
 BINARIES = ('experiments.train', 'launch.sweep', 'experiments.report', 'experiments.audit',
-            'benchmarks.client_throughput')
+            'benchmarks.client_throughput', 'benchmarks.cohort_scaling')
 
 
 def _bash_commands(text: str) -> list[str]:

@@ -167,10 +167,10 @@ def _count_weighting(mp):
 def _fixed_size_sampler(mp):
   real = DPMechanism.sample
 
-  def sample(self, key):
+  def sample(self, key, round_index=0, root=None):
     if self.sampling == 'poisson':
       return sampling.sample_cohort(key, 'fixed', self.sampling_rate, self.num_clients)
-    return real(self, key)
+    return real(self, key, round_index, root)
   mp.setattr(DPMechanism, 'sample', sample)
 
 
