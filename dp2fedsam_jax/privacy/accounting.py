@@ -346,13 +346,17 @@ def calibrate_noise_multiplier(target_epsilon, sampling_rate, num_rounds, delta,
 # Any mechanism given as sigma -> DpEvent (the correlated-noise mechanisms of mechanism.DPMechanism):
 # add/remove-one neighbours, PLD or RDP.
 # ---------------------------------------------------------------------------------------------------
+def _checked_event_args(num_rounds, delta, accountant) -> tuple[int, float, str]:
+  """(T, delta, accountant) of an event-given mechanism, each checked (add/remove neighbours)."""
+  return (_check_num_rounds(num_rounds), _check_delta(delta),
+          _check_accountant(accountant, 'poisson'))
+
+
 def epsilon_of_event(make_event: Callable[[float], dp_accounting.DpEvent], noise_multiplier,
                      num_rounds, delta, accountant='pld') -> float:
   """Epsilon at `delta` of make_event(noise_multiplier) (0 for zero rounds, inf for sigma = 0)."""
   s = _check_noise_multiplier(noise_multiplier)
-  t = _check_num_rounds(num_rounds)
-  d = _check_delta(delta)
-  accountant = _check_accountant(accountant, 'poisson')
+  t, d, accountant = _checked_event_args(num_rounds, delta, accountant)
   if t == 0:
     return 0.0
   if s == 0:
@@ -364,9 +368,7 @@ def calibrate_event(make_event: Callable[[float], dp_accounting.DpEvent], target
                     num_rounds, delta, accountant='pld') -> float:
   """The smallest sigma (to ~1e-3 relative) with epsilon_of_event(make_event, sigma) <= target."""
   target = _check_target_epsilon(target_epsilon)
-  t = _check_num_rounds(num_rounds)
-  d = _check_delta(delta)
-  accountant = _check_accountant(accountant, 'poisson')
+  t, d, accountant = _checked_event_args(num_rounds, delta, accountant)
   if t == 0:
     return 0.0
   guess = max(0.5, math.sqrt(2.0 * math.log(1.0 / d)) / target)  # only seeds the bracket search
