@@ -34,12 +34,14 @@ level alpha; as a lower bound for an arbitrary mechanism it assumes that indepen
 `num_canaries=1` makes exact (at about k times the cost per score).
 
 Correlated noise (dp.noise_mechanism banded | tree, privacy/correlated.py): the canaries join through
-the mechanism's own sampler (BandMF's groups, the tree's epochs), and the white-box score sum_t <u_t,
-v_i> / C is then the canary's coordinate of the released prefix sum, whose noise the strategy shrinks
-(std sigma ||row T of A C^-1||, not sigma sqrt T); projections on orthonormal directions stay
-independent (the noise is isotropic in every round), so Clopper-Pearson and the one-run bound keep
-their meaning. The white-box noise-multiplier estimate assumes fresh noise every round and is not
-computed (NaN) for these mechanisms.
+the mechanism's own sampler (BandMF's groups, the tree's epochs). Under BandMF the white-box score
+undoes the correlation first (white_box_scores: the matched filter of C U = C X + Z, the test whose
+mu the accountant's sensitivity bounds); under the tree it stays sum_t <u_t, v_i> / C, the canary's
+coordinate of the released prefix sum, a valid but weaker test. Projections on orthonormal
+directions stay independent (the noise is isotropic in every round), so every bound keeps its
+meaning; the GDP ones are computed where the accountant claims a Gaussian (gaussian_claim). The
+white-box noise-multiplier estimate assumes fresh noise every round and is not computed (NaN) for
+these mechanisms.
 """
 
 from __future__ import annotations
@@ -231,8 +233,11 @@ ALONG_RUN_HEADER = (
 
 
 def gaussian_claim(mechanism) -> bool:
-  """Does the accountant claim a Gaussian trade-off? Only if every client is in every round."""
-  return mechanism.sampling_rate >= 1.0
+  """Does the accountant claim a Gaussian trade-off? Only where it credits no amplification: every
+  client in every round (q = 1), BandMF's within-group rate q b = 1, or the tree (none claimed)."""
+  if mechanism.correlated and mechanism.noise_mechanism == 'tree':
+    return True
+  return mechanism.sampling_rate * mechanism.bands >= 1.0
 
 
 def neighbour_sign(sampler: str) -> float:
@@ -360,6 +365,22 @@ def audit_scores(exp, settings: AuditSettings) -> CanaryScores:
   return CanaryScores(projections, cosines, sampled, included, signs)
 
 
+def white_box_scores(mechanism, scores: CanaryScores) -> np.ndarray:
+  """float[trials, k]: each canary's white-box score. sum_t <u_t, v_i> / C, except under BandMF:
+  there the releases are U = X + C^-1 Z, so C U = C X + Z has fresh noise again, and the score is
+  the matched filter <C p_i, C s_i> / ||C s_i|| (p_i: the canary's per-round projections, s_i: the
+  rounds it was sampled in), N(||C s_i||, sigma^2) in and N(0, sigma^2) out: the test the
+  accountant's sensitivity ||C s_i|| <= ||c||_2 bounds."""
+  if not (mechanism.correlated and mechanism.noise_mechanism == 'banded'):
+    return scores.white_box
+  rounds = scores.projections.shape[1]
+  strategy = sum(c * np.eye(rounds, k=-j) for j, c in enumerate(mechanism.strategy))
+  filtered = np.einsum('st,ntk->nsk', strategy, scores.projections.astype(np.float64))
+  pattern = np.einsum('st,ntk->nsk', strategy, scores.sampled.astype(np.float64))
+  norm = np.linalg.norm(pattern, axis=1)
+  return np.where(norm > 0, (filtered * pattern).sum(axis=1) / np.maximum(norm, 1e-30), 0.0)
+
+
 def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   """Audits the experiment `exp` (from train.build_experiment) and accounts the same mechanism."""
   start = time.perf_counter()
@@ -369,7 +390,8 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   included = scores.included
   nan = math.nan
 
-  white_in, white_out = scores.white_box[included], scores.white_box[~included]
+  white = white_box_scores(audited.mechanism, scores)
+  white_in, white_out = white[included], white[~included]
   cp = audit_stats.epsilon_clopper_pearson(white_in, white_out, delta, alpha,
                                            settings.select_fraction, seed)
   gaussian = gaussian_claim(audited.mechanism)

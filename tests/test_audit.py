@@ -11,6 +11,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import dp_accounting
 import numpy as np
 import pytest
 from jax_privacy import auditing
@@ -224,6 +225,48 @@ def test_audit_of_the_real_round_step_is_below_and_close_to_the_accounted_epsilo
   assert sigma[0] < 1.0 < sigma[1], result
   noise = (result.epsilon_noise_estimate_low, result.epsilon_noise_estimate_high)
   assert noise[0] < result.epsilon_accounted < noise[1], result
+
+
+def _white_box_mu_range(mechanism_name, sigma, rounds, bands):
+  """(lowest, highest) GDP mu of a canary's white-box score at q b = 1 (banded) or one round an
+  epoch of two (tree), from the strategy alone. banded (the matched filter of C U): ||C s|| / sigma
+  for the canary's rounds s, C from jax_privacy's optimiser -- sqrt(2) / sigma for groups whose
+  columns are whole, less for the one whose last column is cut off at T; tree (the prefix sum):
+  each epoch's sum carries one node's noise, so sqrt(epochs) / sigma for every canary."""
+  if mechanism_name == 'tree':
+    return (math.sqrt(rounds / 2) / sigma,) * 2
+  from jax_privacy.matrix_factorization import toeplitz
+  coefs = np.asarray(toeplitz.optimize_banded_toeplitz(rounds, bands), np.float64)
+  coefs /= np.linalg.norm(coefs)
+  strategy = sum(c * np.eye(rounds, k=-j) for j, c in enumerate(coefs))
+  mus = [np.linalg.norm(strategy[:, group::bands].sum(axis=1)) / sigma for group in range(bands)]
+  return min(mus), max(mus)
+
+
+@pytest.mark.parametrize('mechanism_name', ['banded', 'tree'])
+def test_audit_of_correlated_noise_stays_below_the_accounted_epsilon(mechanism_name):
+  """The audit with each correlated mechanism, at the rates where its accountant claims a Gaussian
+  (BandMF's within-group rate q b = 1; the tree claims no amplification): the GDP bound is
+  computed and below the accounted epsilon, and its mu interval meets the scores' mu. Under BandMF
+  the matched filter's mu is the accounted one (so the audit comes close); the tree's prefix-sum
+  score sees sqrt(2) less than its accountant's worst case L = 2 nodes a round."""
+  sigma, rounds, bands = 1.0, 4, 2
+  exp = train.build_experiment(tiny_config(**{
+      'dp.noise_multiplier': sigma, 'dp.delta': DELTA, 'sampling_rate': 0.5, 'num_rounds': rounds,
+      'local.batch_size': 256, 'dp.noise_mechanism': mechanism_name, 'dp.num_bands': bands}))
+  result = audit.run_audit(exp, audit.AuditSettings(num_trials=3, num_canaries=500,
+                                                    num_rounds=rounds))
+  # Accounted mu: two Gaussians of sigma / ||c|| (banded), two epochs of sigma / sqrt(2) (tree).
+  accounted_mu = math.sqrt(2) / sigma if mechanism_name == 'banded' else 2 / sigma
+  assert result.epsilon_accounted == pytest.approx(
+      dp_accounting.get_epsilon_gaussian(1 / accounted_mu, DELTA), rel=1e-2)
+  assert not result.exceeded(), result
+  assert result.best_bound == result.epsilon_gdp_lower > 0, result
+  low, high = _white_box_mu_range(mechanism_name, sigma, rounds, bands)
+  assert high <= accounted_mu + 1e-9
+  assert result.gdp_mu_lower < high and low < result.gdp_mu_upper, result
+  if mechanism_name == 'banded':
+    assert result.epsilon_gdp_lower >= 0.6 * result.epsilon_accounted, result
 
 
 def test_negative_control_half_the_noise_is_caught():

@@ -4,7 +4,8 @@ A small synthetic MLP federation (10 clients, 4,160 shared parameters) plus the 
 clients, so that a round with 1,000 canaries takes about a second on a CPU; the audit does not
 depend on the data, only on clipping, sampling and noise.
 Arguments: `--config=experiments/configs/audit.py:sigma=1,sampling=fixed,placement=distributed`
-(`q`, `rounds`, `trials`, `canaries`, `method`, `seed` too). `audit_grid()` is the table in
+(`q`, `rounds`, `trials`, `canaries`, `method`, `seed`, `noise` = independent | banded | tree and
+`bands` too). `audit_grid()` is the table in
 docs/privacy.md.
 """
 
@@ -12,7 +13,7 @@ from dp2fedsam_jax.config import base_config
 from experiments.configs import _common
 
 DEFAULTS = dict(sigma=1.0, sampling='poisson', q=1.0, placement='central', rounds=1, trials=20,
-                canaries=1000, method='dp2fedsam', seed=0)
+                canaries=1000, method='dp2fedsam', seed=0, noise='independent', bands=2)
 
 
 def get_config(arg: str | None = None):
@@ -38,6 +39,7 @@ def get_config(arg: str | None = None):
   c.dp.sampling = args['sampling']
   c.dp.accountant = 'rdp' if c.dp.sampling == 'fixed' else 'pld'
   c.dp.noise_placement = args['placement']
+  c.dp.noise_mechanism, c.dp.num_bands = args['noise'], args['bands']
   c.seed = args['seed']
   c.audit = dict(num_trials=args['trials'], num_canaries=args['canaries'], canary_norm=10.0,
                  alpha=0.05, select_fraction=0.2, batch_trials=1, seed=c.seed,
@@ -47,7 +49,8 @@ def get_config(arg: str | None = None):
 
 def audit_grid() -> list[dict]:
   """The table in docs/privacy.md: sigma x (Poisson q = 1 central and distributed, fixed m = N),
-  then Poisson q = 0.5 and four rounds of composition."""
+  then Poisson q = 0.5, four rounds of composition, and the correlated mechanisms over four rounds
+  where their accountants claim a Gaussian (BandMF b = 2 at q b = 1; the tree)."""
   grid = []
   for sigma in (0.5, 1.0, 2.0):
     grid.append(dict(sigma=sigma, sampling='poisson', q=1.0, placement='central'))
@@ -55,4 +58,8 @@ def audit_grid() -> list[dict]:
     grid.append(dict(sigma=sigma, sampling='fixed', q=1.0, placement='central'))
   grid.append(dict(sigma=1.0, sampling='poisson', q=0.5, placement='central'))
   grid.append(dict(sigma=2.0, sampling='poisson', q=1.0, placement='central', rounds=4))
+  grid.append(dict(sigma=1.0, sampling='poisson', q=0.5, placement='central', rounds=4,
+                   noise='banded', bands=2))
+  grid.append(dict(sigma=1.0, sampling='poisson', q=0.5, placement='central', rounds=4,
+                   noise='tree'))
   return grid
