@@ -168,6 +168,8 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   caveat = spec.privacy_caveat()
   return {'method': config.method, 'num_params': count_params(params),
           'num_shared_params': count_params(shared), 'num_personal_params': count_params(personal),
+          'noise_mechanism': config.dp.noise_mechanism,
+          **({'num_bands': config.dp.num_bands} if config.dp.noise_mechanism == 'banded' else {}),
           'noise_multiplier': privacy.noise_multiplier, 'epsilon': privacy.epsilon,
           'delta': privacy.delta, **({'epsilon_caveat': caveat} if caveat else {})}
 

@@ -161,3 +161,17 @@ def test_dry_run_reads_no_data(monkeypatch):
   monkeypatch.setattr(sources, 'load_dataset', no_loading)
   info = train.describe(tiny_config(dataset='cifar10', model='cifar_cnn', num_clients=1000))
   assert info['num_params'] == 667_402 and info['num_personal_params'] == 128 * 10 + 10
+
+
+def test_dry_run_names_the_noise_mechanism_and_its_calibrated_sigma():
+  """The same target epsilon calibrates another sigma under BandMF (q b sampling, ceil(T/b)
+  chances): the dry run says which mechanism its sigma is for."""
+  target = dict(num_clients=100, sampling_rate=0.1, num_rounds=8, **{
+      'dp.noise_multiplier': None, 'dp.target_epsilon': 2.0})
+  independent = train.describe(tiny_config(**target))
+  banded = train.describe(tiny_config(**target, **{'dp.noise_mechanism': 'banded',
+                                                   'dp.num_bands': 2}))
+  assert independent['noise_mechanism'] == 'independent' and 'num_bands' not in independent
+  assert banded['noise_mechanism'] == 'banded' and banded['num_bands'] == 2
+  assert banded['epsilon'] == pytest.approx(2.0, rel=2e-2) == independent['epsilon']
+  assert banded['noise_multiplier'] != pytest.approx(independent['noise_multiplier'], rel=1e-2)
