@@ -10,7 +10,8 @@ method and seed) and method, and writes to --out:
                             is chosen on test data, so it is optimistic); epsilon reached; seeds;
                             each method against the next below it: gap in points and in pooled
                             seed stds, with the seeds on each side; --reference (dp2fedsam)
-                            against every other method, one column per eps
+                            against every other method, one column per eps; each setting with
+                            extra arguments (noise=banded) against the same method without them
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
                             (every round from train_metrics.jsonl when all its runs have one, as
@@ -276,6 +277,42 @@ def reference_gaps(rows: list[Row], reference: str) -> dict:
   return gaps
 
 
+def variant_gaps(rows: list[Row]) -> list[tuple[Row, Row, float, float]]:
+  """(variant, baseline, gap, gap / pooled std) for each row whose setting is another row's plus
+  extra arguments (e.g. noise=banded,bands=2 on top of eps=1), same config and method: what the
+  extra arguments change. Only the closest baseline (the most shared arguments) is used."""
+  pairs = []
+  by_method = collections.defaultdict(list)
+  for r in rows:
+    if not math.isnan(r.final_acc[0]):
+      by_method[(r.config_name, r.method)].append(r)
+  for _, group in sorted(by_method.items()):
+    for variant in group:
+      bases = [b for b in group if b is not variant and set(b.setting_args) < set(variant.setting_args)
+               and all(_fmt(variant.setting_args[k]) == _fmt(v) for k, v in b.setting_args.items())]
+      if bases:
+        base = max(bases, key=lambda b: len(b.setting_args))
+        pairs.append((variant, base, *_gap(variant, base)))
+  return sorted(pairs, key=lambda p: (p[0].config_name, p[0].rest, p[0].method,
+                                      -_eps_sort_key(_eps_label(p[0]))))
+
+
+def _variant_table(rows: list[Row], config_name: str) -> list[str]:
+  pairs = [p for p in variant_gaps(rows) if p[0].config_name == config_name]
+  if not pairs:
+    return []
+  lines = ['', 'Settings with extra arguments against the same method without them (e.g. '
+           'correlated noise against independent noise at the same ε): final-round gap in points '
+           '(the variant minus the baseline) / in pooled seed stds (– with one seed on a side).', '',
+           '| method | variant | baseline | variant acc | baseline acc | gap (points) / pooled std '
+           '(seeds) |', '|---|---|---|---|---|---|']
+  for variant, base, gap, units in pairs:
+    lines.append(f'| {variant.method} | {variant.setting} | {base.setting} | '
+                 f'{_pct(variant.final_acc)} | {_pct(base.final_acc)} | '
+                 f'{_gap_cell(gap, units, variant, base)} |')
+  return lines
+
+
 def _eps_label(row: Row) -> str:
   eps = row.eps_setting if row.eps_setting is not None else row.epsilon
   return _fmt(float(eps))
@@ -337,6 +374,7 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
                 f'{"–" if math.isnan(units) else f"{units:.1f}"} | '
                 f'{hi.num_seeds} v {lo.num_seeds} |' for hi, lo, gap, units in pairs]
     lines += _reference_table(rows, config_name, reference)
+    lines += _variant_table(rows, config_name)
     lines.append('')
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines))

@@ -19,9 +19,11 @@ ACC = {  # method -> final accuracy per seed (the best round is 0.05 higher, at 
 
 
 def make_workdir(root, config_name, method, seed, eps, final_acc, rounds=(1, 2, 3), num_rounds=3,
-                 sweep=True, epsilon_reached=None):
-  args = {'eps': eps}
-  workdir = os.path.join(root, config_name, method, f'eps={eps:g}', f'seed={seed}')
+                 sweep=True, epsilon_reached=None, extra=None):
+  args = {'eps': eps, **(extra or {})}
+  setting = ','.join(f'{k}={v:g}' if isinstance(v, float) else f'{k}={v}'
+                     for k, v in sorted(args.items()))
+  workdir = os.path.join(root, config_name, method, setting, f'seed={seed}')
   os.makedirs(workdir)
   config = {'method': method, 'seed': seed, 'num_rounds': num_rounds, 'dataset': 'fashion_mnist',
             'num_clients': 100, 'partition': 'pathological', 'classes_per_client': 2,
@@ -296,6 +298,25 @@ def test_reference_method_gap_to_every_other_method_at_each_eps(curve_root, tmp_
   again = report.write_report(curve_root, str(tmp_path / 'again'), reference='centaur')
   assert (f'| dp2fedsam | {_cell(CURVE["centaur"][0.5], ref[0.5])} |'
           in open(again['markdown']).read())
+
+
+def test_a_setting_with_extra_arguments_is_compared_with_the_same_method_without_them(
+    curve_root, tmp_path):
+  """noise=banded runs against the independent-noise runs of the same method and eps (and only
+  those): one row per variant, the gap in points and pooled seed stds."""
+  banded = {1.0: [0.93, 0.92, 0.94], 0.5: [0.81]}
+  for eps, accs in banded.items():
+    for seed, acc in enumerate(accs):
+      make_workdir(curve_root, 'cfg', 'dp2fedsam', seed, eps, acc,
+                   extra={'noise': 'banded', 'bands': 2})
+  md = open(report.write_report(curve_root, str(tmp_path / 'report'))['markdown']).read()
+  table = md.split('Settings with extra arguments')[1]
+  ref = CURVE['dp2fedsam']
+  assert (f'| dp2fedsam | bands=2,eps=1,noise=banded | eps=1 | 93.00 ± 1.00 | 91.00 ± 1.00 | '
+          f'{_cell(banded[1.0], ref[1.0])} |') in table
+  assert (f'| dp2fedsam | bands=2,eps=0.5,noise=banded | eps=0.5 | 81.00 | 82.00 ± 2.00 | '
+          f'{_cell(banded[0.5], ref[0.5])} |') in table
+  assert table.count('noise=banded |') == 2 and 'centaur' not in table
 
 
 def test_accuracy_vs_eps_plot_has_log_eps_error_bars_ceilings_and_off_scale_note(
