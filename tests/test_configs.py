@@ -31,7 +31,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 57}
+              'fmnist_paper_regime': 69}
 
 
 def _module(name):
@@ -96,7 +96,9 @@ def test_paper_regime_has_three_seeds_per_private_method_and_eps():
     method = re.search(r'method=(\w+)', setting).group(1)
     eps = float(re.search(r'eps=([\w.]+)', setting).group(1))
     assert seeds == ({0} if math.isinf(eps) else {0, 1, 2}), setting
-    if eps != 1 and not math.isinf(eps):
+    if 'noise=banded' in setting:
+      assert method in module.BANDED and eps in module.BANDED_EPS and 'bands=2' in setting, setting
+    elif eps != 1 and not math.isinf(eps):
       assert method in module.CURVE and eps in module.CURVE_EPS, setting
   curve = {(e['method'], e['eps']) for e in module.sweep_grid() if math.isfinite(e['eps'])}
   assert curve >= {(m, e) for m in module.CURVE for e in (0.25, 0.5, 1.0, 2.0)}
@@ -111,14 +113,21 @@ ISSUE14 = ([f'eps=1,method={m},seed=0' for m in ('dp2fedsam', 'centaur', 'dp_fed
            + ['eps=inf,method=dp_fedavg,seed=0'])
 
 
-def test_paper_regime_grid_keeps_its_first_runs_then_issue_26_in_priority_order():
+def test_paper_regime_grid_keeps_its_first_runs_then_issues_26_and_24_in_priority_order():
   grid = _module('fmnist_paper_regime').sweep_grid()
   names = [sweep.arg_string(e) for e in grid]
   assert names[:15] == ISSUE14
   # (a) the missing eps = 1 seeds; then the curve's eps at seed 0, 1, 2 ((b), (c), (d)).
   assert names[15:21] == [f'eps=1,method={m},seed={s}' for s in (1, 2)
                           for m in ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')]
-  rest = grid[21:]
+  # (e) BandMF against independent noise (issue 24): both eps of both methods at seed 0 first;
+  # every independent-noise setting it compares with is in the grid.
+  banded = grid[21:33]
+  assert [e['seed'] for e in banded] == [0] * 4 + [1] * 4 + [2] * 4
+  assert all(e['noise'] == 'banded' and e['bands'] == 2 for e in banded)
+  independent = {(e['method'], e['eps'], e['seed']) for e in grid if 'noise' not in e}
+  assert {(e['method'], e['eps'], e['seed']) for e in banded} <= independent
+  rest = grid[33:]
   assert [e['seed'] for e in rest] == [0] * 12 + [1] * 12 + [2] * 12
   assert all(e['eps'] in (0.25, 0.5, 2.0) for e in rest)
 
@@ -135,7 +144,7 @@ def test_paper_regime_committed_runs_seed_a_fresh_root(tmp_path):
   assert sorted(os.path.relpath(w, os.path.join(root, 'fmnist_paper_regime'))
                 for w, _ in seeded) == found and len(found) >= 14
   runs = sweep.plan(config, root, [], [])
-  assert sweep.plan_summary(runs).startswith(f'57 runs: {len(found)} finished')
+  assert sweep.plan_summary(runs).startswith(f'69 runs: {len(found)} finished')
   assert sweep.seed_from(runs, root, committed) == []  # never twice, never over a workdir
 
 

@@ -13,7 +13,7 @@ Learning rates: the head 0.005 as §5.1 assigns it (by role: see _dp2fedsam.py);
 their first local round from a random init (`python -m experiments.local_stability`), while 0.05
 keeps every client of every method finite. The same rates for every method; no per-method tuning.
 
-Grid (`sweep_grid()`), 57 runs in this order (launch/sweep.py runs them in grid order, so an
+Grid (`sweep_grid()`), 69 runs in this order (launch/sweep.py runs them in grid order, so an
 interrupted sweep has done the first blocks):
   the first 15 (issue 14; their workdirs must not change, so the committed runs count as finished):
     dp2fedsam, centaur, dp_fedavg, dp_fedsam, dp_fedavg_ft, dp_fedsam_ft and the non-private
@@ -23,18 +23,24 @@ interrupted sweep has done the first blocks):
     the ceiling that shows what the noise costs DP-FedAvg, at the same rates;
   (a) 6 runs (issue 26): seeds 1 and 2 of dp_fedavg, dp_fedsam and dp_fedavg_ft at eps = 1 (seed 1
     of all three first), so that every eps = 1 method has three seeds;
+  (e) 12 runs (issue 24): BandMF noise (`noise=banded,bands=2`: b = 2, the best band count in this
+    regime, docs/privacy.md section 7) for dp2fedsam and dp_fedavg_ft at eps = 1 and 0.5, seeds
+    0, 1, 2 (seed 0 of all four first); the report sets each against the same method with
+    independent noise (eps = 0.5's independent runs are in (b)-(d));
   (b) 12 runs: the privacy-utility curve, eps in {0.5, 0.25, 2} x CURVE (dp2fedsam, centaur,
     dp_fedsam_ft, dp_fedavg_ft) at seed 0; (c) the same 12 at seed 1; (d) the same 12 at seed 2.
     With the eps = 1 runs these give accuracy against eps at eps in {0.25, 0.5, 1, 2}.
 Time, 2 cores, quiet machine: ~13-25 min a run (dp_fedavg and centaur the fastest), ~45 min an -FT
-run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h; each of (b), (c), (d) ~6.5 h
-(4 methods x 3 eps, two of them -FT): the 43 runs beyond the 14 committed ~23 h; with a machine
-shared with other work, up to 2x longer.
+run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h, (e) ~6 h; each of (b), (c), (d)
+~6.5 h (4 methods x 3 eps, two of them -FT). The runs from dp_fedavg at eps = inf on ran with
+`--parallel=2` (two at a time on the 2 cores: DP-FedAvg 2.8 s/round, DP-FedSAM 4.9 s/round while
+sharing them; not a controlled comparison with one at a time). Only the sweep's arguments name a
+workdir, so the (e) runs' `noise` and `bands` do not rename the others.
 Calibrated sigma at delta = 1e-3 (PLD): 5.924 / 3.401 / 2.014 / 1.280 for eps = 0.25 / 0.5 / 1 / 2.
 
 Seeding a fresh root with the committed runs (so that the sweep skips them; only finished runs are
 copied, only into workdirs that hold no metrics or checkpoints, never over anything; the plan then
-says "57 runs: 14 finished, 43 to run" before issue 26's runs are committed):
+says how many of the 69 are finished and how many are left):
 
   python -m launch.sweep --config=experiments/configs/fmnist_paper_regime.py --root=$HOME/sweeps \
       --seed_from=experiments/results/fmnist_paper_regime/runs --plan
@@ -50,7 +56,8 @@ The report draws final accuracy against eps (log axis, seed-std error bars, the 
 as horizontal lines) and tabulates DP2-FedSAM's gap to every other method at each eps, in points
 and in pooled seed stds.
 
-Arguments: `:method=dp2fedsam,S=2,eps=1,seed=0`.
+Arguments: `:method=dp2fedsam,S=2,eps=1,seed=0,noise=independent,bands=2` (`noise` = independent |
+banded | tree, `bands`: BandMF's b).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.config import base_config
 from experiments.configs import _common
 
-DEFAULTS = dict(method='dp2fedsam', N=1000, S=2, eps=1.0, seed=0)
+DEFAULTS = dict(method='dp2fedsam', N=1000, S=2, eps=1.0, seed=0, noise='independent', bands=2)
 TABLE_METHODS = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft', 'dp_fedsam_ft')
 CEILINGS = ('p_fedsam', 'fedavg')  # non-private: eps = inf
 SEEDED = ('dp2fedsam', 'centaur', 'dp_fedsam_ft')
@@ -69,6 +76,10 @@ SEEDED = ('dp2fedsam', 'centaur', 'dp_fedsam_ft')
 SEEDED_LATER = ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')
 CURVE = ('dp2fedsam', 'centaur', 'dp_fedsam_ft', 'dp_fedavg_ft')
 CURVE_EPS = (0.5, 0.25, 2.0)  # in the order they run: the small eps, where methods should separate
+# Issue 24: BandMF against independent noise, b = 2 bands (the lowest model-noise ratio in this
+# regime, docs/privacy.md section 7), at eps = 1 and the lower eps = 0.5.
+BANDED = ('dp2fedsam', 'dp_fedavg_ft')
+BANDED_EPS = (1.0, 0.5)
 
 
 def get_config(arg: str | None = None):
@@ -91,6 +102,7 @@ def get_config(arg: str | None = None):
   if math.isinf(args['eps']) and METHODS[c.method].private:
     c.dp.noise_multiplier = 0.0  # a private method at eps = inf: clipped, no noise
   c.dp.delta = None  # 1 / N
+  c.dp.noise_mechanism, c.dp.num_bands = args['noise'], args['bands']
   return c
 
 
@@ -101,5 +113,8 @@ def sweep_grid() -> list[dict]:
   issue14 = (first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]
              + [dict(method='dp_fedavg', eps=math.inf, seed=0)])
   seeds_at_eps1 = [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED_LATER]
+  # Only the banded entries name the noise: the other workdirs keep their names.
+  banded = [dict(method=m, eps=e, seed=s, noise='banded', bands=2)
+            for s in (0, 1, 2) for e in BANDED_EPS for m in BANDED]
   curve = [dict(method=m, eps=e, seed=s) for s in (0, 1, 2) for e in CURVE_EPS for m in CURVE]
-  return issue14 + seeds_at_eps1 + curve
+  return issue14 + seeds_at_eps1 + banded + curve
