@@ -120,10 +120,11 @@ def test_paper_regime_grid_keeps_its_first_runs_then_issues_26_and_24_in_priorit
   # (a) the missing eps = 1 seeds; then the curve's eps at seed 0, 1, 2 ((b), (c), (d)).
   assert names[15:21] == [f'eps=1,method={m},seed={s}' for s in (1, 2)
                           for m in ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')]
-  # (e) BandMF against independent noise (issue 24): both eps of both methods at seed 0 first;
-  # every independent-noise setting it compares with is in the grid.
+  # (e) BandMF against independent noise (issue 24): eps = 1's three seeds first (their
+  # independent-noise runs are done), then eps = 0.5; every setting it compares with is in the grid.
   banded = grid[21:33]
-  assert [e['seed'] for e in banded] == [0] * 4 + [1] * 4 + [2] * 4
+  assert [(e['eps'], e['seed']) for e in banded] == [(eps, s) for eps in (1.0, 0.5)
+                                                     for s in (0, 0, 1, 1, 2, 2)]
   assert all(e['noise'] == 'banded' and e['bands'] == 2 for e in banded)
   independent = {(e['method'], e['eps'], e['seed']) for e in grid if 'noise' not in e}
   assert {(e['method'], e['eps'], e['seed']) for e in banded} <= independent

@@ -24,9 +24,9 @@ interrupted sweep has done the first blocks):
   (a) 6 runs (issue 26): seeds 1 and 2 of dp_fedavg, dp_fedsam and dp_fedavg_ft at eps = 1 (seed 1
     of all three first), so that every eps = 1 method has three seeds;
   (e) 12 runs (issue 24): BandMF noise (`noise=banded,bands=2`: b = 2, the best band count in this
-    regime, docs/privacy.md section 7) for dp2fedsam and dp_fedavg_ft at eps = 1 and 0.5, seeds
-    0, 1, 2 (seed 0 of all four first); the report sets each against the same method with
-    independent noise (eps = 0.5's independent runs are in (b)-(d));
+    regime, docs/privacy.md section 7) for dp2fedsam and dp_fedavg_ft at eps = 1 (seeds 0, 1, 2
+    first: their independent-noise runs are done), then at eps = 0.5; the report sets each against
+    the same method with independent noise (eps = 0.5's independent runs are in (b)-(d));
   (b) 12 runs: the privacy-utility curve, eps in {0.5, 0.25, 2} x CURVE (dp2fedsam, centaur,
     dp_fedsam_ft, dp_fedavg_ft) at seed 0; (c) the same 12 at seed 1; (d) the same 12 at seed 2.
     With the eps = 1 runs these give accuracy against eps at eps in {0.25, 0.5, 1, 2}.
@@ -115,6 +115,6 @@ def sweep_grid() -> list[dict]:
   seeds_at_eps1 = [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED_LATER]
   # Only the banded entries name the noise: the other workdirs keep their names.
   banded = [dict(method=m, eps=e, seed=s, noise='banded', bands=2)
-            for s in (0, 1, 2) for e in BANDED_EPS for m in BANDED]
+            for e in BANDED_EPS for s in (0, 1, 2) for m in BANDED]
   curve = [dict(method=m, eps=e, seed=s) for s in (0, 1, 2) for e in CURVE_EPS for m in CURVE]
   return issue14 + seeds_at_eps1 + banded + curve
