@@ -356,3 +356,19 @@ def test_committed_paper_regime_results_are_what_the_report_makes_of_its_runs(tm
       assert open(out['markdown' if name.endswith('md') else 'csv']).read() == f.read(), name
   assert all(os.path.exists(os.path.join(committed, os.path.relpath(p, tmp_path / 'out')))
              for p in out['plots']), 'a plot of results.md is not committed'
+
+
+PAPER_NAMES = {'dp2fedsam': 'DP²-FedSAM', 'centaur': 'CENTAUR', 'dp_fedsam_ft': 'DP-FedSAM-FT',
+               'dp_fedavg_ft': 'DP-FedAvg-FT', 'dp_fedsam': 'DP-FedSAM', 'dp_fedavg': 'DP-FedAvg'}
+
+
+def test_readme_headline_numbers_are_the_committed_paper_regime_table():
+  """README's headline quotes each eps = 1 method's mean ± std over seeds as results.csv has it."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, 'experiments', 'results', 'fmnist_paper_regime', 'results.csv')) as f:
+    rows = {r['method']: r for r in csv.DictReader(f) if r['setting'] == 'eps=1'}
+  readme = open(os.path.join(repo, 'README.md')).read()
+  headline = ' '.join(readme.split('Headline, in the papers\' regime')[1].split('\n\n')[0].split())
+  for method, name in PAPER_NAMES.items():
+    mean, std = 100 * float(rows[method]['final_acc_mean']), 100 * float(rows[method]['final_acc_std'])
+    assert f'{name} ' in headline and f'{mean:.2f} ± {std:.2f}' in headline, (method, headline)
