@@ -121,15 +121,19 @@ def test_paper_regime_grid_keeps_its_first_runs_then_issues_26_and_24_in_priorit
   assert names[15:21] == [f'eps=1,method={m},seed={s}' for s in (1, 2)
                           for m in ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')]
   # (e) BandMF against independent noise (issue 24): eps = 1's three seeds first (their
-  # independent-noise runs are done), then eps = 0.5; every setting it compares with is in the grid.
-  banded = grid[21:33]
-  assert [(e['eps'], e['seed']) for e in banded] == [(eps, s) for eps in (1.0, 0.5)
-                                                     for s in (0, 0, 1, 1, 2, 2)]
-  assert all(e['noise'] == 'banded' and e['bands'] == 2 for e in banded)
+  # independent-noise runs are done), then eps = 0.5 seed by seed, banded beside independent.
+  banded = grid[21:39]
+  assert [(e['eps'], e['seed']) for e in banded[:6]] == [(1.0, s) for s in (0, 0, 1, 1, 2, 2)]
+  assert [(e['eps'], e['seed'], e.get('noise')) for e in banded[6:]] == [
+      (0.5, s, noise) for s in (0, 1, 2) for noise in ('banded',) * 2 + (None,) * 2]
+  assert all(e['noise'] == 'banded' and e['bands'] == 2 for e in banded if 'noise' in e)
+  assert {e['method'] for e in banded} == {'dp2fedsam', 'dp_fedavg_ft'}
   independent = {(e['method'], e['eps'], e['seed']) for e in grid if 'noise' not in e}
   assert {(e['method'], e['eps'], e['seed']) for e in banded} <= independent
-  rest = grid[33:]
-  assert [e['seed'] for e in rest] == [0] * 12 + [1] * 12 + [2] * 12
+  # (b), (c), (d): the curve at seed 0, 1, 2, less the runs (e) made; no run twice.
+  rest = grid[39:]
+  assert [e['seed'] for e in rest] == [0] * 10 + [1] * 10 + [2] * 10
+  assert len({sweep.arg_string(e) for e in grid}) == len(grid) == 69
   assert all(e['eps'] in (0.25, 0.5, 2.0) for e in rest)
 
 

@@ -23,16 +23,18 @@ interrupted sweep has done the first blocks):
     the ceiling that shows what the noise costs DP-FedAvg, at the same rates;
   (a) 6 runs (issue 26): seeds 1 and 2 of dp_fedavg, dp_fedsam and dp_fedavg_ft at eps = 1 (seed 1
     of all three first), so that every eps = 1 method has three seeds;
-  (e) 12 runs (issue 24): BandMF noise (`noise=banded,bands=2`: b = 2, the best band count in this
-    regime, docs/privacy.md section 7) for dp2fedsam and dp_fedavg_ft at eps = 1 (seeds 0, 1, 2
-    first: their independent-noise runs are done), then at eps = 0.5; the report sets each against
-    the same method with independent noise (eps = 0.5's independent runs are in (b)-(d));
-  (b) 12 runs: the privacy-utility curve, eps in {0.5, 0.25, 2} x CURVE (dp2fedsam, centaur,
-    dp_fedsam_ft, dp_fedavg_ft) at seed 0; (c) the same 12 at seed 1; (d) the same 12 at seed 2.
-    With the eps = 1 runs these give accuracy against eps at eps in {0.25, 0.5, 1, 2}.
+  (e) 18 runs (issue 24): BandMF noise (`noise=banded,bands=2`: b = 2, the best band count in this
+    regime, docs/privacy.md section 7) for dp2fedsam and dp_fedavg_ft at eps = 1, seeds 0, 1, 2
+    (their independent-noise runs are done); then at eps = 0.5, seed by seed, the two banded runs
+    and the two independent-noise runs they are compared with. The report sets each banded
+    setting against the same method with independent noise;
+  (b) 10 runs: the privacy-utility curve, eps in {0.5, 0.25, 2} x CURVE (dp2fedsam, centaur,
+    dp_fedsam_ft, dp_fedavg_ft) at seed 0, less the two eps = 0.5 runs (e) made; (c) the same
+    at seed 1; (d) at seed 2. With the eps = 1 runs these give accuracy against eps at eps in
+    {0.25, 0.5, 1, 2}.
 Time, 2 cores, quiet machine: ~13-25 min a run (dp_fedavg and centaur the fastest), ~45 min an -FT
-run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h, (e) ~6 h; each of (b), (c), (d)
-~6.5 h (4 methods x 3 eps, two of them -FT). The runs from dp_fedavg at eps = inf on ran with
+run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h, (e) ~9 h; each of (b), (c), (d)
+~5.5 h (10 runs, four of them -FT). The runs from dp_fedavg at eps = inf on ran with
 `--parallel=2` (two at a time on the 2 cores: DP-FedAvg 2.8 s/round, DP-FedSAM 4.9 s/round while
 sharing them; not a controlled comparison with one at a time). Only the sweep's arguments name a
 workdir, so the (e) runs' `noise` and `bands` do not rename the others.
@@ -113,8 +115,13 @@ def sweep_grid() -> list[dict]:
   issue14 = (first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]
              + [dict(method='dp_fedavg', eps=math.inf, seed=0)])
   seeds_at_eps1 = [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED_LATER]
-  # Only the banded entries name the noise: the other workdirs keep their names.
-  banded = [dict(method=m, eps=e, seed=s, noise='banded', bands=2)
-            for e in BANDED_EPS for s in (0, 1, 2) for m in BANDED]
+  # Only the banded entries name the noise: the other workdirs keep their names. eps = 1 first (its
+  # independent-noise runs are done); at eps = 0.5 each seed's banded runs sit beside the
+  # independent ones they are compared with, which the curve's blocks then skip.
+  banded = lambda e, s: [dict(method=m, eps=e, seed=s, noise='banded', bands=2) for m in BANDED]
+  compared = [entry for s in (0, 1, 2) for entry in banded(1.0, s)]
+  for e in BANDED_EPS[1:]:
+    for s in (0, 1, 2):
+      compared += banded(e, s) + [dict(method=m, eps=e, seed=s) for m in BANDED]
   curve = [dict(method=m, eps=e, seed=s) for s in (0, 1, 2) for e in CURVE_EPS for m in CURVE]
-  return issue14 + seeds_at_eps1 + banded + curve
+  return issue14 + seeds_at_eps1 + compared + [e for e in curve if e not in compared]
