@@ -25,6 +25,7 @@ from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.privacy import audit as audit_stats
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF
 from launch import sweep
 
 DELTA = 1e-5
@@ -177,7 +178,8 @@ def _experiment(sigma, broken=False):
       'dp.noise_multiplier': sigma, 'dp.delta': DELTA, 'sampling_rate': 1.0, 'num_rounds': 1,
       'local.batch_size': 256}))
   if broken:
-    mechanism = HalfNoiseMechanism(**dataclasses.asdict(exp.mechanism))
+    mechanism = HalfNoiseMechanism(**{f.name: getattr(exp.mechanism, f.name)
+                                      for f in dataclasses.fields(exp.mechanism)})
     exp = dataclasses.replace(exp, round_config=dataclasses.replace(exp.round_config,
                                                                     mechanism=mechanism))
   return exp
@@ -344,3 +346,25 @@ def test_private_mask_methods_release_exactly_zero_for_an_empty_cohort():
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                state.shared, state0.shared)
   assert 'released without noise' in exp.privacy_caveat
+
+
+def test_banded_white_box_score_uses_the_public_schedule_not_who_was_sampled():
+  """Under BandMF at q b < 1 who was sampled is secret: the score must not change with it (it reads
+  the canary's group rounds); at q b = 1 that schedule is exactly who was sampled."""
+  rounds, k, trials, bands = 6, 5, 4, 2
+  mechanism = DPMechanism(BandMF.for_run(10, 0.25, rounds, bands), clip_norm=1.0,
+                          noise_multiplier=1.0)
+  rng = np.random.default_rng(0)
+  group = rng.integers(0, bands, (trials, 1, k))
+  scheduled = np.arange(rounds)[None, :, None] % bands == group
+  projections = rng.normal(size=(trials, rounds, k))
+  included = np.ones((trials, k), bool)
+  scores = lambda sampled: audit.white_box_scores(mechanism, audit.CanaryScores(
+      projections, projections, sampled, included, np.ones((trials, k)), scheduled))
+  everyone = scores(scheduled)
+  for _ in range(3):
+    np.testing.assert_array_equal(scores(scheduled & (rng.random(scheduled.shape) < 0.5)), everyone)
+  # The matched filter itself: <C p, C s> / ||C s|| with s the schedule (q b = 1: the sampled rounds).
+  c = sum(coef * np.eye(rounds, k=-j) for j, coef in enumerate(mechanism.noise.strategy))
+  p, s = projections[1, :, 2], scheduled[1, :, 2].astype(float)
+  np.testing.assert_allclose(everyone[1, 2], (c @ p) @ (c @ s) / np.linalg.norm(c @ s), rtol=1e-12)

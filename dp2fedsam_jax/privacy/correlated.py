@@ -37,11 +37,6 @@ import numpy as np
 from dp2fedsam_jax import keys
 from dp2fedsam_jax.privacy import noise as noise_lib
 
-# config.dp.noise_mechanism; mechanism.DPMechanism executes and accounts each one.
-NOISE_MECHANISMS = ('independent', 'banded', 'tree')
-CORRELATED = ('banded', 'tree')
-
-
 # ------------------------------------------------------------------------------------------ banded
 @functools.lru_cache(maxsize=None)
 def banded_strategy(num_rounds: int, bands: int) -> tuple[float, ...]:
