@@ -194,6 +194,32 @@ def _check_same_run(workdir: str, resolved: dict) -> None:
                      'Use a new --workdir, or the same config to resume.')
 
 
+# What the mechanism computed at the run's start beyond its config (BandMF's coefficients).
+MECHANISM_FILE = 'mechanism.json'
+
+
+def _check_same_mechanism(workdir: str, record: dict) -> None:
+  """Refuses to resume a checkpoint whose run started with another noise strategy, and records it.
+
+  BandMF's coefficients come from jax_privacy's optimiser at every start: a different result on
+  resume (another library version or backend) would splice two strategies, whose columns need not
+  have norm <= 1 -- less noise than accounted."""
+  path = os.path.join(workdir, MECHANISM_FILE)
+  if not record:
+    return
+  if os.path.exists(path) and checkpoint.exists(workdir):
+    with open(path) as f:
+      old = json.load(f)
+    if old != record:
+      changed = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
+      raise ValueError(
+          f'--workdir={workdir} holds a checkpoint of a run with another noise strategy ({changed} '
+          f'differ from {path}: {old.get("strategy")} -> {record.get("strategy")}); resuming would '
+          'splice two strategies. Use a new --workdir, or the versions that started the run.')
+    return
+  _write_json_atomic(path, record)
+
+
 def _json_number(value) -> float | None:
   """A float for metrics.jsonl; None where it is undefined (NaN: strict JSON has no NaN)."""
   value = float(value)
@@ -410,6 +436,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     resolved['dp'].update(noise_multiplier=exp.mechanism.noise_multiplier)
   resolved['dp'].update(delta=exp.mechanism.delta)
   _check_same_run(workdir, resolved)
+  _check_same_mechanism(workdir, exp.mechanism.record())
   _write_json_atomic(os.path.join(workdir, 'config.json'), resolved)
 
   data = exp.data

@@ -7,6 +7,7 @@ the config's q, N, sigma, never from the helpers under test (banded_noise, tree_
 """
 
 import itertools
+import json
 import math
 import os
 
@@ -349,3 +350,30 @@ def test_every_central_noised_sum_method_takes_correlated_noise_and_the_others_a
     else:
       with pytest.raises(ConfigError, match=r"^config\.dp\.noise_mechanism="):
         spec.check_noise_mechanism(mechanism)
+
+
+def test_banded_run_refuses_a_resume_whose_strategy_differs(tmp_path, monkeypatch):
+  """BandMF's coefficients are recomputed at every start: a resume whose optimiser returns others
+  (another jax_privacy, another backend) is refused against the ones the run stored."""
+  workdir = str(tmp_path)
+  real_save = checkpoint.save
+
+  def die_before_saving_round_2(wd, state, records):
+    if int(state.round) == 2:
+      raise Killed
+    real_save(wd, state, records)
+
+  monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_2)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(_resume_config(), workdir)
+  monkeypatch.undo()
+  with open(os.path.join(workdir, train.MECHANISM_FILE)) as f:
+    stored = json.load(f)
+  assert stored == {'noise_mechanism': 'banded',
+                    'strategy': list(correlated.banded_strategy(4, 2))}
+  other = tuple(c * (1 + 1e-6 * j) for j, c in enumerate(correlated.banded_strategy(4, 2)))
+  monkeypatch.setattr(correlated, 'banded_strategy', lambda rounds, bands: other)
+  with pytest.raises(ValueError, match='another noise strategy'):
+    train.train_and_evaluate(_resume_config(), workdir)
+  monkeypatch.undo()
+  train.train_and_evaluate(_resume_config(), workdir)  # the stored strategy resumes
