@@ -143,7 +143,7 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   caveat = spec.privacy_caveat()
   return {'method': config.method, 'num_params': count_params(params),
           'num_shared_params': count_params(shared), 'num_personal_params': count_params(personal),
-          'noise_mechanism': config.dp.noise_mechanism,
+          'noise_mechanism': config.dp.noise_mechanism, 'neighbours': mechanism.noise.neighbours,
           **({'num_bands': config.dp.num_bands} if config.dp.noise_mechanism == 'banded' else {}),
           'noise_multiplier': mechanism.noise_multiplier,
           'epsilon': mechanism.epsilon(config.num_rounds), 'delta': mechanism.delta,

@@ -25,6 +25,7 @@ from dp2fedsam_jax import checkpoint, keys, train
 from dp2fedsam_jax.algorithms import METHODS, get_method
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.privacy import correlated, noise
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent
 
 _ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 # Zero-out neighbours (a client's uploads replaced by zero in its scheduled rounds): the relation
@@ -377,3 +378,13 @@ def test_banded_run_refuses_a_resume_whose_strategy_differs(tmp_path, monkeypatc
     train.train_and_evaluate(_resume_config(), workdir)
   monkeypatch.undo()
   train.train_and_evaluate(_resume_config(), workdir)  # the stored strategy resumes
+
+
+def test_each_mechanism_names_the_neighbouring_relation_its_epsilon_holds_under():
+  """docs/privacy.md section 7's last column: the tree's epsilon is a zero-out guarantee
+  (REPLACE_SPECIAL), not add/remove; the dry run says which."""
+  assert Independent(10, 0.5).neighbours == 'add/remove one client'
+  assert Independent(10, 0.5, 'fixed').neighbours == 'replace one client'
+  assert BandMF(10, 0.25, (1.0,)).neighbours == 'add/remove one client'
+  info = train.describe(tiny_config(num_rounds=3, **{'dp.noise_mechanism': 'tree'}))
+  assert info['neighbours'] == 'zero-out one client'

@@ -48,6 +48,11 @@ class Independent:
   name = 'independent'
   correlated = False  # a noise mask (rand-k support) may restrict where its noise goes
 
+  @property
+  def neighbours(self) -> str:
+    """The neighbouring relation epsilon holds under (docs/privacy.md sections 2 and 7)."""
+    return 'add/remove one client' if self.sampling == 'poisson' else 'replace one client'
+
   def __post_init__(self):
     self.check(sampling=self.sampling)
 
@@ -155,6 +160,7 @@ class BandMF(_Correlated):
 
   name = 'banded'
   cohort_shape = 'poisson'
+  neighbours = 'add/remove one client'
 
   def __post_init__(self):
     self.check(sampling_rate=self.sampling_rate, num_bands=self.bands)
@@ -231,6 +237,8 @@ class TreeAggregation(_Correlated):
 
   name = 'tree'
   cohort_shape = 'fixed'
+  # A client's uploads replaced by 0 in its (public) rounds: dp_accounting's REPLACE_SPECIAL.
+  neighbours = 'zero-out one client'
 
   @property
   def epoch_length(self) -> int:
