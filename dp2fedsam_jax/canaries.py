@@ -17,7 +17,7 @@ update u_t = (phi_{t+1} - phi_t) * m / server_lr (the noised sum). Two scores pe
   white-box  s_i = sum_t <u_t, v_i> / C   (q = 1: Gaussian, mean T or 0 (-T), std sigma sqrt T)
   final      cos(phi_T - phi_0, v_i)     (the released model only, as Andrew et al. score it)
 
-and from them (statistics in privacy/audit.py, which says what each one assumes):
+and from them (statistics in privacy/auditing.py, which says what each one assumes):
 
   bounds      Clopper-Pearson and the GDP interval (Nasr et al.) on the white-box scores of all
               trials; the one-run bounds of Steinke et al. and Mahloujifar et al. (f-DP) on the
@@ -60,7 +60,7 @@ from jax.flatten_util import ravel_pytree
 from scipy import linalg
 
 from dp2fedsam_jax import keys
-from dp2fedsam_jax.privacy import audit as audit_stats
+from dp2fedsam_jax.privacy import auditing
 from dp2fedsam_jax.round import make_round_step
 
 
@@ -404,10 +404,10 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
 
   white = white_box_scores(audited.mechanism, scores)
   white_in, white_out = white[included], white[~included]
-  cp = audit_stats.epsilon_clopper_pearson(white_in, white_out, delta, alpha,
+  cp = auditing.epsilon_clopper_pearson(white_in, white_out, delta, alpha,
                                            settings.select_fraction, seed)
   gaussian = gaussian_claim(audited.mechanism)
-  gdp = (audit_stats.gdp_bound(white_in, white_out, delta, alpha, settings.select_fraction, seed)
+  gdp = (auditing.gdp_bound(white_in, white_out, delta, alpha, settings.select_fraction, seed)
          if gaussian else None)
 
   along_run = tuple(one_run_estimates(audited, scores, rounds, settings)
@@ -415,7 +415,7 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   one_run_fdp = nan
   run_in, run_out = _split_by_inclusion(scores.final[0], included[0])
   if gaussian and min(run_in.size, run_out.size) >= 2:
-    one_run_fdp = audit_stats.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
+    one_run_fdp = auditing.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
 
   config = exp.config
   return AuditResult(
@@ -454,15 +454,15 @@ def one_run_estimates(audited, scores: CanaryScores, rounds: int,
   delta, alpha, seed = audited.mechanism.delta, settings.alpha, settings.seed
   run_in, run_out = _split_by_inclusion(scores.cosines[0, rounds - 1], scores.included[0])
   one_run = math.nan
-  fit = audit_stats.GaussianFitEstimate(math.nan, math.nan, math.nan)
+  fit = auditing.GaussianFitEstimate(math.nan, math.nan, math.nan)
   if min(run_in.size, run_out.size) >= 2:
-    one_run = audit_stats.epsilon_one_run(run_in, run_out, delta, alpha)
-    fit = audit_stats.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
+    one_run = auditing.epsilon_one_run(run_in, run_out, delta, alpha)
+    fit = auditing.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
   if audited.mechanism.correlated:
     # The estimate reads each round's noise as fresh N(0, sigma^2 C^2); correlated rounds are not.
-    sigma = audit_stats.NoiseMultiplierEstimate(math.nan, math.nan, math.nan)
+    sigma = auditing.NoiseMultiplierEstimate(math.nan, math.nan, math.nan)
   else:
-    sigma = audit_stats.noise_multiplier_estimate(
+    sigma = auditing.noise_multiplier_estimate(
         scores.projections[0, :rounds], scores.sampled[0, :rounds], scores.signs[0], alpha,
         seed=seed)
   eps_at = functools.partial(epsilon_at_noise_multiplier, audited, rounds)
