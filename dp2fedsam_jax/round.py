@@ -1,6 +1,6 @@
 """One federated round, from sampling to the new server state, as one pure function to jit.
 
-The data flow (Algorithm 2 of dp2-fedsam.txt; DESIGN §3):
+The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One round as data flow"):
 
     sample cohort S (mask over N)            line 2
     for each chunk of S (all of S in one chunk unless Poisson overflowed the capacity):
