@@ -112,7 +112,6 @@ class Independent:
     return {}
 
 
-
 class _Correlated:
   """What the correlated mechanisms share: central placement, Poisson in the config, accounting by
   their dp_event under add/remove (or zero-out) neighbours, no noise mask."""
