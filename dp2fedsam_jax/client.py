@@ -49,7 +49,8 @@ def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig):
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
                        params: MethodParams = MethodParams()):
-  """Builds one client's local training: the head phase, then the shared phase (Algorithm 2, l. 6-12).
+  """Builds one client's local training: the head phase (Algorithm 2, lines 6-9), then the shared
+  phase (lines 10-15) and the update Delta_i (line 17).
 
   Args:
     spec: the method's pieces (head optimizer, body optimizer: SGD/SAM/ASAM, regularizer, mask).

@@ -88,7 +88,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
   from dp2fedsam_jax.models import layers, registry
-  from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
+  from dp2fedsam_jax.privacy import accounting, noise, noise_mechanisms, sampling
   return {
       'method': tuple(sorted(specs.METHODS)),
       'model': tuple(registry.model_names()),
@@ -98,7 +98,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'dp.sampling': sampling.SAMPLINGS,
       'dp.noise_placement': noise.NOISE_PLACEMENTS,
       'dp.accountant': accounting.ACCOUNTANTS,
-      'dp.noise_mechanism': correlated.NOISE_MECHANISMS,
+      'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
   }
 
 
@@ -210,40 +210,6 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     _fail('dp.accountant', config.dp.accountant,
           "fixed-size sampling (dp.sampling='fixed') is accounted with RDP: set --config.dp.accountant=rdp.")
   _positive(config, 'dp.num_bands', integer=True)
-  _check_noise_mechanism(config)
-
-
-def _check_noise_mechanism(config) -> None:
-  """What correlated noise needs of the other fields (the method's own needs: MethodSpec)."""
-  mechanism = config.dp.noise_mechanism
-  if mechanism == 'independent':
-    return
-  if config.dp.noise_placement != 'central':
-    _fail('dp.noise_placement', config.dp.noise_placement,
-          f"dp.noise_mechanism={mechanism!r} correlates the server's noise across rounds; "
-          'set --config.dp.noise_placement=central (client shares would need the same clients '
-          'every round).')
-  if config.dp.sampling != 'poisson':
-    _fail('dp.sampling', config.dp.sampling,
-          f"dp.noise_mechanism={mechanism!r} brings its own sampler (banded: Poisson within a "
-          "group; tree: a shuffle per epoch); leave --config.dp.sampling=poisson.")
-  if mechanism == 'banded':
-    bands, q = config.dp.num_bands, config.sampling_rate
-    if q * bands > 1 + 1e-12:
-      _fail('dp.num_bands', bands, f'BandMF samples at rate sampling_rate * num_bands = {q * bands:g} '
-            f'within a group, which must be <= 1: set --config.dp.num_bands <= {int(1 / q)}.')
-    if bands > max(config.num_rounds, 1):
-      _fail('dp.num_bands', bands, f'more bands than num_rounds={config.num_rounds}; set '
-            f'--config.dp.num_bands <= {max(config.num_rounds, 1)}.')
-
-
-def validate_privacy_fields(config: ml_collections.ConfigDict) -> None:
-  """For private methods: dp.noise_multiplier or dp.target_epsilon must be set.
-
-  When both are, the explicit sigma wins (a command-line `--config.dp.noise_multiplier=1.0` on top of
-  a config file that targets an epsilon); the run then reports the epsilon that sigma gives.
-  """
-  if config.dp.noise_multiplier is None and config.dp.target_epsilon is None:
-    raise ConfigError(
-        'config.dp.noise_multiplier=None, config.dp.target_epsilon=None: set one of them (a fixed '
-        'sigma, or a target epsilon that sigma is calibrated for).')
+  # What dp.noise_mechanism needs of the other fields: written once, in the mechanism's class.
+  from dp2fedsam_jax.privacy import noise_mechanisms  # pylint: disable=import-outside-toplevel
+  noise_mechanisms.check_config(config)

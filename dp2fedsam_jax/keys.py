@@ -19,7 +19,7 @@ either *folded* with the distinct constants below, or *split* into a fresh array
         epochs key                                    folded: epoch e -> the tree's shuffle of epoch e
       tree key = fold_in(root, TREE_NOISE)            folded: epoch -> level -> node (split per array)
 
-The privacy audit (dp2fedsam_jax/audit.py) has its own root, key(audit seed), so its canaries do not
+The privacy audit (dp2fedsam_jax/canaries.py) has its own root, key(audit seed), so its canaries do not
 depend on the experiment's seed:
 
     audit root = key(audit seed)          folded: AUDIT_DIRECTIONS, AUDIT_RUNS, AUDIT_INCLUSION

@@ -46,7 +46,8 @@ def epoch_order(key: jax.Array, count: jax.Array, max_n: int, batch_size: int):
 
 
 def sharpness_perturbation(kind: str, grads, params, rho):
-  """SAM: rho g/||g||. ASAM: rho T^2 g/||T g|| with T = |w| + eta (scale-invariant sharpness)."""
+  """SAM: rho g/||g|| (Algorithm 2 of dp2-fedsam.txt, line 13, Eq. 11: p(phi) from the minibatch
+  gradient of line 12). ASAM: rho T^2 g/||T g|| with T = |w| + eta (scale-invariant sharpness)."""
   if kind == 'sam':
     scale = rho / jnp.maximum(global_norm(grads), 1e-12)
     return jax.tree.map(lambda g: g * scale, grads)
@@ -57,13 +58,17 @@ def sharpness_perturbation(kind: str, grads, params, rho):
 
 
 def gradient_for_step(kind: str, loss_fn: LossFn, params, batch, rho):
-  """The gradient the optimizer steps with, and the loss at `params` (before any perturbation)."""
-  loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+  """The gradient the optimizer steps with, and the loss at `params` (before any perturbation).
+
+  SAM is Algorithm 2's extractor loop (lines 11-15 of dp2-fedsam.txt): the minibatch gradient
+  (line 12), the perturbation p (line 13, Eq. 11), the gradient at phi + p that the step takes
+  (line 14, Eq. 12); run_phase loops it over the tau_phi epochs (lines 11 and 15)."""
+  loss, grads = jax.value_and_grad(loss_fn)(params, *batch)             # line 12
   if kind == 'sgd':
     return loss, grads
-  eps = sharpness_perturbation(kind, grads, params, rho)
+  eps = sharpness_perturbation(kind, grads, params, rho)                 # line 13, Eq. 11
   perturbed = jax.tree.map(jnp.add, params, eps)
-  return loss, jax.grad(loss_fn)(perturbed, *batch)
+  return loss, jax.grad(loss_fn)(perturbed, *batch)                      # line 14, Eq. 12
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One federated round, from sampling to the new server state, as one pure function to jit.
 
-The data flow (Algorithm 2 of dp2-fedsam.txt; DESIGN §3):
+The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One round as data flow"):
 
     sample cohort S (mask over N)            line 2
     for each chunk of S (all of S in one chunk unless Poisson overflowed the capacity):
@@ -37,7 +37,7 @@ from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import keys, sharding
 from dp2fedsam_jax.local import LocalConfig
-from dp2fedsam_jax.privacy import correlated, sampling, sparsify
+from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.state import ServerState
 
@@ -118,16 +118,6 @@ class RoundConfig:
     if self.executor == 'sharded':  # the same number of slots on every device
       capacity = sharding.round_up(capacity, sharding.num_shards())
     return capacity
-
-
-def mechanism_from(config, num_clients: int, noise_multiplier: float, private: bool) -> DPMechanism:
-  return DPMechanism(
-      num_clients=num_clients, sampling=config.dp.sampling, sampling_rate=config.sampling_rate,
-      clip_norm=config.dp.clip_norm, noise_multiplier=noise_multiplier if private else 0.0,
-      noise_placement=config.dp.noise_placement, private=private,
-      noise_mechanism=config.dp.noise_mechanism,
-      strategy=(correlated.banded_strategy(config.num_rounds, config.dp.num_bands)
-                if private and config.dp.noise_mechanism == 'banded' else (1.0,)))
 
 
 def round_config_from(config, mechanism: DPMechanism) -> RoundConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from absl import logging
 from dp2fedsam_jax import checkpoint, cli, keys, metric_writers, sharding
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
-from dp2fedsam_jax.config import validate_config, validate_privacy_fields
+from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
 from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
 from dp2fedsam_jax.local import LocalConfig
@@ -32,38 +33,8 @@ from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.progress import RoundProgress
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax import round as round_lib
-from dp2fedsam_jax.round import (make_round_step, mechanism_from, resolve_executor,
-                                  round_config_from, RoundConfig)
+from dp2fedsam_jax.round import make_round_step, resolve_executor, round_config_from, RoundConfig
 from dp2fedsam_jax.state import init_state, ServerState, split_params
-
-
-@dataclasses.dataclass(frozen=True)
-class Privacy:
-  """The privacy parameters a run actually uses (sigma calibrated if a target epsilon was given)."""
-  private: bool
-  noise_multiplier: float
-  delta: float
-  epsilon: float  # after all num_rounds rounds
-
-
-
-def resolve_privacy(config, spec: MethodSpec) -> Privacy:
-  delta = config.dp.delta if config.dp.delta is not None else 1.0 / config.num_clients
-  if not spec.private:
-    return Privacy(False, 0.0, delta, math.inf)
-  validate_privacy_fields(config)
-  sigma = config.dp.noise_multiplier
-  if sigma is not None and config.dp.target_epsilon is not None:
-    logging.warning('dp.noise_multiplier=%s is set, so dp.target_epsilon=%s is ignored.', sigma,
-                    config.dp.target_epsilon)
-  # The mechanism the round step will run (the one object both use): its sigma and epsilon.
-  mechanism = mechanism_from(config, config.num_clients, float(sigma or 0.0), private=True)
-  if sigma is None:
-    sigma = mechanism.calibrate(config.dp.target_epsilon, config.num_rounds, delta,
-                                config.dp.accountant)
-    mechanism = mechanism.with_noise(sigma)
-  return Privacy(True, float(sigma), delta,
-                 mechanism.epsilon(config.num_rounds, delta, config.dp.accountant))
 
 
 @dataclasses.dataclass
@@ -73,16 +44,21 @@ class Experiment:
   spec: MethodSpec
   model: Any
   data: FederatedData
-  privacy: Privacy
   round_config: RoundConfig
 
   @property
   def mechanism(self) -> DPMechanism:
+    """The one DPMechanism of the run: its sigma, delta and accountant are the run's."""
     return self.round_config.mechanism
 
   def epsilon_after(self, rounds: int) -> float:
     """The accounted epsilon of the executed mechanism after `rounds` rounds."""
-    return self.mechanism.epsilon(rounds, self.privacy.delta, self.config.dp.accountant)
+    return self.mechanism.epsilon(rounds)
+
+  @functools.cached_property
+  def epsilon(self) -> float:
+    """The accounted epsilon after all num_rounds rounds (inf if not private)."""
+    return self.epsilon_after(self.config.num_rounds)
 
   def init_state(self) -> ServerState:
     model = self.model
@@ -135,16 +111,17 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
   """
   validate_config(config, METHODS)
   spec = get_method(config.method)
-  spec.check_noise_placement(config.dp.noise_placement)
-  spec.check_noise_mechanism(config.dp.noise_mechanism)
-  privacy = resolve_privacy(config, spec)  # before loading data: a bad dp field fails fast
+  # Before loading data, so that a bad dp field fails fast; sigma calibrated here, once.
+  mechanism = DPMechanism.from_config(config, config.num_clients, spec)
   data = make_federated_data(
       dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
       classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha,
       seed=config.seed, data_dir=config.data_dir)
   model = get_model(config.model, data.num_classes, data.input_shape, config.conv_impl)
-  mechanism = mechanism_from(config, data.num_clients, privacy.noise_multiplier, spec.private)
-  return Experiment(config, spec, model, data, privacy, round_config_from(config, mechanism))
+  if data.num_clients != mechanism.num_clients:
+    raise ValueError(f'the data holds {data.num_clients} clients, config.num_clients is '
+                     f'{mechanism.num_clients}: the partition must make one client per slot.')
+  return Experiment(config, spec, model, data, round_config_from(config, mechanism))
 
 
 def describe(config: ml_collections.ConfigDict) -> dict:
@@ -154,9 +131,7 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   loaded to learn its shape."""
   validate_config(config, METHODS)
   spec = get_method(config.method)
-  spec.check_noise_placement(config.dp.noise_placement)
-  spec.check_noise_mechanism(config.dp.noise_mechanism)
-  privacy = resolve_privacy(config, spec)
+  mechanism = DPMechanism.from_config(config, config.num_clients, spec)
   if config.dataset in sources.DATASET_SHAPES:
     num_classes, input_shape = sources.DATASET_SHAPES[config.dataset]
   else:
@@ -168,10 +143,11 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   caveat = spec.privacy_caveat()
   return {'method': config.method, 'num_params': count_params(params),
           'num_shared_params': count_params(shared), 'num_personal_params': count_params(personal),
-          'noise_mechanism': config.dp.noise_mechanism,
+          'noise_mechanism': config.dp.noise_mechanism, 'neighbours': mechanism.noise.neighbours,
           **({'num_bands': config.dp.num_bands} if config.dp.noise_mechanism == 'banded' else {}),
-          'noise_multiplier': privacy.noise_multiplier, 'epsilon': privacy.epsilon,
-          'delta': privacy.delta, **({'epsilon_caveat': caveat} if caveat else {})}
+          'noise_multiplier': mechanism.noise_multiplier,
+          'epsilon': mechanism.epsilon(config.num_rounds), 'delta': mechanism.delta,
+          **({'epsilon_caveat': caveat} if caveat else {})}
 
 
 def _write_json_atomic(path: str, obj) -> None:
@@ -216,6 +192,32 @@ def _check_same_run(workdir: str, resolved: dict) -> None:
     details = ', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed)
     raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with another config ({details}). '
                      'Use a new --workdir, or the same config to resume.')
+
+
+# What the mechanism computed at the run's start beyond its config (BandMF's coefficients).
+MECHANISM_FILE = 'mechanism.json'
+
+
+def _check_same_mechanism(workdir: str, record: dict) -> None:
+  """Refuses to resume a checkpoint whose run started with another noise strategy, and records it.
+
+  BandMF's coefficients come from jax_privacy's optimiser at every start: a different result on
+  resume (another library version or backend) would splice two strategies, whose columns need not
+  have norm <= 1 -- less noise than accounted."""
+  path = os.path.join(workdir, MECHANISM_FILE)
+  if not record:
+    return
+  if os.path.exists(path) and checkpoint.exists(workdir):
+    with open(path) as f:
+      old = json.load(f)
+    if old != record:
+      changed = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
+      raise ValueError(
+          f'--workdir={workdir} holds a checkpoint of a run with another noise strategy ({changed} '
+          f'differ from {path}: {old.get("strategy")} -> {record.get("strategy")}); resuming would '
+          'splice two strategies. Use a new --workdir, or the versions that started the run.')
+    return
+  _write_json_atomic(path, record)
 
 
 def _json_number(value) -> float | None:
@@ -431,9 +433,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if exp.spec.private:
     if config.dp.noise_multiplier is not None:
       resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
-    resolved['dp'].update(noise_multiplier=exp.privacy.noise_multiplier)
-  resolved['dp'].update(delta=exp.privacy.delta)
+    resolved['dp'].update(noise_multiplier=exp.mechanism.noise_multiplier)
+  resolved['dp'].update(delta=exp.mechanism.delta)
   _check_same_run(workdir, resolved)
+  _check_same_mechanism(workdir, exp.mechanism.record())
   _write_json_atomic(os.path.join(workdir, 'config.json'), resolved)
 
   data = exp.data
@@ -451,7 +454,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
   logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds; '
                'executor %s%s.', config.method, config.dataset, data.num_clients,
-               exp.privacy.noise_multiplier, exp.privacy.epsilon, exp.privacy.delta,
+               exp.mechanism.noise_multiplier, exp.epsilon, exp.mechanism.delta,
                config.num_rounds, config.executor,
                f' ({executor_choice})' if executor_choice else '')
 

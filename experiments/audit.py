@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from dp2fedsam_jax import cli
 from dp2fedsam_jax import train
-from dp2fedsam_jax import audit
+from dp2fedsam_jax import canaries
 from dp2fedsam_jax.config_help import describe_config
 from launch import sweep
 
@@ -51,9 +51,9 @@ def configs_to_audit(f: flags.FlagValues = FLAGS) -> list:
   return [module.get_config(sweep.arg_string(e)) for e in module.audit_grid()]
 
 
-def audit_one(config) -> audit.AuditResult:
+def audit_one(config) -> canaries.AuditResult:
   exp = train.build_experiment(config)
-  return audit.run_audit(exp, audit.AuditSettings.from_config(config))
+  return canaries.run_audit(exp, canaries.AuditSettings.from_config(config))
 
 
 def _strict_json(value):
@@ -76,7 +76,7 @@ def main(argv):
     print(describe_config(configs[0], f'{config_flags.get_config_filename(FLAGS["config"])}, '
                           'resolved'))
     return
-  print(audit.TABLE_HEADER, flush=True)
+  print(canaries.TABLE_HEADER, flush=True)
   violations, along_run = [], []
   for config in configs:
     result = audit_one(config)

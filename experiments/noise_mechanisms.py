@@ -12,8 +12,8 @@ import math
 import numpy as np
 from jax_privacy.matrix_factorization import toeplitz
 
-from dp2fedsam_jax.privacy import correlated
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, TreeAggregation
 
 # (label, N, q, T, target epsilon, band counts): the default experiment and the paper regime.
 REGIMES = (('default (configs/default.py)', 1000, 0.02, 40, 2.0, (2, 4, 8)),
@@ -27,11 +27,12 @@ def prefix_noise_variance(mechanism: DPMechanism, rounds: int) -> float:
   if mechanism.noise_mechanism == 'independent':
     return float(np.mean(np.arange(1, rounds + 1)))
   if mechanism.noise_mechanism == 'banded':
-    c = np.asarray(toeplitz.materialize_lower_triangular(np.asarray(mechanism.strategy), rounds),
+    c = np.asarray(toeplitz.materialize_lower_triangular(np.asarray(mechanism.noise.strategy), rounds),
                    np.float64)
     b = np.tril(np.ones((rounds, rounds))) @ np.linalg.inv(c)
     return float(np.mean((b ** 2).sum(axis=1)))
-  epoch = mechanism.epoch_length  # a finished epoch's sum holds popcount(E) nodes, a prefix s popcount(s)
+  # A finished epoch's sum holds popcount(E) nodes, a prefix s popcount(s).
+  epoch = mechanism.noise.epoch_length
   return float(np.mean([(t // epoch) * bin(epoch).count('1') + bin(t % epoch).count('1')
                         for t in range(1, rounds + 1)]))
 
@@ -39,13 +40,11 @@ def prefix_noise_variance(mechanism: DPMechanism, rounds: int) -> float:
 def main():
   for label, n, q, rounds, eps, bands in REGIMES:
     delta = 1.0 / n
-    base = dict(num_clients=n, sampling='poisson', sampling_rate=q, clip_norm=1.0,
-                noise_multiplier=1.0)
-    mechanisms = [('independent', DPMechanism(**base))]
-    mechanisms += [(f'banded b={b}', DPMechanism(**base, noise_mechanism='banded',
-                                                  strategy=correlated.banded_strategy(rounds, b)))
+    base = dict(clip_norm=1.0, noise_multiplier=1.0)
+    mechanisms = [('independent', DPMechanism(Independent(n, q), **base))]
+    mechanisms += [(f'banded b={b}', DPMechanism(BandMF.for_run(n, q, rounds, b), **base))
                    for b in bands if q * b <= 1]
-    mechanisms += [('tree', DPMechanism(**base, noise_mechanism='tree'))]
+    mechanisms += [('tree', DPMechanism(TreeAggregation(n, q), **base))]
     print(f'\n{label}: N={n} q={q} T={rounds} eps={eps} delta={delta:g}\n')
     print('| mechanism | sigma for the target | eps at sigma = 1 | RMS noise on the model / independent |')
     print('|---|---|---|---|')

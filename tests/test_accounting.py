@@ -252,3 +252,14 @@ EVENT_DEFAULTS = dict(noise_multiplier=1.0, sampling_rate=0.1, num_rounds=10)
 def test_dp_event_validation(bad, field):
   with pytest.raises(ValueError, match=field.replace('.', r'\.')):
     _call(dp_event, EVENT_NAMES, EVENT_DEFAULTS, bad)
+
+
+def test_fixed_sampling_at_poissons_sigma_is_far_looser():
+  """docs/privacy.md sections 2 and 3: equal sigma is not equal privacy across samplers (the default
+  experiment's sigma = 0.634, q = 0.02, T = 40, delta = 1e-3), and one distributed share of the
+  default cohort (|S| = 20) is a Gaussian of multiplier sigma / sqrt(20)."""
+  fixed = compute_epsilon(0.634, 0.02, 40, 1e-3, sampling='fixed', accountant='rdp', num_clients=1000)
+  poisson = compute_epsilon(0.634, 0.02, 40, 1e-3, accountant='rdp')
+  assert fixed == pytest.approx(120.7, abs=0.05) and poisson == pytest.approx(2.97, abs=0.01)
+  assert fixed > 40 * poisson
+  assert compute_epsilon(0.634 / math.sqrt(20), 1.0, 1, 1e-3) == pytest.approx(45.8, abs=0.05)

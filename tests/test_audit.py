@@ -14,17 +14,18 @@ import jax.numpy as jnp
 import dp_accounting
 import numpy as np
 import pytest
-from jax_privacy import auditing
+from jax_privacy import auditing as jax_privacy_auditing
 
 from conftest import tiny_config
-from dp2fedsam_jax import audit
+from dp2fedsam_jax import canaries
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax import keys
 from dp2fedsam_jax import train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.privacy import accounting
-from dp2fedsam_jax.privacy import audit as audit_stats
+from dp2fedsam_jax.privacy import auditing
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF
 from launch import sweep
 
 DELTA = 1e-5
@@ -56,33 +57,33 @@ def test_clopper_pearson_from_jax_privacy_reproduces_the_hand_written_bound():
   all_scores = np.concatenate([in_scores, out_scores])
   for threshold in np.quantile(all_scores, [0.05, 0.3, 0.5, 0.8, 0.99]):
     fp, fn = np.sum(out_scores >= threshold), np.sum(in_scores < threshold)
-    ours = audit_stats.epsilon_clopper_pearson_at(in_scores, out_scores, threshold, DELTA, 0.05)
+    ours = auditing.epsilon_clopper_pearson_at(in_scores, out_scores, threshold, DELTA, 0.05)
     np.testing.assert_allclose(ours, _hand_written_clopper_pearson(
         fp, fn, out_scores.size, in_scores.size, DELTA, 0.05), rtol=1e-9, atol=1e-12)
   # A perfect test certifies only what n trials can: log((1 - delta - p) / p), (1 - p)^n = alpha/2.
   n = 500
   p = 1 - 0.025 ** (1 / n)
-  perfect = audit_stats.epsilon_clopper_pearson_at(np.ones(n), np.zeros(n), 0.5, DELTA, 0.05)
+  perfect = auditing.epsilon_clopper_pearson_at(np.ones(n), np.zeros(n), 0.5, DELTA, 0.05)
   np.testing.assert_allclose(perfect, math.log((1 - DELTA - p) / p), rtol=1e-9)
   # A useless test certifies nothing.
-  assert audit_stats.epsilon_clopper_pearson_at(np.arange(n), np.arange(n), n / 2, DELTA, 0.05) == 0
+  assert auditing.epsilon_clopper_pearson_at(np.arange(n), np.arange(n), n / 2, DELTA, 0.05) == 0
 
 
 def test_gaussian_trade_off_conversions_agree_with_the_accountant():
   for sigma in (0.5, 1.0, 2.0):
     accounted = accounting.compute_epsilon(sigma, 1.0, 1, DELTA)  # q = 1: the Gaussian mechanism
-    np.testing.assert_allclose(audit_stats.epsilon_of_gdp(1 / sigma, DELTA), accounted, rtol=1e-6)
+    np.testing.assert_allclose(auditing.epsilon_of_gdp(1 / sigma, DELTA), accounted, rtol=1e-6)
     # Two Gaussians of one std are the same Gaussian mechanism, either way round and at any scale.
-    np.testing.assert_allclose(audit_stats.gaussian_pair_epsilon(5.0, 3 * sigma, 2.0, 3 * sigma,
+    np.testing.assert_allclose(auditing.gaussian_pair_epsilon(5.0, 3 * sigma, 2.0, 3 * sigma,
                                                                  DELTA), accounted, rtol=1e-5)
-    np.testing.assert_allclose(audit_stats.gaussian_pair_epsilon(2.0, sigma, 3.0, sigma, DELTA),
+    np.testing.assert_allclose(auditing.gaussian_pair_epsilon(2.0, sigma, 3.0, sigma, DELTA),
                                accounted, rtol=1e-5)
   # Nearly equal stds: no cancellation; unequal ones separate more than either std alone would.
-  np.testing.assert_allclose(audit_stats.gaussian_pair_epsilon(1.0, 1.0, 0.0, 1.0 + 1e-9, DELTA),
+  np.testing.assert_allclose(auditing.gaussian_pair_epsilon(1.0, 1.0, 0.0, 1.0 + 1e-9, DELTA),
                              accounting.compute_epsilon(1.0, 1.0, 1, DELTA), rtol=1e-5)
-  assert (audit_stats.gaussian_pair_epsilon(1.0, 1.0, 0.0, 1.1, DELTA)
-          > audit_stats.gaussian_pair_epsilon(1.0, 1.1, 0.0, 1.1, DELTA))
-  assert audit_stats.gaussian_pair_epsilon(0.0, 1.0, 0.0, 1.0, DELTA) == 0.0
+  assert (auditing.gaussian_pair_epsilon(1.0, 1.0, 0.0, 1.1, DELTA)
+          > auditing.gaussian_pair_epsilon(1.0, 1.1, 0.0, 1.1, DELTA))
+  assert auditing.gaussian_pair_epsilon(0.0, 1.0, 0.0, 1.0, DELTA) == 0.0
 
 
 @pytest.mark.parametrize('sigma', [0.5, 2.0])
@@ -90,14 +91,14 @@ def test_bounds_on_gaussian_scores_stay_below_the_true_epsilon(sigma):
   """Scores of the Gaussian mechanism itself: every bound below its epsilon, the GDP one close."""
   true_eps = accounting.compute_epsilon(sigma, 1.0, 1, DELTA)
   in_scores, out_scores = _gaussian_scores(sigma, 20000, seed=1)
-  gdp = audit_stats.gdp_bound(in_scores, out_scores, DELTA, 0.05)
+  gdp = auditing.gdp_bound(in_scores, out_scores, DELTA, 0.05)
   assert gdp.mu_lower < 1 / sigma < gdp.mu_upper, gdp
   assert 0.6 * true_eps < gdp.epsilon_lower < true_eps, (gdp, true_eps)
-  assert 0 < audit_stats.epsilon_clopper_pearson(in_scores, out_scores, DELTA, 0.05) < true_eps
+  assert 0 < auditing.epsilon_clopper_pearson(in_scores, out_scores, DELTA, 0.05) < true_eps
   one_in, one_out = _gaussian_scores(sigma, 1000, seed=2)  # one run of 1,000 canaries
-  assert 0 < audit_stats.epsilon_one_run(one_in, one_out, DELTA, 0.05) < true_eps
-  assert 0 < audit_stats.epsilon_one_run_fdp(one_in, one_out, DELTA, 0.05) < true_eps
-  fit = audit_stats.epsilon_gaussian_fit(one_in, one_out, DELTA, num_bootstrap=50)
+  assert 0 < auditing.epsilon_one_run(one_in, one_out, DELTA, 0.05) < true_eps
+  assert 0 < auditing.epsilon_one_run_fdp(one_in, one_out, DELTA, 0.05) < true_eps
+  fit = auditing.epsilon_gaussian_fit(one_in, one_out, DELTA, num_bootstrap=50)
   assert fit.epsilon_low < fit.epsilon < fit.epsilon_high
   assert 0.5 * true_eps < fit.epsilon < 2 * true_eps, (fit, true_eps)
 
@@ -111,22 +112,22 @@ def test_noise_multiplier_estimate_recovers_the_executed_sigma_at_any_sampling_r
   signs = (rng.random(k) < 0.5).astype(float)  # Poisson: an out canary uploads nothing
   sampled = rng.random((rounds, k)) < q
   projections = sampled * signs + noise_scale * sigma * rng.normal(size=(rounds, k))
-  estimate = audit_stats.noise_multiplier_estimate(projections, sampled, signs, num_bootstrap=100)
+  estimate = auditing.noise_multiplier_estimate(projections, sampled, signs, num_bootstrap=100)
   assert estimate.low < noise_scale * sigma < estimate.high, estimate
   assert estimate.high / estimate.low < 1.3, estimate  # a usable estimate: about +-6 % here
-  no_signal = audit_stats.noise_multiplier_estimate(projections - sampled * signs, sampled, signs,
+  no_signal = auditing.noise_multiplier_estimate(projections - sampled * signs, sampled, signs,
                                                     num_bootstrap=20)
   assert no_signal.high > 5 * sigma, no_signal  # nothing moves towards the canaries
 
 
 def test_without_noise_every_method_detects_the_canaries():
   in_scores, out_scores = _gaussian_scores(1e-3, 4000, seed=3)
-  assert audit_stats.gdp_bound(in_scores, out_scores, DELTA, 0.05).epsilon_lower > 20
-  assert audit_stats.epsilon_clopper_pearson(in_scores, out_scores, DELTA, 0.05) > 5
+  assert auditing.gdp_bound(in_scores, out_scores, DELTA, 0.05).epsilon_lower > 20
+  assert auditing.epsilon_clopper_pearson(in_scores, out_scores, DELTA, 0.05) > 5
   one_in, one_out = in_scores[:500], out_scores[:500]
-  assert audit_stats.epsilon_one_run(one_in, one_out, DELTA, 0.05) > 2.5
-  assert audit_stats.epsilon_one_run_fdp(one_in, one_out, DELTA, 0.05) > 4
-  assert audit_stats.epsilon_gaussian_fit(one_in, one_out, DELTA, num_bootstrap=20).epsilon > 50
+  assert auditing.epsilon_one_run(one_in, one_out, DELTA, 0.05) > 2.5
+  assert auditing.epsilon_one_run_fdp(one_in, one_out, DELTA, 0.05) > 4
+  assert auditing.epsilon_gaussian_fit(one_in, one_out, DELTA, num_bootstrap=20).epsilon > 50
 
 
 def test_jax_privacy_epsilon_from_gdp_is_not_a_lower_bound_and_ours_is():
@@ -136,9 +137,9 @@ def test_jax_privacy_epsilon_from_gdp_is_not_a_lower_bound_and_ours_is():
   library, ours = 0, 0
   for seed in range(40):
     in_scores, out_scores = _gaussian_scores(sigma, 10000, seed=seed)
-    auditor = auditing.CanaryScoreAuditor(in_scores, out_scores)
+    auditor = jax_privacy_auditing.CanaryScoreAuditor(in_scores, out_scores)
     library += auditor.epsilon_from_gdp(0.05, DELTA) > true_eps
-    gdp = audit_stats.gdp_bound(in_scores, out_scores, DELTA, 0.05, seed=seed)
+    gdp = auditing.gdp_bound(in_scores, out_scores, DELTA, 0.05, seed=seed)
     ours += gdp.epsilon_lower > true_eps
   assert library >= 10, library  # 95 % confidence claimed; measured 18 of 40 above the truth
   assert ours <= 2, ours          # at most alpha/2 expected
@@ -148,10 +149,10 @@ def test_jax_privacy_epsilon_from_gdp_is_not_a_lower_bound_and_ours_is():
 
 
 def test_canary_directions_are_orthonormal_and_limited_by_the_dimension():
-  directions = audit.canary_directions(jax.random.key(0), 300, 40)
+  directions = canaries.canary_directions(jax.random.key(0), 300, 40)
   np.testing.assert_allclose(directions @ directions.T, np.eye(40), atol=1e-5)
   with pytest.raises(ValueError, match='cannot be orthogonal'):
-    audit.canary_directions(jax.random.key(0), 30, 40)
+    canaries.canary_directions(jax.random.key(0), 30, 40)
 
 
 def test_audit_keys_are_distinct_streams():
@@ -177,7 +178,8 @@ def _experiment(sigma, broken=False):
       'dp.noise_multiplier': sigma, 'dp.delta': DELTA, 'sampling_rate': 1.0, 'num_rounds': 1,
       'local.batch_size': 256}))
   if broken:
-    mechanism = HalfNoiseMechanism(**dataclasses.asdict(exp.mechanism))
+    mechanism = HalfNoiseMechanism(**{f.name: getattr(exp.mechanism, f.name)
+                                      for f in dataclasses.fields(exp.mechanism)})
     exp = dataclasses.replace(exp, round_config=dataclasses.replace(exp.round_config,
                                                                     mechanism=mechanism))
   return exp
@@ -185,7 +187,7 @@ def _experiment(sigma, broken=False):
 
 def test_canary_clients_join_the_federation_and_its_accounting():
   exp = _experiment(1.0, broken=True)
-  audited = audit.with_canary_clients(exp, 7)
+  audited = canaries.with_canary_clients(exp, 7)
   assert audited.data.num_clients == exp.data.num_clients + 7 == audited.mechanism.num_clients
   assert type(audited.mechanism) is HalfNoiseMechanism  # a broken mechanism stays broken
   np.testing.assert_array_equal(audited.data.train_count[-7:],
@@ -199,11 +201,11 @@ def test_a_canary_uploads_its_vector_even_when_its_own_training_diverges():
   exp = train.build_experiment(tiny_config(**{
       'dp.noise_multiplier': 0.02, 'dp.accountant': 'rdp',  # PLD takes minutes at sigma this small
       'dp.delta': DELTA, 'sampling_rate': 1.0, 'num_rounds': 1, 'local.batch_size': 256}))
-  audited = audit.with_canary_clients(exp, 20)
+  audited = canaries.with_canary_clients(exp, 20)
   x = audited.data.train_x.astype(jnp.float32)
   audited = dataclasses.replace(audited, data=audited.data.replace(
       train_x=x.at[exp.data.num_clients:].set(jnp.nan)))  # every canary's training diverges
-  scores = audit.audit_scores(audited, audit.AuditSettings(num_trials=1, num_canaries=20))
+  scores = canaries.audit_scores(audited, canaries.AuditSettings(num_trials=1, num_canaries=20))
   projections, included = scores.projections[0, 0], scores.included[0]
   assert included.any() and not included.all()
   np.testing.assert_allclose(projections[included], 1.0, atol=0.1)  # noise std 0.02
@@ -211,7 +213,7 @@ def test_a_canary_uploads_its_vector_even_when_its_own_training_diverges():
 
 
 def test_audit_of_the_real_round_step_is_below_and_close_to_the_accounted_epsilon():
-  result = audit.run_audit(_experiment(1.0), audit.AuditSettings(num_trials=8, num_canaries=500))
+  result = canaries.run_audit(_experiment(1.0), canaries.AuditSettings(num_trials=8, num_canaries=500))
   assert result.epsilon_accounted == pytest.approx(4.377, abs=0.01)
   assert not result.exceeded(), result
   assert all(value > 0 for value in result.bounds().values()), result
@@ -254,7 +256,7 @@ def test_audit_of_correlated_noise_stays_below_the_accounted_epsilon(mechanism_n
   exp = train.build_experiment(tiny_config(**{
       'dp.noise_multiplier': sigma, 'dp.delta': DELTA, 'sampling_rate': 0.5, 'num_rounds': rounds,
       'local.batch_size': 256, 'dp.noise_mechanism': mechanism_name, 'dp.num_bands': bands}))
-  result = audit.run_audit(exp, audit.AuditSettings(num_trials=3, num_canaries=500,
+  result = canaries.run_audit(exp, canaries.AuditSettings(num_trials=3, num_canaries=500,
                                                     num_rounds=rounds))
   # Accounted mu: two Gaussians of sigma / ||c|| (banded), two epochs of sigma / sqrt(2) (tree).
   accounted_mu = math.sqrt(2) / sigma if mechanism_name == 'banded' else 2 / sigma
@@ -271,8 +273,8 @@ def test_audit_of_correlated_noise_stays_below_the_accounted_epsilon(mechanism_n
 
 def test_negative_control_half_the_noise_is_caught():
   """The proof the audit can fail: the same audit of a round step with half the accounted noise."""
-  result = audit.run_audit(_experiment(1.0, broken=True),
-                           audit.AuditSettings(num_trials=2, num_canaries=500))
+  result = canaries.run_audit(_experiment(1.0, broken=True),
+                           canaries.AuditSettings(num_trials=2, num_canaries=500))
   assert result.epsilon_accounted == pytest.approx(4.377, abs=0.01)  # what the accountant claims
   assert 'epsilon_gdp_lower' in result.exceeded(), result
   assert result.gdp_mu_lower > 1.0, result  # the executed mechanism has mu = 2
@@ -285,7 +287,7 @@ def test_one_run_estimates_along_the_run():
   exp = train.build_experiment(tiny_config(**{
       'dp.noise_multiplier': 1.0, 'dp.delta': DELTA, 'sampling_rate': 0.5, 'num_rounds': 3,
       'local.batch_size': 256}))
-  result = audit.run_audit(exp, audit.AuditSettings(num_trials=1, num_canaries=300, num_rounds=3,
+  result = canaries.run_audit(exp, canaries.AuditSettings(num_trials=1, num_canaries=300, num_rounds=3,
                                                     estimate_every=1))
   assert [e.round for e in result.along_run] == [1, 2, 3]
   accounted = [e.epsilon_accounted for e in result.along_run]
@@ -304,7 +306,7 @@ def test_audit_config_and_table_grid_validate():
   for entry in audit_config.audit_grid():
     config = audit_config.get_config(sweep.arg_string(entry))
     config_lib.validate_config(config, set(METHODS))
-    settings = audit.AuditSettings.from_config(config)
+    settings = canaries.AuditSettings.from_config(config)
     assert settings.num_rounds == config.num_rounds == entry.get('rounds', 1)
     assert config.dp.noise_multiplier == entry['sigma'] and config.dp.delta == DELTA
   with pytest.raises(ValueError, match='unknown config argument'):
@@ -312,7 +314,7 @@ def test_audit_config_and_table_grid_validate():
   bad = audit_config.get_config(None)
   bad.audit.num_rounds = 3
   with pytest.raises(ValueError, match='config.num_rounds'):
-    audit.AuditSettings.from_config(bad)
+    canaries.AuditSettings.from_config(bad)
 
 
 def test_the_default_experiments_audit_is_the_default_experiment_plus_canaries():
@@ -320,7 +322,7 @@ def test_the_default_experiments_audit_is_the_default_experiment_plus_canaries()
   from experiments.configs import default
   config = audit_default.get_config('method=centaur,every=5')
   config_lib.validate_config(config, set(METHODS))
-  settings = audit.AuditSettings.from_config(config)
+  settings = canaries.AuditSettings.from_config(config)
   assert settings.estimate_rounds() == [5, 10, 15, 20, 25, 30, 35, 40]
   assert (settings.num_trials, settings.num_canaries) == (1, 1000)
   plain = default.get_config('method=centaur')
@@ -344,3 +346,25 @@ def test_private_mask_methods_release_exactly_zero_for_an_empty_cohort():
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                state.shared, state0.shared)
   assert 'released without noise' in exp.privacy_caveat
+
+
+def test_banded_white_box_score_uses_the_public_schedule_not_who_was_sampled():
+  """Under BandMF at q b < 1 who was sampled is secret: the score must not change with it (it reads
+  the canary's group rounds); at q b = 1 that schedule is exactly who was sampled."""
+  rounds, k, trials, bands = 6, 5, 4, 2
+  mechanism = DPMechanism(BandMF.for_run(10, 0.25, rounds, bands), clip_norm=1.0,
+                          noise_multiplier=1.0)
+  rng = np.random.default_rng(0)
+  group = rng.integers(0, bands, (trials, 1, k))
+  scheduled = np.arange(rounds)[None, :, None] % bands == group
+  projections = rng.normal(size=(trials, rounds, k))
+  included = np.ones((trials, k), bool)
+  scores = lambda sampled: canaries.white_box_scores(mechanism, canaries.CanaryScores(
+      projections, projections, sampled, included, np.ones((trials, k)), scheduled))
+  everyone = scores(scheduled)
+  for _ in range(3):
+    np.testing.assert_array_equal(scores(scheduled & (rng.random(scheduled.shape) < 0.5)), everyone)
+  # The matched filter itself: <C p, C s> / ||C s|| with s the schedule (q b = 1: the sampled rounds).
+  c = sum(coef * np.eye(rounds, k=-j) for j, coef in enumerate(mechanism.noise.strategy))
+  p, s = projections[1, :, 2], scheduled[1, :, 2].astype(float)
+  np.testing.assert_allclose(everyone[1, 2], (c @ p) @ (c @ s) / np.linalg.norm(c @ s), rtol=1e-12)

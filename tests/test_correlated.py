@@ -7,6 +7,7 @@ the config's q, N, sigma, never from the helpers under test (banded_noise, tree_
 """
 
 import itertools
+import json
 import math
 import os
 
@@ -24,6 +25,7 @@ from dp2fedsam_jax import checkpoint, keys, train
 from dp2fedsam_jax.algorithms import METHODS, get_method
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.privacy import correlated, noise
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent
 
 _ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 # Zero-out neighbours (a client's uploads replaced by zero in its scheduled rounds): the relation
@@ -58,7 +60,7 @@ def _released_noise(exp, rounds):
 
 def _z(exp, r):
   """Round r's standard draw Z_r of the noise stream, times sigma C: from keys.py, not the engine."""
-  std = exp.privacy.noise_multiplier * exp.config.dp.clip_norm
+  std = exp.mechanism.noise_multiplier * exp.config.dp.clip_norm
   like = exp.init_state().shared
   return [np.asarray(z, np.float64).ravel() for z in
           jax.tree.leaves(noise.gaussian_like(keys.round_keys(exp.root_key, r).noise, like, std))]
@@ -69,7 +71,7 @@ def test_banded_noise_rows_satisfy_c_w_equals_z():
   the run's coefficients (the ones jax_privacy's optimiser returns for T, b), and W is not Z."""
   rounds, bands = 5, 3
   exp = _zero_update('banded', num_rounds=rounds, **{'dp.num_bands': bands})
-  coefs = np.asarray(exp.mechanism.strategy)
+  coefs = np.asarray(exp.mechanism.noise.strategy)
   assert coefs.shape == (bands,) and abs(np.linalg.norm(coefs) - 1) < 1e-6
   np.testing.assert_allclose(coefs, np.asarray(toeplitz.optimize_banded_toeplitz(rounds, bands)),
                              rtol=1e-4)
@@ -86,7 +88,7 @@ def test_banded_noise_rows_satisfy_c_w_equals_z():
 def _tree_prefix_noise(exp, epoch, s):
   """The sum of the node noises of s's binary decomposition (node (l, j) = rounds [j 2^l, (j+1) 2^l)),
   each node's noise from keys.tree_node_key: the tree's prefix-sum noise after s rounds of an epoch."""
-  std = exp.privacy.noise_multiplier * exp.config.dp.clip_norm
+  std = exp.mechanism.noise_multiplier * exp.config.dp.clip_norm
   like = exp.init_state().shared
   total, start = None, 0
   for level in reversed(range(s.bit_length())):
@@ -174,7 +176,7 @@ def test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant():
   """N = 12 = 3 groups of 4, q = 0.25: jax_privacy's DpsgdTrainingAccountant with cycle_length b
   (the amplified BandMF reduction) gives the run's epsilon after every number of rounds."""
   exp = _zero_update('banded', num_clients=12, num_rounds=7)
-  params = jp_analysis.DpParams(noise_multipliers=exp.privacy.noise_multiplier, num_samples=12,
+  params = jp_analysis.DpParams(noise_multipliers=exp.mechanism.noise_multiplier, num_samples=12,
                                 delta=1e-3, batch_size=3, cycle_length=3)
   accountant = jp_analysis.DpsgdTrainingAccountant(jp_accountants.PldAccountantConfig())
   for rounds in (1, 3, 4, 7):
@@ -184,7 +186,7 @@ def test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant():
 
 def test_tree_epsilon_is_dp_accountings_tree_event_under_rdp():
   exp = _zero_update('tree', num_rounds=6, **{'dp.accountant': 'rdp'})  # E = 4
-  sigma = exp.privacy.noise_multiplier
+  sigma = exp.mechanism.noise_multiplier
   event = dp_accounting.ComposedDpEvent([
       dp_accounting.SelfComposedDpEvent(dp_accounting.SingleEpochTreeAggregationDpEvent(sigma, 4), 1),
       dp_accounting.SingleEpochTreeAggregationDpEvent(sigma, 2)])
@@ -201,11 +203,11 @@ def test_one_band_is_independent_noise_with_poisson_sampling():
 
 def _oracle_epsilon(exp, rounds):
   """Epsilon from the config alone, through jax_privacy (banded) and dp_accounting (tree)."""
-  c, sigma = exp.config, exp.privacy.noise_multiplier
+  c, sigma = exp.config, exp.mechanism.noise_multiplier
   if c.dp.noise_mechanism == 'banded':
     b = c.dp.num_bands
     params = jp_analysis.DpParams(noise_multipliers=sigma, num_samples=c.num_clients,
-                                  delta=exp.privacy.delta,
+                                  delta=exp.mechanism.delta,
                                   batch_size=round(c.sampling_rate * c.num_clients), cycle_length=b)
     return jp_analysis.DpsgdTrainingAccountant(jp_accountants.PldAccountantConfig()).compute_epsilon(
         rounds, params)
@@ -215,7 +217,7 @@ def _oracle_epsilon(exp, rounds):
       dp_accounting.SingleEpochTreeAggregationDpEvent(sigma, epoch), full)]
   events += [dp_accounting.SingleEpochTreeAggregationDpEvent(sigma, rest)] if rest else []
   return dp_accounting.rdp.RdpAccountant(neighboring_relation=_ZERO_OUT).compose(
-      dp_accounting.ComposedDpEvent(events)).get_epsilon(exp.privacy.delta)
+      dp_accounting.ComposedDpEvent(events)).get_epsilon(exp.mechanism.delta)
 
 
 @pytest.mark.parametrize('mechanism', ['banded', 'tree'])
@@ -227,7 +229,7 @@ def test_calibrated_sigma_meets_the_target_under_the_libraries_accountants(mecha
                      **{'dp.noise_multiplier': None, 'dp.target_epsilon': 2.0,
                         'dp.accountant': accountant})
   epsilon = _oracle_epsilon(exp, 7)
-  assert 0.98 * 2.0 <= epsilon <= 2.0 * (1 + 1e-3), (exp.privacy.noise_multiplier, epsilon)
+  assert 0.98 * 2.0 <= epsilon <= 2.0 * (1 + 1e-3), (exp.mechanism.noise_multiplier, epsilon)
 
 
 # --------------------------------------------------------------------------------------- samplers
@@ -349,3 +351,40 @@ def test_every_central_noised_sum_method_takes_correlated_noise_and_the_others_a
     else:
       with pytest.raises(ConfigError, match=r"^config\.dp\.noise_mechanism="):
         spec.check_noise_mechanism(mechanism)
+
+
+def test_banded_run_refuses_a_resume_whose_strategy_differs(tmp_path, monkeypatch):
+  """BandMF's coefficients are recomputed at every start: a resume whose optimiser returns others
+  (another jax_privacy, another backend) is refused against the ones the run stored."""
+  workdir = str(tmp_path)
+  real_save = checkpoint.save
+
+  def die_before_saving_round_2(wd, state, records):
+    if int(state.round) == 2:
+      raise Killed
+    real_save(wd, state, records)
+
+  monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_2)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(_resume_config(), workdir)
+  monkeypatch.undo()
+  with open(os.path.join(workdir, train.MECHANISM_FILE)) as f:
+    stored = json.load(f)
+  assert stored == {'noise_mechanism': 'banded',
+                    'strategy': list(correlated.banded_strategy(4, 2))}
+  other = tuple(c * (1 + 1e-6 * j) for j, c in enumerate(correlated.banded_strategy(4, 2)))
+  monkeypatch.setattr(correlated, 'banded_strategy', lambda rounds, bands: other)
+  with pytest.raises(ValueError, match='another noise strategy'):
+    train.train_and_evaluate(_resume_config(), workdir)
+  monkeypatch.undo()
+  train.train_and_evaluate(_resume_config(), workdir)  # the stored strategy resumes
+
+
+def test_each_mechanism_names_the_neighbouring_relation_its_epsilon_holds_under():
+  """docs/privacy.md section 7's last column: the tree's epsilon is a zero-out guarantee
+  (REPLACE_SPECIAL), not add/remove; the dry run says which."""
+  assert Independent(10, 0.5).neighbours == 'add/remove one client'
+  assert Independent(10, 0.5, 'fixed').neighbours == 'replace one client'
+  assert BandMF(10, 0.25, (1.0,)).neighbours == 'add/remove one client'
+  info = train.describe(tiny_config(num_rounds=3, **{'dp.noise_mechanism': 'tree'}))
+  assert info['neighbours'] == 'zero-out one client'

@@ -131,7 +131,7 @@ def _check_train(argv, capsys):
   fv.distributed = False  # the flags parsed; joining a cluster is not part of a dry run here
   if fv.dry_run and sweep.missing_data(fv.config):  # the data is not here: all but loading it
     validate_config(fv.config, METHODS)
-    train.resolve_privacy(fv.config, train.get_method(fv.config.method))
+    train.DPMechanism.from_config(fv.config, fv.config.num_clients, train.get_method(fv.config.method))
     return
   capsys.readouterr()
   train_binary.run(fv)

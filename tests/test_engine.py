@@ -12,6 +12,7 @@ from conftest import tiny_config
 from dp2fedsam_jax import train
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.noise_mechanisms import Independent
 from dp2fedsam_jax.round import make_round_step
 
 
@@ -53,7 +54,7 @@ def test_clipping_matches_a_float64_oracle_of_all_arrays_concatenated():
   """clip(u) = u min(1, C / ||u||) with one scale for the whole update, ||clip(u)|| = min(||u||, C),
   and the reported pre-clip norm is ||u||, every norm from float64 NumPy."""
   clip = 0.25
-  mech = DPMechanism(num_clients=10, sampling='poisson', sampling_rate=0.5, clip_norm=clip,
+  mech = DPMechanism(Independent(num_clients=10, sampling_rate=0.5), clip_norm=clip,
                      noise_multiplier=1.0)
   for tree in _clip_cases():
     norm = float64_norm(tree)
@@ -142,7 +143,7 @@ def test_non_private_method_adds_no_noise():
   state0 = exp.init_state()
   state, _ = run_rounds(exp)
   chex.assert_trees_all_equal(state.shared, state0.shared)
-  assert exp.privacy.epsilon == float('inf')
+  assert exp.epsilon == float('inf')
 
 
 # ---------------------------------------------------------------- padding

@@ -27,7 +27,7 @@ LAYERS = (
     ('client', 'evaluation'),    # one client's round; per-client test accuracy
     ('round',),                  # the jitted round step and its executors
     ('config',),                 # validate_config checks against the choice lists of the layers below
-    ('train', 'audit'),          # build_experiment, train_and_evaluate; the audit's canary harness
+    ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
 )
 
 # Known violations, each with the issue that removes it; strict: the test fails once it is fixed.

@@ -35,13 +35,13 @@ def test_epsilon_is_dp_accountings_composition_of_the_mechanisms_event(sampling,
   if sampling == 'poisson':
     assert isinstance(one, dp_accounting.PoissonSampledDpEvent)
     assert one.sampling_probability == exp.config.sampling_rate
-    assert one.event.noise_multiplier == exp.privacy.noise_multiplier
+    assert one.event.noise_multiplier == exp.mechanism.noise_multiplier
     accountant = dp_accounting.pld.PLDAccountant(
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
   else:
     assert isinstance(one, dp_accounting.SampledWithoutReplacementDpEvent)
     assert one.source_dataset_size == 10 and one.sample_size == 5
-    assert one.event.noise_multiplier == exp.privacy.noise_multiplier / 2  # replace-one: 2C
+    assert one.event.noise_multiplier == exp.mechanism.noise_multiplier / 2  # replace-one: 2C
     accountant = dp_accounting.rdp.RdpAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
   np.testing.assert_allclose(accountant.compose(event).get_epsilon(1e-3),
@@ -90,7 +90,7 @@ def test_released_noise_is_the_calibrated_sigma_c_on_every_array_and_fresh_each_
                                                          dp_accounting.GaussianDpEvent(sigma / 2))
     relation = dp_accounting.NeighboringRelation.REPLACE_ONE
   epsilon = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation).compose(
-      dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(exp.privacy.delta)
+      dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(exp.mechanism.delta)
   assert 0.98 * target <= epsilon <= target * (1 + 1e-6), (sigma, epsilon)
 
   step = jax.jit(exp.round_step())

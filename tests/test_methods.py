@@ -297,3 +297,36 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
   args = (exp.data.train_x[0], exp.data.train_y[0], exp.data.train_count[0], jax.random.key(1), 0)
   chex.assert_trees_all_close(client(state.shared, personal, *args).personal,
                               client(masked.shared, personal, *args).personal, atol=1e-6)
+
+
+def test_client_topk_releases_exact_zeros_that_reveal_the_target():
+  """dp_fedsam_topk's caveat (docs/privacy.md section 4): with this code's clip, distributed shares
+  and client top-k, a coordinate nobody kept is released as an exact 0, and how often depends on
+  whether the target took part: d = 2000, |S| = 20, sigma = C = 1, 10 % kept. Without the target
+  P(sum[0] = 0) is ~0.9^20 = 0.12; with a target that puts its update on coordinate 0 it is 0, so
+  delta >= ~0.12 for every epsilon, which the accounted epsilon does not say."""
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.noise_mechanisms import Independent  # pylint: disable=import-outside-toplevel
+  d, others, trials = 2000, 20, 400
+  assert 'does not cover' in train.get_method('dp_fedsam_topk').privacy_caveat()
+
+  def released_zero(key, with_target):
+    cohort = others + int(with_target)
+    mech = DPMechanism(Independent(cohort, 1.0), clip_norm=1.0, noise_multiplier=1.0,
+                       noise_placement='distributed')
+    update_key, noise_key = jax.random.split(key)
+    updates = jax.random.normal(update_key, (cohort, d))
+    if with_target:
+      updates = updates.at[-1].set(jnp.zeros(d).at[0].set(5.0))
+
+    def one(update, k):
+      upload, _ = mech.clip({'w': update})
+      upload = mech.privatize_upload(k, upload, jnp.asarray(cohort))
+      return sparsify.apply_mask(upload, sparsify.topk_mask(upload, 0.1))['w']
+    total = jnp.sum(jax.vmap(one)(updates, jax.random.split(noise_key, cohort)), axis=0)
+    return total[0] == 0
+
+  trial_keys = jax.random.split(jax.random.key(0), trials)
+  without = float(jnp.mean(jax.vmap(lambda k: released_zero(k, False))(trial_keys)))
+  with_target = float(jnp.mean(jax.vmap(lambda k: released_zero(k, True))(trial_keys)))
+  assert 0.07 < without < 0.18 and with_target == 0.0, (without, with_target)

@@ -54,7 +54,7 @@ def test_private_method_needs_sigma_or_target_epsilon_and_sigma_wins():
   with pytest.raises(ConfigError, match='target_epsilon'):
     train.build_experiment(tiny_config(**{'dp.noise_multiplier': None}))
   exp = train.build_experiment(tiny_config(**{'dp.target_epsilon': 3.0, 'dp.noise_multiplier': 1.3}))
-  assert exp.privacy.noise_multiplier == 1.3
+  assert exp.mechanism.noise_multiplier == 1.3
 
 
 def test_client_with_no_data_is_an_error():
@@ -71,9 +71,9 @@ def test_fixed_sampling_needs_rdp():
 def test_target_epsilon_calibrates_sigma_and_delta_defaults_to_one_over_n():
   exp = train.build_experiment(tiny_config(**{'dp.noise_multiplier': None, 'dp.target_epsilon': 4.0,
                                               'num_rounds': 5}))
-  assert exp.privacy.delta == pytest.approx(1 / 6)
-  assert exp.privacy.epsilon <= 4.0 and exp.privacy.epsilon > 3.9
-  assert exp.privacy.noise_multiplier > 0
+  assert exp.mechanism.delta == pytest.approx(1 / 6)
+  assert exp.epsilon <= 4.0 and exp.epsilon > 3.9
+  assert exp.mechanism.noise_multiplier > 0
 
 
 def test_train_and_evaluate_writes_config_and_metrics(tmp_path):

@@ -114,10 +114,11 @@ class MethodSpec:
               'is 1, so the mask (which coordinates changed most) is released without noise; the '
               'reported epsilon does not cover it. Use the _safe variant for a covered release.')
     if self.postprocess == 'topk_client':
-      return (f'{self.name}: each client sparsifies its own noised upload, which carries only '
-              'sigma/sqrt(m) of the noise; the reported epsilon (sigma on the sum) covers the '
-              'sum, not each upload the server sees without secure aggregation (and secure '
-              'aggregation cannot sum top-k masks it must not see). '
+      return (f'{self.name}: each client keeps the top-k of its own noised upload (noise '
+              'sigma/sqrt(m)), so a coordinate of the sum is noised only by the clients that kept '
+              'it, and one nobody kept is released as an exact 0 whose probability depends on '
+              'whether a client took part: the reported epsilon does not cover the sum, nor the '
+              'uploads the server sees (docs/privacy.md section 4). '
               f'{self.name}_server sparsifies the noised sum, which is post-processing and covered.')
     return ''
 

@@ -2,7 +2,8 @@
 
 from dp2fedsam_jax.data.arrays import ArrayDataset
 from dp2fedsam_jax.data.arrays import DatasetNotFoundError
-from dp2fedsam_jax.data.arrays import channel_stats
+from dp2fedsam_jax.data.arrays import NORMALIZATION
+from dp2fedsam_jax.data.arrays import normalization
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.data.federated import build_federated_data
 from dp2fedsam_jax.data.federated import make_federated_data
@@ -27,18 +28,19 @@ __all__ = [
     'DATASETS_WITH_WRITERS',
     'DEFAULT_FASHION_MNIST_DIR',
     'DatasetNotFoundError',
+    'NORMALIZATION',
     'FederatedData',
     'NATURAL',
     'PARTITIONS',
     'TFDS_DATASETS',
     'build_federated_data',
-    'channel_stats',
     'dataset_names',
     'dirichlet',
     'iid',
     'load_dataset',
     'load_fashion_mnist',
     'make_federated_data',
+    'normalization',
     'natural',
     'partition',
     'pathological',

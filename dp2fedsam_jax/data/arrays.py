@@ -1,5 +1,5 @@
-"""What every dataset source returns: an in-memory ArrayDataset (uint8 images, labels, channel
-stats), and the error a missing dataset raises.
+"""What every dataset source returns: an in-memory ArrayDataset (uint8 images, labels, the
+dataset's published normalization), and the error a missing dataset raises.
 
 A leaf of `data/` (numpy only): `sources.py`, `femnist.py` and `tfds_source.py` all build on it, so
 none of them imports another for these names.
@@ -24,8 +24,8 @@ class ArrayDataset:
     x: uint8 [n, H, W, C].
     y: int32 [n], values in [0, num_classes).
     num_classes: number of classes.
-    mean: per-channel mean of x / 255.
-    std: per-channel std of x / 255.
+    mean: per-channel mean of x / 255 to normalise with (NORMALIZATION: published, not measured).
+    std: per-channel std of x / 255 to normalise with.
     writers: int32 [n], the writer (natural client) of each example, or None when the data has
       no natural clients; needed by partition 'natural'.
     writer_ids: the writers' names, indexed by `writers`.
@@ -72,17 +72,39 @@ class ArrayDataset:
     return tuple(self.x.shape[1:])
 
 
-def channel_stats(x: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """Per-channel mean and std of x / 255 for uint8 [n, H, W, C], in chunks (no float copy of x)."""
-  c = x.shape[-1]
-  total = np.zeros(c, np.float64)
-  squares = np.zeros(c, np.float64)
-  for start in range(0, len(x), chunk):
-    part = x[start:start + chunk].reshape(-1, c).astype(np.float64)
-    total += part.sum(axis=0)
-    squares += np.square(part).sum(axis=0)
-  count = max(1, x.size // c)
-  mean = total / count / 255.0
-  var = np.maximum(squares / count / 255.0**2 - mean**2, 0.0)
-  std = np.maximum(np.sqrt(var), 1e-3)  # avoid /0 on constant data
-  return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+# Per-channel (mean, std) of x / 255 that every released model is normalised with: published
+# constants, never statistics of the federation's own data (those would enter every released model
+# without noise). Keys are TFDS names (and 'femnist', 'synthetic'); `normalization` looks them up.
+NORMALIZATION = {
+    # Each dataset's training set, as its community normalises it.
+    'mnist': ((0.1307,), (0.3081,)),
+    'fashion_mnist': ((0.2860,), (0.3530,)),
+    'cifar10': ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    'cifar100': ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    # EMNIST by split (Cohen et al. 2017's data; the constants PyTorch Lightning Bolts ships).
+    'emnist': ((0.174,), (0.332,)),  # TFDS's default config, byclass
+    'emnist/byclass': ((0.174,), (0.332,)),
+    'emnist/bymerge': ((0.174,), (0.332,)),
+    'emnist/balanced': ((0.175,), (0.333,)),
+    'emnist/letters': ((0.172,), (0.331,)),
+    'emnist/digits': ((0.173,), (0.332,)),
+    'emnist/mnist': ((0.173,), (0.332,)),
+    # FEMNIST (TFF / LEAF) holds EMNIST's characters on a white background (fedjax's loader flips
+    # them back): EMNIST byclass's constants, flipped.
+    'femnist': ((1.0 - 0.174,), (0.332,)),
+    # The generator's own scale, not its samples: uniform prototypes around 0.5, spread ~0.35.
+    'synthetic': ((0.5,), (0.35,)),
+}
+# A dataset without published constants (any 'tfds:<name>'): [0, 1] -> [-1, 1], data-independent.
+DEFAULT_NORMALIZATION = ((0.5,), (0.5,))
+
+
+def normalization(name: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """(mean, std) per channel for dataset `name` (a NORMALIZATION key), from the table alone: a
+  one-channel entry is repeated over `channels` (the synthetic source's colour images)."""
+  mean, std = NORMALIZATION.get(name.split(':')[0], DEFAULT_NORMALIZATION)  # (a TFDS version)
+  if len(mean) == 1:
+    mean, std = mean * channels, std * channels
+  if len(mean) != channels:
+    raise ValueError(f'the normalization of {name!r} has {len(mean)} channels, the images {channels}.')
+  return mean, std

@@ -25,7 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, channel_stats
+from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, normalization
 
 NUM_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters
 # TFF's cache location (tff.simulation.datasets.emnist.load_data): used when config.data_dir is None.
@@ -195,7 +195,7 @@ def load_femnist(data_dir: str | None = None, split: str = 'train', *,
   y = np.concatenate([by_writer[w][1] for w in writer_ids])
   writers = np.repeat(np.arange(len(writer_ids), dtype=np.int32),
                       [len(by_writer[w][1]) for w in writer_ids])
-  mean, std = channel_stats(x)
+  mean, std = normalization('femnist', x.shape[-1])  # published, not the writers' own statistics
   return ArrayDataset(x=x, y=y, num_classes=NUM_CLASSES, mean=mean, std=std, writers=writers,
                       writer_ids=tuple(writer_ids))
 

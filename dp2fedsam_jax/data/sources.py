@@ -13,13 +13,12 @@ from typing import Callable
 import numpy as np
 
 from dp2fedsam_jax.data import femnist, tfds_source
-from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError
+from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, NORMALIZATION, normalization
 
 DEFAULT_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 
-# Standard Fashion-MNIST training-set statistics of x/255.
-FASHION_MNIST_MEAN = (0.2860,)
-FASHION_MNIST_STD = (0.3530,)
+# The standard Fashion-MNIST training-set statistics of x/255 (data/arrays.NORMALIZATION).
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = NORMALIZATION['fashion_mnist']
 
 _FASHION_MNIST_FILES = {
     'train': ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz'),
@@ -168,16 +167,8 @@ def synthetic(num_examples: int = 1000,
   noise = rng.normal(0.0, noise_std, size=(num_examples, *image_shape))
   x = np.clip(np.rint(prototypes[y] + noise), 0, 255).astype(np.uint8)
 
-  scaled = x.astype(np.float64) / 255.0
-  mean = scaled.mean(axis=(0, 1, 2))
-  std = np.maximum(scaled.std(axis=(0, 1, 2)), 1e-3)  # avoid /0 on constant data
-  return ArrayDataset(
-      x=x,
-      y=y,
-      num_classes=int(num_classes),
-      mean=tuple(float(m) for m in mean),
-      std=tuple(float(s) for s in std),
-  )
+  mean, std = normalization('synthetic', image_shape[-1])  # fixed: never from the examples
+  return ArrayDataset(x=x, y=y, num_classes=int(num_classes), mean=mean, std=std)
 
 
 def _load_synthetic(data_dir=None, split='train', **kwargs) -> ArrayDataset:

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, channel_stats
+from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, normalization
 
 DEFAULT_TFDS_DIR = os.path.join(os.path.expanduser('~'), 'tensorflow_datasets')
 _BATCH = 4096
@@ -61,7 +61,8 @@ def load_tfds(name: str, data_dir: str | None = None, split: str = 'train', *,
   Not yet prepared in `data_dir` (default ~/tensorflow_datasets): downloaded and prepared there
   if `download`; if that fails (offline), DatasetNotFoundError says what is missing and how to get
   it. EMNIST images are transposed to upright (TFDS stores them as NIST does, transposed). mean/std
-  are the loaded split's per-channel statistics.
+  are the dataset's published constants (arrays.NORMALIZATION; [0, 1] -> [-1, 1] for a dataset
+  without), never statistics of the loaded examples.
   """
   tfds = _import_tfds(name)
   data_dir = DEFAULT_TFDS_DIR if data_dir is None else os.fspath(data_dir)
@@ -104,5 +105,5 @@ def load_tfds(name: str, data_dir: str | None = None, split: str = 'train', *,
     x = x[..., None]
   if name.split('/')[0] == 'emnist':
     x = np.ascontiguousarray(x.transpose(0, 2, 1, 3))
-  mean, std = channel_stats(x)
+  mean, std = normalization(name, x.shape[-1])  # published constants, never the clients' data
   return ArrayDataset(x=x, y=y, num_classes=int(features[label_key].num_classes), mean=mean, std=std)

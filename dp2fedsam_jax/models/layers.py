@@ -3,7 +3,7 @@
 `Conv2D` has exactly the parameters of `flax.linen.Conv` ('kernel' HWIO, 'bias'), so
 params and checkpoints are interchangeable between lowerings and with `nn.Conv`.
 
-Why several lowerings (DESIGN.md §4): under `jax.vmap` with per-client kernels,
+Why several lowerings (docs/performance.md): under `jax.vmap` with per-client kernels,
 `lax.conv_general_dilated` becomes a grouped convolution, which XLA:CPU runs slowly
 (CIFAR CNN, 8 clients x batch 10, loss+grad: ~0.8 s vs ~0.2 s for im2col on the 2-core
 dev box); its backward pass is slow on CPU even without vmap. im2col (patches, then one

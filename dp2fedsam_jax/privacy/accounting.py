@@ -343,11 +343,13 @@ def calibrate_noise_multiplier(target_epsilon, sampling_rate, num_rounds, delta,
 
 
 # ---------------------------------------------------------------------------------------------------
-# Any mechanism given as sigma -> DpEvent (the correlated-noise mechanisms of mechanism.DPMechanism):
-# add/remove-one neighbours, PLD or RDP.
+# Any mechanism given as sigma -> DpEvent (the correlated-noise mechanisms, noise_mechanisms.py), PLD
+# or RDP under the ADD_OR_REMOVE_ONE relation. BandMF's guarantee is add/remove-one; the tree's is
+# zero-out (a client's uploads replaced by 0 in its public rounds: REPLACE_SPECIAL), whose curve for
+# its unsampled Gaussians equals add/remove's -- the relation its epsilon holds under is zero-out.
 # ---------------------------------------------------------------------------------------------------
 def _checked_event_args(num_rounds, delta, accountant) -> tuple[int, float, str]:
-  """(T, delta, accountant) of an event-given mechanism, each checked (add/remove neighbours)."""
+  """(T, delta, accountant) of an event-given mechanism, each checked."""
   return (_check_num_rounds(num_rounds), _check_delta(delta),
           _check_accountant(accountant, 'poisson'))
 

@@ -2,7 +2,7 @@
 
 For a lower-triangular strategy C (T x T) the server adds to round t's sum the noise w_t = (C^-1 Z)_t,
 with Z_t ~ N(0, (sigma C_clip)^2 I) fresh each round: the released sums X + W are a post-processing
-of C X + Z, whose sensitivity is what the accountant sees (DESIGN.md section 7).
+of C X + Z, whose sensitivity is what the accountant sees (docs/privacy.md section 7).
 
     'independent'  C = I: w_t = z_t (DP-FedAvg as before), Poisson or fixed cohorts.
     'banded'       BandMF (Choquette-Choo et al. 2023): C a b-banded lower-triangular Toeplitz matrix
@@ -36,11 +36,6 @@ import numpy as np
 
 from dp2fedsam_jax import keys
 from dp2fedsam_jax.privacy import noise as noise_lib
-
-# config.dp.noise_mechanism; mechanism.DPMechanism executes and accounts each one.
-NOISE_MECHANISMS = ('independent', 'banded', 'tree')
-CORRELATED = ('banded', 'tree')
-
 
 # ------------------------------------------------------------------------------------------ banded
 @functools.lru_cache(maxsize=None)

@@ -1,20 +1,28 @@
 """The client-level Gaussian mechanism of a run, in one object: what the round step executes is what
 the accountant composes.
 
-    sample(key, round, root)      who takes part (Poisson q, or exactly m without replacement;
-                                  banded: Poisson q b within the round's group; tree: the round's
-                                  block of the epoch's shuffle)
-    clip(delta)                   global L2 clipping of a client's whole shared update to C
-    privatize_upload(key, u, |S|) [distributed] a client's share N(0, s^2 C^2 / |S|)
-    privatize_sum(key, sum, |S|, noise_state, round, root)
-                                  -> (released sum, new noise_state). [central] N(0, s^2 C^2) on the
-                                  sum, or row t of C^-1 Z for correlated noise (privacy/correlated.py);
-                                  [distributed] nothing, unless nobody was sampled (then the server
-                                  adds all of it)
-    init_noise_state(shared)      what the server carries between rounds (BandMF: the last b-1 draws)
-    denominator(|S|)              the expected cohort size qN (Poisson) or m (fixed): public
-    dp_event(rounds)              the dp_accounting event of `rounds` such rounds
-    calibrate(eps, rounds, delta) sigma for a target epsilon, through the same dp_event
+A DPMechanism is three pieces, each small:
+
+    clipping    clip(delta): the client's whole shared update to global L2 norm C
+    placement   where the noise of std sigma C on the sum is added: by the server ('central'), or as
+                |S| client shares N(0, s^2 C^2 / |S|) ('distributed')
+    noise       a noise mechanism (noise_mechanisms.py): the sampler, the noise state the server
+                carries, the noise draw, the public divisor and the dp_event of T rounds --
+                Independent, BandMF or TreeAggregation
+
+and the accountant's facade over them (dp_event, epsilon, calibrate). The round step calls
+
+    sample(key, round, root)       who takes part
+    clip(delta)                    -> (upload, pre-clip norm)
+    privatize_upload(key, u, |S|)  [distributed] the client's share
+    privatize_sum(key, sum, |S|, support, noise_state, round, root)
+                                   -> (released sum, new noise_state)
+    init_noise_state(shared)       what the server carries between rounds (ServerState.noise_state)
+    denominator(|S|)               the public divisor of the released sum
+
+A clip norm that changes from round to round (adaptive clipping) would be a fourth piece beside
+`noise`: an object with its own server state and its own part of `dp_event`, called from `clip`
+and `dp_event` here -- no other module changes shape.
 
 A non-private method runs the same object with `private=False`: no clipping, no noise, the actual
 cohort as the divisor, and epsilon = inf.
@@ -27,12 +35,14 @@ import math
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 
-import dp_accounting
-
-from dp2fedsam_jax.privacy import accounting, clipping, correlated, noise, sampling
-
+from dp2fedsam_jax.errors import ConfigError
+from dp2fedsam_jax.privacy import clipping, noise, noise_mechanisms
 from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, TreeAggregation
+
+NoiseMechanism = Independent | BandMF | TreeAggregation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,64 +50,94 @@ class DPMechanism:
   """Sampling, clipping, noise and accounting of one run (all static: hashable, jit-friendly).
 
   The round step executes exactly this object and the accountant composes its `dp_event`, so the
-  accounted mechanism cannot drift from the executed one. Built by `round.mechanism_from(config)`.
+  accounted mechanism cannot drift from the executed one. Built once per run by `from_config`.
 
   Attributes:
-    num_clients: N.
-    sampling: 'poisson' | 'fixed' (see accounting.dp_event).
-    sampling_rate: q.
+    noise: the noise mechanism (noise_mechanisms.py), which also holds the sampler's N and q.
     clip_norm: C, the bound on each client's whole shared update (global L2 norm).
     noise_multiplier: sigma; the noise on the sum of clipped updates has std sigma C.
     noise_placement: 'central' (the server adds it) | 'distributed' (each sampled client adds a
-      share of std sigma C / sqrt(|S|)).
+      share of std sigma C / sqrt(|S|)); correlated noise is central only.
     private: False for the non-private methods: no clipping, no noise, divide by the cohort.
-    noise_mechanism: 'independent' | 'banded' | 'tree' (privacy/correlated.py); the correlated
-      ones bring their own sampler (`sampling` must be 'poisson') and central placement.
-    strategy: BandMF's Toeplitz coefficients c_0..c_{b-1} (b = bands); (1.0,) otherwise.
+    delta: the delta epsilon is reported at (config.dp.delta, or 1/N).
+    accountant: 'pld' | 'rdp' (config.dp.accountant).
   """
-  num_clients: int
-  sampling: str            # 'poisson' | 'fixed'
-  sampling_rate: float     # q
+  noise: NoiseMechanism
   clip_norm: float         # C
   noise_multiplier: float  # sigma: noise std on the sum / C
   noise_placement: str = 'central'  # 'central' | 'distributed'
   private: bool = True
-  noise_mechanism: str = 'independent'
-  strategy: tuple = (1.0,)
+  delta: float | None = None
+  accountant: str = 'pld'
 
   def __post_init__(self):
     if self.noise_placement not in NOISE_PLACEMENTS:
-      raise ValueError(f'config.dp.noise_placement={self.noise_placement!r}: unknown; choose one '
-                       f'of {list(NOISE_PLACEMENTS)}.')
-    if self.noise_mechanism not in correlated.NOISE_MECHANISMS:
-      raise ValueError(f'config.dp.noise_mechanism={self.noise_mechanism!r}: unknown; choose one '
-                       f'of {list(correlated.NOISE_MECHANISMS)}.')
-    if self.correlated and (self.distributed or self.sampling != 'poisson'):
-      raise ValueError(f'config.dp.noise_mechanism={self.noise_mechanism!r} needs '
-                       "dp.noise_placement='central' and dp.sampling='poisson'.")
-    if self.noise_mechanism == 'banded' and self.sampling_rate * self.bands > 1 + 1e-12:
-      raise ValueError(f'config.dp.num_bands={self.bands} with sampling_rate={self.sampling_rate}: '
-                       'BandMF samples at rate sampling_rate * num_bands within a group, which '
-                       'must be <= 1.')
+      raise ConfigError(f'config.dp.noise_placement={self.noise_placement!r}: unknown; choose one '
+                        f'of {list(NOISE_PLACEMENTS)}.')
+    self.noise.check(noise_placement=self.noise_placement, sampling=self.noise.sampling)
+
+  @classmethod
+  def from_config(cls, config, num_clients: int, method=None) -> 'DPMechanism':
+    """The run's mechanism: sigma = config.dp.noise_multiplier, or calibrated for
+    config.dp.target_epsilon after num_rounds rounds; delta = config.dp.delta or 1/N.
+
+    `method` (an algorithms.MethodSpec) decides `private` and checks that the method can run the
+    configured placement and noise mechanism. When both sigma and a target are set, sigma wins (a
+    command-line `--config.dp.noise_multiplier=1.0` on top of a config file that targets an epsilon).
+    """
+    dp = config.dp
+    private = True if method is None else method.private
+    if method is not None:
+      method.check_noise_placement(dp.noise_placement)
+      method.check_noise_mechanism(dp.noise_mechanism)
+    delta = dp.delta if dp.delta is not None else 1.0 / num_clients
+    common = dict(clip_norm=dp.clip_norm, noise_placement=dp.noise_placement, delta=delta,
+                  accountant=dp.accountant)
+    if not private:
+      return cls(Independent(num_clients, config.sampling_rate, dp.sampling), noise_multiplier=0.0,
+                 private=False, **common)
+    sigma, target = dp.noise_multiplier, dp.target_epsilon
+    if sigma is None and target is None:
+      raise ConfigError(
+          'config.dp.noise_multiplier=None, config.dp.target_epsilon=None: set one of them (a fixed '
+          'sigma, or a target epsilon that sigma is calibrated for).')
+    if sigma is not None and target is not None:
+      logging.warning('dp.noise_multiplier=%s is set, so dp.target_epsilon=%s is ignored.', sigma,
+                      target)
+    mechanism = cls(noise_mechanisms.from_config(config, num_clients),
+                    noise_multiplier=float(sigma or 0.0), **common)
+    if sigma is None:
+      mechanism = mechanism.with_noise(mechanism.calibrate(target, config.num_rounds))
+    return mechanism
+
+  # The sampler's numbers live in the noise mechanism; these read them.
+  @property
+  def num_clients(self) -> int:
+    return self.noise.num_clients
+
+  @property
+  def sampling_rate(self) -> float:
+    return self.noise.sampling_rate
+
+  @property
+  def sampling(self) -> str:
+    """config.dp.sampling: 'poisson' (add/remove; the correlated ones too) | 'fixed' (replace-one)."""
+    return self.noise.sampling
+
+  @property
+  def noise_mechanism(self) -> str:
+    """config.dp.noise_mechanism: 'independent' | 'banded' | 'tree'."""
+    return self.noise.name
 
   @property
   def correlated(self) -> bool:
     """Noise correlated across rounds (a private run with noise_mechanism 'banded' or 'tree')."""
-    return self.private and self.noise_mechanism in correlated.CORRELATED
-
-  @property
-  def bands(self) -> int:
-    return len(self.strategy) if self.noise_mechanism == 'banded' else 1
+    return self.private and self.noise.correlated
 
   @property
   def cohort_sampling(self) -> str:
-    """The sampler's shape for sizing chunks: 'fixed' (exactly m) under 'tree', else `sampling`."""
-    return 'fixed' if self.correlated and self.noise_mechanism == 'tree' else self.sampling
-
-  @property
-  def epoch_length(self) -> int:
-    """'tree': the rounds of one epoch (each client in exactly one of them)."""
-    return correlated.tree_epoch_length(self.sampling_rate, self.num_clients)
+    """The sampler's shape for sizing chunks: 'fixed' (exactly m: fixed, tree) or 'poisson'."""
+    return self.noise.cohort_shape
 
   @property
   def noise_std(self) -> float:
@@ -108,15 +148,23 @@ class DPMechanism:
   def distributed(self) -> bool:
     return self.noise_placement == 'distributed'
 
+  def with_noise(self, noise_multiplier: float) -> 'DPMechanism':
+    return dataclasses.replace(self, noise_multiplier=float(noise_multiplier))
+
+  def with_num_clients(self, num_clients: int) -> 'DPMechanism':
+    """The same mechanism over `num_clients` clients (the audit adds its canaries); the class stays."""
+    return dataclasses.replace(self, noise=dataclasses.replace(self.noise, num_clients=num_clients))
+
+  # ------------------------------------------------------------------------- what the round executes
   def sample(self, key: jax.Array, round_index=0, root: jax.Array | None = None) -> jax.Array:
     """bool[num_clients]: the cohort of round `round_index` (`root`: the run's key, whose public
     schedule the correlated mechanisms' samplers follow)."""
-    if self.correlated and self.noise_mechanism == 'banded':
-      return correlated.sample_banded(key, round_index, root, self.sampling_rate,
-                                      self.num_clients, self.bands)
-    if self.correlated and self.noise_mechanism == 'tree':
-      return correlated.sample_tree(round_index, root, self.sampling_rate, self.num_clients)
-    return sampling.sample_cohort(key, self.sampling, self.sampling_rate, self.num_clients)
+    return self.noise.sample(key, round_index, root)
+
+  def schedule(self, round_index, root: jax.Array) -> jax.Array:
+    """bool[num_clients]: who may be sampled in round `round_index`, a public fact (BandMF: the
+    round's group; the tree: its block; independent: everyone). The audit's scores may use it."""
+    return self.noise.schedule(round_index, root)
 
   def clip(self, delta):
     """(upload, pre-clip global norm): the update clipped to norm C (unclipped if not private)."""
@@ -146,91 +194,61 @@ class DPMechanism:
     return noise.add_gaussian_noise(key, upload, self.client_noise_std(cohort), support)
 
   def init_noise_state(self, shared):
-    """The noise state a run starts with: BandMF's buffer of b-1 zero draws; () otherwise."""
-    if self.correlated and self.noise_mechanism == 'banded':
-      return correlated.init_banded_buffer(self.strategy, shared)
-    return ()
+    """The noise state a run starts with (BandMF: a buffer of b-1 zero draws; () otherwise)."""
+    return self.noise.init_state(shared) if self.private else ()
 
   def privatize_sum(self, key: jax.Array, total, cohort: jax.Array, support=None, noise_state=(),
                     round_index=0, root: jax.Array | None = None):
     """(the sum of the clipped uploads plus the server's noise, the new noise state). `support`:
     a 0/1 mask where noise goes (a public rand-k mask; the union of private masks for the leaky
-    methods; never with correlated noise). Correlated noise: row `round_index` of C^-1 Z, with
-    Z_t = N(0, s^2 C^2) drawn from `key` (banded) or the tree's node keys of `root`."""
+    methods; never with correlated noise). The noise mechanism draws w_t of std sigma C (key:
+    the round's noise stream; root: the run's key, for the tree's node keys)."""
     if not self.private:
       return total, noise_state
-    if not self.correlated:
-      return noise.add_gaussian_noise(key, total, self.server_noise_std(cohort), support), noise_state
-    if support is not None:
+    if support is not None and self.noise.correlated:
       raise ValueError('correlated noise goes on every coordinate; a noise support is refused.')
-    if self.noise_mechanism == 'banded':
-      z = noise.gaussian_like(key, total, self.server_noise_std(cohort))
-      w, noise_state = correlated.banded_noise(z, noise_state, self.strategy)
-    else:
-      w = correlated.tree_noise(root, round_index, total, self.server_noise_std(cohort),
-                                self.epoch_length)
+    w, noise_state = self.noise.draw(key, total, self.server_noise_std(cohort), noise_state,
+                                     round_index, root)
+    if support is not None:
+      w = jax.tree.map(lambda z, m: z * m.astype(z.dtype), w, support)
     return jax.tree.map(jnp.add, total, w), noise_state
 
   def denominator(self, cohort: jax.Array) -> jax.Array:
     """What the noised sum is divided by: the *expected* cohort size for private runs, a public
     constant, so the mean's sensitivity does not depend on who was sampled."""
-    if self.correlated and self.noise_mechanism == 'tree':
-      return jnp.asarray(correlated.tree_cohort_size(self.sampling_rate, self.num_clients),
-                         jnp.float32)
-    if self.private:  # banded too: q b |group| averages q N over the groups
-      return jnp.asarray(sampling.cohort_size(self.sampling, self.sampling_rate, self.num_clients),
-                         jnp.float32)
+    if self.private:
+      return jnp.asarray(self.noise.divisor(), jnp.float32)
     return jnp.maximum(cohort, 1).astype(jnp.float32)
 
+  # ------------------------------------------------------------------------ the accountant's facade
   def dp_event(self, rounds: int):
-    """The dp_accounting event of `rounds` rounds of this mechanism (None if not private).
-
-    banded: ceil(rounds / b) Poisson(q b)-sampled Gaussians of multiplier sigma / ||c||_2 (a client
-    has one chance per b rounds, and its columns do not overlap; Choquette-Choo et al. 2023, as
-    jax_privacy's DpsgdTrainingAccountant with cycle_length b). tree: per epoch (a complete one and
-    the rounds of the current one) a Gaussian of multiplier sigma / sqrt(L), L the nodes a round
-    is in -- dp_accounting's SingleEpochTreeAggregationDpEvent, in a form PLD also composes.
-    """
+    """The dp_accounting event of `rounds` rounds of this mechanism (None if not private)."""
     if not self.private:
       return None
-    if not self.correlated:
-      return accounting.dp_event(self.noise_multiplier, self.sampling_rate, rounds,
-                                 sampling=self.sampling, num_clients=self.num_clients)
-    sigma = accounting._check_noise_multiplier(self.noise_multiplier)  # pylint: disable=protected-access
-    if self.noise_mechanism == 'banded':
-      one = dp_accounting.PoissonSampledDpEvent(
-          self.sampling_rate * self.bands,
-          dp_accounting.GaussianDpEvent(sigma / correlated.max_column_norm(self.strategy)))
-      return dp_accounting.SelfComposedDpEvent(one, math.ceil(rounds / self.bands))
-    epoch = self.epoch_length
-    full, rest = divmod(rounds, epoch)
-    per_epoch = lambda length: dp_accounting.GaussianDpEvent(
-        sigma / math.sqrt(correlated.tree_sensitivity_squared(length)))
-    events = [dp_accounting.SelfComposedDpEvent(per_epoch(epoch), full)] if full else []
-    if rest:
-      events.append(per_epoch(rest))
-    return dp_accounting.ComposedDpEvent(events)
+    return self.noise.dp_event(self.noise_multiplier, rounds)
 
-  def epsilon(self, rounds: int, delta: float, accountant: str = 'pld') -> float:
-    """Client-level epsilon at `delta` after `rounds` rounds (inf if not private)."""
+  def epsilon(self, rounds: int, delta: float | None = None, accountant: str | None = None) -> float:
+    """Client-level epsilon at `delta` (default: the run's) after `rounds` rounds (inf if not
+    private)."""
     if not self.private:
       return math.inf
-    if not self.correlated:
-      return accounting.compute_epsilon(self.noise_multiplier, self.sampling_rate, rounds, delta,
-                                        sampling=self.sampling, accountant=accountant,
-                                        num_clients=self.num_clients)
-    return accounting.epsilon_of_event(lambda s: self.with_noise(s).dp_event(rounds),
-                                       self.noise_multiplier, rounds, delta, accountant)
+    return self.noise.epsilon(self.noise_multiplier, rounds, self._delta(delta),
+                              accountant or self.accountant,
+                              lambda s: self.with_noise(s).dp_event(rounds))
 
-  def with_noise(self, noise_multiplier: float) -> 'DPMechanism':
-    return dataclasses.replace(self, noise_multiplier=float(noise_multiplier))
-
-  def calibrate(self, target_epsilon: float, rounds: int, delta: float,
-                accountant: str = 'pld') -> float:
+  def calibrate(self, target_epsilon: float, rounds: int, delta: float | None = None,
+                accountant: str | None = None) -> float:
     """The smallest sigma (to ~1e-3 relative) whose epsilon after `rounds` rounds is <= target."""
-    if not self.correlated:
-      return accounting.calibrate_noise_multiplier(
-          target_epsilon, self.sampling_rate, rounds, delta, sampling=self.sampling,
-          accountant=accountant, num_clients=self.num_clients)
-    return accounting.calibrate_event(lambda s: self.with_noise(s).dp_event(rounds),
-                                      target_epsilon, rounds, delta, accountant)
+    return self.noise.calibrate(target_epsilon, rounds, self._delta(delta),
+                                accountant or self.accountant,
+                                lambda s: self.with_noise(s).dp_event(rounds))
+
+  def _delta(self, delta: float | None) -> float:
+    delta = self.delta if delta is None else delta
+    if delta is None:
+      raise ValueError('DPMechanism: no delta given and none set (DPMechanism.from_config sets it).')
+    return delta
+
+  def record(self) -> dict:
+    """What a resumed run must find unchanged beyond its config (BandMF's coefficients)."""
+    return self.noise.record() if self.private else {}

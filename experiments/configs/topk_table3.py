@@ -5,6 +5,10 @@ Grid (`sweep_grid()`): (dp_fedsam, p = 1) and dp_fedsam_topk x p, x {cifar10, ci
 {0, 1, 2}: 36 runs. Setup: see `_topk.py`.
 
 Arguments: `:method=dp_fedsam_topk,dataset=cifar10,p=0.2,seed=0`.
+
+Privacy: the paper's client top-k of the noised share releases exact zeros whose frequency depends
+on who took part, so the reported epsilon of these dp_fedsam_topk runs covers neither the uploads
+nor the sum (docs/privacy.md section 4); they reproduce the paper's accuracy, not a DP guarantee.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Statistics of the empirical privacy audit: from canary scores, lower bounds on the epsilon of the
 mechanism that produced them, and estimates of it (the harness that plants the canaries in the real
-round step is `dp2fedsam_jax/audit.py`).
+round step is `dp2fedsam_jax/canaries.py`).
 
 Scores are oriented: a canary that took part ("in") is expected to score higher than one that did
 not ("out"). The test "in iff score >= t" has false-positive rate FPR (out scores >= t) and
@@ -24,7 +24,7 @@ Bounds (each holds with probability >= 1 - alpha):
   without independence between the canaries' scores. The f-DP version tests the Gaussian trade-off
   with that (eps, delta), like `gdp_bound`.
 
-Clopper-Pearson and `gdp_bound` treat the scores as independent trials (dp2fedsam_jax/audit.py says
+Clopper-Pearson and `gdp_bound` treat the scores as independent trials (dp2fedsam_jax/canaries.py says
 when its canaries' scores are).
 
 Estimate (no guarantee): `epsilon_gaussian_fit` (Andrew et al. 2024, "One-shot empirical privacy

@@ -17,7 +17,7 @@ update u_t = (phi_{t+1} - phi_t) * m / server_lr (the noised sum). Two scores pe
   white-box  s_i = sum_t <u_t, v_i> / C   (q = 1: Gaussian, mean T or 0 (-T), std sigma sqrt T)
   final      cos(phi_T - phi_0, v_i)     (the released model only, as Andrew et al. score it)
 
-and from them (statistics in privacy/audit.py, which says what each one assumes):
+and from them (statistics in privacy/auditing.py, which says what each one assumes):
 
   bounds      Clopper-Pearson and the GDP interval (Nasr et al.) on the white-box scores of all
               trials; the one-run bounds of Steinke et al. and Mahloujifar et al. (f-DP) on the
@@ -29,15 +29,17 @@ client takes part in every round (q = 1), so elsewhere they are not computed. Cl
 GDP treat each (trial, canary) score as an independent trial. Across trials that holds by
 construction. Within a trial it holds for the mechanism the accountant claims: isotropic Gaussian
 noise has independent projections on orthonormal directions, and with working clipping each canary
-moves only its own score. So a bound above the accounted epsilon refutes the accountant's claim at
+moves only its own score (exactly for T = 1; over more rounds a canary's uploads move the model and
+so, a little, every later update). So a bound above the accounted epsilon refutes the accountant's claim at
 level alpha; as a lower bound for an arbitrary mechanism it assumes that independence, which
 `num_canaries=1` makes exact (at about k times the cost per score).
 
 Correlated noise (dp.noise_mechanism banded | tree, privacy/correlated.py): the canaries join through
 the mechanism's own sampler (BandMF's groups, the tree's epochs). Under BandMF the white-box score
-undoes the correlation first (white_box_scores: the matched filter of C U = C X + Z, the test whose
-mu the accountant's sensitivity bounds); under the tree it stays sum_t <u_t, v_i> / C, the canary's
-coordinate of the released prefix sum, a valid but weaker test. Projections on orthonormal
+undoes the correlation first (white_box_scores: the matched filter of C U = C X + Z over the
+canary's public group rounds, the test whose mu the accountant's sensitivity bounds); under the
+tree it stays sum_t <u_t, v_i> / C, the canary's coordinate of the released prefix sum, a valid but
+weaker test. Projections on orthonormal
 directions stay independent (the noise is isotropic in every round), so every bound keeps its
 meaning; the GDP ones are computed where the accountant claims a Gaussian (gaussian_claim). The
 white-box noise-multiplier estimate assumes fresh noise every round and is not computed (NaN) for
@@ -58,7 +60,7 @@ from jax.flatten_util import ravel_pytree
 from scipy import linalg
 
 from dp2fedsam_jax import keys
-from dp2fedsam_jax.privacy import audit as audit_stats
+from dp2fedsam_jax.privacy import auditing
 from dp2fedsam_jax.round import make_round_step
 
 
@@ -237,7 +239,8 @@ def gaussian_claim(mechanism) -> bool:
   client in every round (q = 1), BandMF's within-group rate q b = 1, or the tree (none claimed)."""
   if mechanism.correlated and mechanism.noise_mechanism == 'tree':
     return True
-  return mechanism.sampling_rate * mechanism.bands >= 1.0
+  bands = mechanism.noise.bands if mechanism.correlated else 1
+  return mechanism.sampling_rate * bands >= 1.0
 
 
 def neighbour_sign(sampler: str) -> float:
@@ -255,7 +258,7 @@ def with_canary_clients(exp, num_canaries: int):
                       train_count=grow(data.train_count), test_x=grow(data.test_x),
                       test_y=grow(data.test_y), test_count=grow(data.test_count))
   # dataclasses.replace keeps the mechanism's class: a deliberately broken one stays broken.
-  mechanism = dataclasses.replace(exp.mechanism, num_clients=data.num_clients)
+  mechanism = exp.mechanism.with_num_clients(data.num_clients)
   round_config = dataclasses.replace(exp.round_config, mechanism=mechanism)
   return dataclasses.replace(exp, data=data, round_config=round_config)
 
@@ -289,9 +292,10 @@ def _flat(tree):
 
 
 def make_trial_scores(exp, settings: AuditSettings):
-  """scores(state0, data, directions, run_keys, signs) -> (projections, cosines, sampled), each
-  [trials, rounds, k]: round t's released sum on canary i's direction / C, the cosine of the model
-  moved since round 0 with it, and whether canary i was in round t's cohort.
+  """scores(state0, data, directions, run_keys, signs) -> (projections, cosines, sampled,
+  scheduled), each [trials, rounds, k]: round t's released sum on canary i's direction / C, the
+  cosine of the model moved since round 0 with it, whether canary i was in round t's cohort, and
+  whether the public schedule let round t sample it.
 
   One jitted program: the real round step (with the canary hook), scanned over the rounds and
   vmapped over the trials; signs[trial, i] (+1, 0 or -1) is canary i's contribution in that trial.
@@ -316,7 +320,8 @@ def make_trial_scores(exp, settings: AuditSettings):
       moved = flat_new - flat0
       cosine = directions @ moved / jnp.maximum(jnp.linalg.norm(moved), 1e-30)
       sampled = (new.times_sampled - state.times_sampled)[first_canary:] > 0
-      return new, (directions @ released / clip, cosine, sampled)
+      scheduled = mech.schedule(state.round, run_key)[first_canary:]
+      return new, (directions @ released / clip, cosine, sampled, scheduled)
 
     _, per_round = jax.lax.scan(body, state0, None, length=settings.num_rounds)
     return per_round
@@ -328,9 +333,10 @@ def make_trial_scores(exp, settings: AuditSettings):
 class CanaryScores:
   projections: np.ndarray  # float[trials, rounds, k]: <u_t, v_i> / C
   cosines: np.ndarray      # float[trials, rounds, k]: cos(phi_t - phi_0, v_i)
-  sampled: np.ndarray      # bool[trials, rounds, k]: canary i in round t's cohort
+  sampled: np.ndarray      # bool[trials, rounds, k]: canary i in round t's cohort (secret)
   included: np.ndarray     # bool[trials, k]
   signs: np.ndarray        # float[trials, k]: canary i's upload in units of C v_i
+  scheduled: np.ndarray | None = None  # bool[trials, rounds, k]: round t may sample i (public)
 
   @property
   def white_box(self) -> np.ndarray:
@@ -361,22 +367,28 @@ def audit_scores(exp, settings: AuditSettings) -> CanaryScores:
     real = min(size, settings.num_trials - start)
     out = scores(state0, exp.data, directions, streams.runs[rows], jnp.asarray(signs[rows]))
     batches.append([np.asarray(a)[:real] for a in out])
-  projections, cosines, sampled = (np.concatenate(parts) for parts in zip(*batches))
-  return CanaryScores(projections, cosines, sampled, included, signs)
+  projections, cosines, sampled, scheduled = (np.concatenate(parts) for parts in zip(*batches))
+  return CanaryScores(projections, cosines, sampled, included, signs, scheduled)
 
 
 def white_box_scores(mechanism, scores: CanaryScores) -> np.ndarray:
   """float[trials, k]: each canary's white-box score. sum_t <u_t, v_i> / C, except under BandMF:
   there the releases are U = X + C^-1 Z, so C U = C X + Z has fresh noise again, and the score is
   the matched filter <C p_i, C s_i> / ||C s_i|| (p_i: the canary's per-round projections, s_i: the
-  rounds it was sampled in), N(||C s_i||, sigma^2) in and N(0, sigma^2) out: the test the
-  accountant's sensitivity ||C s_i|| <= ||c||_2 bounds."""
+  rounds of its group, public), N(0, sigma^2) out, and in, a mean <= ||C s_i|| -- equal to it at
+  q b = 1, where the group's rounds are the rounds it was sampled in.
+
+  s_i is the public schedule, never the secret sampling outcome: a score that knew who was sampled
+  would test the unamplified mechanism (at q b < 1 its pair has a larger epsilon than the amplified
+  one the accountant charges, so a correct run could fail Clopper-Pearson)."""
   if not (mechanism.correlated and mechanism.noise_mechanism == 'banded'):
     return scores.white_box
+  if scores.scheduled is None:
+    raise ValueError('white_box_scores under BandMF needs the public schedule (CanaryScores.scheduled).')
   rounds = scores.projections.shape[1]
-  strategy = sum(c * np.eye(rounds, k=-j) for j, c in enumerate(mechanism.strategy))
+  strategy = sum(c * np.eye(rounds, k=-j) for j, c in enumerate(mechanism.noise.strategy))
   filtered = np.einsum('st,ntk->nsk', strategy, scores.projections.astype(np.float64))
-  pattern = np.einsum('st,ntk->nsk', strategy, scores.sampled.astype(np.float64))
+  pattern = np.einsum('st,ntk->nsk', strategy, scores.scheduled.astype(np.float64))
   norm = np.linalg.norm(pattern, axis=1)
   return np.where(norm > 0, (filtered * pattern).sum(axis=1) / np.maximum(norm, 1e-30), 0.0)
 
@@ -386,16 +398,16 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   start = time.perf_counter()
   audited = with_canary_clients(exp, settings.num_canaries)
   scores = audit_scores(audited, settings)
-  delta, alpha, seed = exp.privacy.delta, settings.alpha, settings.seed
+  delta, alpha, seed = exp.mechanism.delta, settings.alpha, settings.seed
   included = scores.included
   nan = math.nan
 
   white = white_box_scores(audited.mechanism, scores)
   white_in, white_out = white[included], white[~included]
-  cp = audit_stats.epsilon_clopper_pearson(white_in, white_out, delta, alpha,
+  cp = auditing.epsilon_clopper_pearson(white_in, white_out, delta, alpha,
                                            settings.select_fraction, seed)
   gaussian = gaussian_claim(audited.mechanism)
-  gdp = (audit_stats.gdp_bound(white_in, white_out, delta, alpha, settings.select_fraction, seed)
+  gdp = (auditing.gdp_bound(white_in, white_out, delta, alpha, settings.select_fraction, seed)
          if gaussian else None)
 
   along_run = tuple(one_run_estimates(audited, scores, rounds, settings)
@@ -403,12 +415,12 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
   one_run_fdp = nan
   run_in, run_out = _split_by_inclusion(scores.final[0], included[0])
   if gaussian and min(run_in.size, run_out.size) >= 2:
-    one_run_fdp = audit_stats.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
+    one_run_fdp = auditing.epsilon_one_run_fdp(run_in, run_out, delta, alpha)
 
   config = exp.config
   return AuditResult(
       method=config.method, sampling=config.dp.sampling, noise_placement=config.dp.noise_placement,
-      noise_multiplier=exp.privacy.noise_multiplier, sampling_rate=config.sampling_rate,
+      noise_multiplier=exp.mechanism.noise_multiplier, sampling_rate=config.sampling_rate,
       num_rounds=settings.num_rounds, delta=delta,
       epsilon_accounted=along_run[-1].epsilon_accounted,
       epsilon_clopper_pearson=cp,
@@ -433,24 +445,24 @@ def epsilon_at_noise_multiplier(exp, rounds: int, noise_multiplier: float) -> fl
   if math.isinf(noise_multiplier):
     return 0.0
   mechanism = dataclasses.replace(exp.mechanism, noise_multiplier=noise_multiplier)
-  return mechanism.epsilon(rounds, exp.privacy.delta, exp.config.dp.accountant)
+  return mechanism.epsilon(rounds)
 
 
 def one_run_estimates(audited, scores: CanaryScores, rounds: int,
                       settings: AuditSettings) -> OneRunEstimates:
   """Trial 0's bound and estimates after `rounds` rounds (`audited` holds the canary clients)."""
-  delta, alpha, seed = audited.privacy.delta, settings.alpha, settings.seed
+  delta, alpha, seed = audited.mechanism.delta, settings.alpha, settings.seed
   run_in, run_out = _split_by_inclusion(scores.cosines[0, rounds - 1], scores.included[0])
   one_run = math.nan
-  fit = audit_stats.GaussianFitEstimate(math.nan, math.nan, math.nan)
+  fit = auditing.GaussianFitEstimate(math.nan, math.nan, math.nan)
   if min(run_in.size, run_out.size) >= 2:
-    one_run = audit_stats.epsilon_one_run(run_in, run_out, delta, alpha)
-    fit = audit_stats.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
+    one_run = auditing.epsilon_one_run(run_in, run_out, delta, alpha)
+    fit = auditing.epsilon_gaussian_fit(run_in, run_out, delta, alpha, seed=seed)
   if audited.mechanism.correlated:
     # The estimate reads each round's noise as fresh N(0, sigma^2 C^2); correlated rounds are not.
-    sigma = audit_stats.NoiseMultiplierEstimate(math.nan, math.nan, math.nan)
+    sigma = auditing.NoiseMultiplierEstimate(math.nan, math.nan, math.nan)
   else:
-    sigma = audit_stats.noise_multiplier_estimate(
+    sigma = auditing.noise_multiplier_estimate(
         scores.projections[0, :rounds], scores.sampled[0, :rounds], scores.signs[0], alpha,
         seed=seed)
   eps_at = functools.partial(epsilon_at_noise_multiplier, audited, rounds)
