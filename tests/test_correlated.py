@@ -294,11 +294,11 @@ def test_banded_resume_restores_the_noise_buffer_bit_for_bit(tmp_path, monkeypat
   real_save = checkpoint.save
   saved = {}
 
-  def die_before_saving_round_3(wd, state, records):
+  def die_before_saving_round_3(wd, state, records, *window):
     if int(state.round) == 3:
       raise Killed
     saved[int(state.round)] = jax.device_get(state.noise_state)
-    real_save(wd, state, records)
+    real_save(wd, state, records, *window)
 
   monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_3)
   with pytest.raises(Killed):
