@@ -237,13 +237,28 @@ def stop_message(workdir: str, done: int | None = None) -> str:
 # The metrics files
 
 
+@contextlib.contextmanager
 def metric_writers_for(workdir: str, resume_round: int):
-  """(train, eval) metric writers; they write nothing on processes other than 0 (multi-host: one
-  writer on the shared workdir)."""
+  """(train, eval) metric writers for the block; they write nothing on processes other than 0
+  (multi-host: one writer on the shared workdir). When the block fails, a writer that cannot close
+  either (a full disk) is logged, not raised: the block's own error is the one to tell."""
   if jax.process_index() != 0:
-    return metric_writers.MultiWriter([]), metric_writers.MultiWriter([])
-  return (metric_writers.create_writer(workdir, 'train', metric_writers.TRAIN_FILE, resume_round),
-          metric_writers.create_writer(workdir, 'eval', metric_writers.EVAL_FILE, resume_round))
+    writers = metric_writers.MultiWriter([]), metric_writers.MultiWriter([])
+  else:
+    writers = (
+        metric_writers.create_writer(workdir, 'train', metric_writers.TRAIN_FILE, resume_round),
+        metric_writers.create_writer(workdir, 'eval', metric_writers.EVAL_FILE, resume_round))
+  try:
+    yield writers
+  except BaseException:
+    for writer in writers:
+      try:
+        writer.close()
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Could not close the metrics files in %s: %s', workdir, e)
+    raise
+  for writer in writers:
+    writer.close()
 
 
 def cut_back_metrics(workdir: str, start: int, records: list[dict]) -> None:

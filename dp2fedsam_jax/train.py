@@ -368,9 +368,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
   logging.info('Compiled the round step and the evaluation in %.1f s.',
                time.perf_counter() - compile_start)
-  train_writer, eval_writer = run_files.metric_writers_for(workdir, start)
 
-  def save_checkpoint(state, records, window):
+  def save_checkpoint(train_writer, state, records, window):
     with stopping.critical():  # a second stop signal waits for the checkpoint to be written
       train_writer.flush()  # on disk before the checkpoint claims these rounds
       checkpoint.save(workdir, state, records, window)
@@ -381,12 +380,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   record = records[-1] if records else {}
   progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
   eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
-  with contextlib.closing(train_writer), contextlib.closing(eval_writer):
+  with run_files.metric_writers_for(workdir, start) as (train_writer, eval_writer):
     for r in range(start, config.num_rounds):
       if stopping.stop_requested():  # Ctrl-C / SIGTERM: stop between rounds, this one checkpointed
         progress.close()
         if saved < r:
-          save_checkpoint(state, records, window)
+          save_checkpoint(train_writer, state, records, window)
         raise stopping.interrupted(run_files.stop_message(workdir, r))
       round_start = time.perf_counter()
       with _hint_on_oom(config, f'round {r + 1}', workdir):
@@ -404,7 +403,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         progress.update(done, (time.perf_counter() - window_start) / timed
                         + eval_seconds / config.eval_every)
         if done % config.checkpoint_every == 0:
-          save_checkpoint(state, records, window)
+          save_checkpoint(train_writer, state, records, window)
           saved = done
         continue
       progress.clear()  # before evaluation and checkpointing log anything
@@ -429,7 +428,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       window_start = time.perf_counter()
       eval_seconds = window_start - eval_start
       with stopping.critical():  # a second stop signal waits for the checkpoint and metrics
-        save_checkpoint(state, records, window)
+        save_checkpoint(train_writer, state, records, window)
         saved = done
         eval_writer.write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
         eval_writer.flush()
