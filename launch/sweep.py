@@ -479,7 +479,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        'run already uses every core: keep 1 there.', **fv)
   flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
-                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.', **fv)
+                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR or '
+                    'DP2FEDSAM_COMPILATION_CACHE is already set.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
   flags.DEFINE_string('seed_from', None, 'A folder of committed runs (a report\'s runs/, from '
                       '--copy_runs): its finished runs are copied into the same, empty workdirs '
