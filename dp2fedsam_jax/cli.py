@@ -1,4 +1,4 @@
-"""What every binary shares: one-line errors, a clean Ctrl-C, and `--config.<field>` fixes.
+"""What every binary shares: one-line errors, a clean stop, and `--config.<field>` fixes.
 
 `run(main)` replaces `absl.app.run(main)` in experiments/train.py, launch/sweep.py,
 experiments/report.py, experiments/audit.py and benchmarks/client_throughput.py:
@@ -7,10 +7,8 @@ experiments/report.py, experiments/audit.py and benchmarks/client_throughput.py:
   refused workdir, a file-system error) and flag errors print one line, `error: <message>`, on
   stderr and exit with 2. `-v 1` (or the environment variable DP2FEDSAM_TRACEBACK=1) prints the
   traceback first. Any other exception is a bug and keeps its traceback.
-- Ctrl-C prints one line and exits with 130. Inside `interruptible` functions (train_and_evaluate)
-  the first Ctrl-C only asks the round loop to stop at the next round boundary; a second one stops
-  at once (never inside `critical()` blocks: compiling, writing a checkpoint). No KeyboardInterrupt
-  is ever raised inside XLA's compiler, which used to end the process with a segfault.
+- Ctrl-C prints one line and exits with 130. Inside train_and_evaluate, Ctrl-C and SIGTERM stop the
+  run at the next round boundary and exit with 130 and 143 (the protocol: stopping.py).
 - `--config.<field>=None` sets an optional field (e.g. dp.target_epsilon) to None; an unknown
   `--config.<field>` is refused naming the closest field.
 - A quiet console (`log_to_file`): everything logged goes to absl's log file, stderr shows only the
@@ -22,16 +20,13 @@ This module imports no JAX, so that importing it is cheap.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import functools
 import importlib.util
 import logging as std_logging
 import os
 import re
 import signal
 import sys
-import threading
 import traceback
 from typing import Callable
 
@@ -39,108 +34,17 @@ from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
+from dp2fedsam_jax import stopping
+
 EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130
 TRACEBACK_ENV = 'DP2FEDSAM_TRACEBACK'
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROJECT_PACKAGES = ('dp2fedsam_jax', 'experiments', 'launch', 'benchmarks')
 
 
-class Interrupted(KeyboardInterrupt):
-  """Ctrl-C stopped a run between two steps; the message says what is kept and how to resume."""
-
-
 class FlagError(ValueError):
   """A command-line flag cannot be applied (unknown --config field, bad value)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Ctrl-C
-
-
-class _Sigint:
-  """The state of the Ctrl-C handler installed by `interruptible` (main thread only)."""
-  count = 0          # Ctrl-Cs since the handler was installed
-  critical = 0       # depth of critical() blocks
-  pending = False    # a second Ctrl-C arrived inside a critical block
-  describe: Callable[[], str] | None = None  # what a stop now leaves behind
-  hard_exit = False  # set by run(): in a binary, a second Ctrl-C ends the process at once
-
-
-def interrupt_requested() -> bool:
-  """True once Ctrl-C was pressed inside an `interruptible` call: stop at the next boundary."""
-  return _Sigint.count > 0
-
-
-def _stop_now() -> None:
-  message = _Sigint.describe() if _Sigint.describe else 'interrupted'
-  if _Sigint.hard_exit:
-    # Every file the runs write is replaced atomically, so ending here leaves nothing half-written;
-    # os._exit skips the interpreter's teardown, which can crash while XLA threads still run.
-    sys.stdout.flush()
-    sys.stderr.write(f'\n{message}\n')
-    sys.stderr.flush()
-    os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
-  raise Interrupted(message)
-
-
-def _handler(signum, frame) -> None:
-  del signum, frame
-  _Sigint.count += 1
-  if _Sigint.count == 1:
-    sys.stderr.write('\nCtrl-C: stopping at the end of the current round; press Ctrl-C again to '
-                     'stop at once.\n')
-    sys.stderr.flush()
-  elif _Sigint.critical:
-    _Sigint.pending = True
-  else:
-    _stop_now()
-
-
-@contextlib.contextmanager
-def critical():
-  """A block a second Ctrl-C must not cut (compilation, a checkpoint write): it stops after it."""
-  _Sigint.critical += 1
-  try:
-    yield
-  finally:
-    _Sigint.critical -= 1
-  if not _Sigint.critical and _Sigint.pending:
-    _Sigint.pending = False
-    _stop_now()
-
-
-def interruptible(describe: Callable[..., str]):
-  """Decorator: while the function runs, Ctrl-C is deferred (see the module docstring).
-
-  describe(*args, **kwargs) says, at the moment of a forced stop, what is left (e.g. the last
-  checkpoint). Outside the main thread, or when another handler than Python's default is installed
-  (a notebook kernel may have its own), the function runs with the handler it found.
-  """
-  def decorator(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-      if (threading.current_thread() is not threading.main_thread()
-          or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        return fn(*args, **kwargs)
-      saved = (_Sigint.count, _Sigint.pending, _Sigint.describe)
-      _Sigint.count, _Sigint.pending = 0, False
-      _Sigint.describe = lambda: describe(*args, **kwargs)
-      signal.signal(signal.SIGINT, _handler)
-      stopping = False
-      try:
-        return fn(*args, **kwargs)
-      except KeyboardInterrupt:
-        stopping = True
-        raise
-      finally:
-        # A binary exits after an interrupt: one more Ctrl-C must not cut its message short.
-        signal.signal(signal.SIGINT, signal.SIG_IGN if stopping and _Sigint.hard_exit
-                      else signal.default_int_handler)
-        _Sigint.count, _Sigint.pending, _Sigint.describe = saved
-    return wrapper
-  return decorator
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,8 +309,8 @@ def quiet_jax_backend_probe() -> None:
 
 def run(main: Callable[[list[str]], object],
         flags_parser: Callable[[list[str]], list[str]] | None = None) -> None:
-  """absl.app.run(main) with one-line errors (exit 2) and a clean Ctrl-C (exit 130)."""
-  _Sigint.hard_exit = True
+  """absl.app.run(main) with one-line errors (exit 2) and a clean stop (Ctrl-C: 130, SIGTERM: 143)."""
+  stopping.set_hard_exit()
   quiet_jax_backend_probe()
 
   def parser(argv: list[str]) -> list[str]:
@@ -414,7 +318,7 @@ def run(main: Callable[[list[str]], object],
       return flags_parser(argv) if flags_parser else parse_flags(argv)
     except KeyboardInterrupt:
       print('interrupted', file=sys.stderr)
-      sys.exit(EXIT_INTERRUPTED)
+      sys.exit(stopping.EXIT_INTERRUPTED)
     except Exception as e:  # pylint: disable=broad-except
       if not is_user_error(e):
         raise
@@ -428,10 +332,11 @@ def run(main: Callable[[list[str]], object],
       os.dup2(devnull, sys.stdout.fileno())
       sys.exit(1)
     except KeyboardInterrupt as e:
-      signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting: a second Ctrl-C changes nothing
+      for signum in stopping.STOP_SIGNALS:  # exiting: a second signal changes nothing
+        signal.signal(signum, signal.SIG_IGN)
       sys.stdout.flush()
       print(str(e) or 'interrupted', file=sys.stderr, flush=True)
-      sys.exit(EXIT_INTERRUPTED)
+      sys.exit(getattr(e, 'exit_code', stopping.EXIT_INTERRUPTED))
     except Exception as e:  # pylint: disable=broad-except
       if not is_user_error(e):
         raise

@@ -30,6 +30,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling_rate = 0.1
   c.num_rounds = 10
   c.eval_every = 1
+  # Rounds between checkpoints, besides those of every evaluation and of the round a stop reaches.
+  c.checkpoint_every = 1
   c.server_lr = 1.0
   # 'auto' (sequential on CPU, vmap on GPU/TPU; round.resolve_executor) | 'vmap' | 'sequential' |
   # 'sharded' (cohort split over jax.devices()).
@@ -163,6 +165,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   _positive(config, 'dirichlet_alpha')
   _positive(config, 'num_rounds', integer=True, allow_zero=True)
   _positive(config, 'eval_every', integer=True)
+  _positive(config, 'checkpoint_every', integer=True)
   _positive(config, 'server_lr')
   _positive(config, 'seed', integer=True, allow_zero=True)
   for field in ('chunk_size', 'cohort_capacity'):

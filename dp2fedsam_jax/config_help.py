@@ -20,6 +20,8 @@ FIELD_HELP = {
     'sampling_rate': 'q, the probability (Poisson) or fraction (fixed) of clients sampled per round',
     'num_rounds': 'communication rounds T (may change when resuming)',
     'eval_every': 'evaluate, log and checkpoint every this many rounds (may change when resuming)',
+    'checkpoint_every': 'also checkpoint every this many rounds (a stop checkpoints the round it '
+                        'reached; a kill loses the rounds since; may change when resuming)',
     'server_lr': 'server step size: phi <- phi + server_lr * mean of the uploads',
     'executor': 'how the cohort is mapped: auto (sequential on CPU, vmap on GPU/TPU; config.json '
                 'records the choice) | vmap | sequential | sharded (over all devices)',

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
@@ -21,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, cli, keys, metric_writers, sharding
+from dp2fedsam_jax import checkpoint, keys, run_files, sharding, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
@@ -150,76 +149,6 @@ def describe(config: ml_collections.ConfigDict) -> dict:
           **({'epsilon_caveat': caveat} if caveat else {})}
 
 
-def _write_json_atomic(path: str, obj) -> None:
-  if jax.process_index() != 0:  # multi-host: one writer on the shared workdir
-    return
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
-
-# Fields a resumed run may change: how long it runs and how often it reports.
-_RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'dp.target_epsilon')
-
-
-# Fields added after runs were started, with the value those runs had.
-_ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4}
-
-
-def _flatten(d: dict, prefix: str = '') -> dict:
-  out = {}
-  for k, v in d.items():
-    out.update(_flatten(v, f'{prefix}{k}.') if isinstance(v, dict) else {f'{prefix}{k}': v})
-  return out
-
-
-def _check_same_run(workdir: str, resolved: dict) -> None:
-  """Refuses to resume a checkpoint written under a different config (it would mix two runs)."""
-  path = os.path.join(workdir, 'config.json')
-  if not (os.path.exists(path) and checkpoint.exists(workdir)):
-    return
-  with open(path) as f:
-    old = _flatten(json.load(f))
-  new = _flatten(resolved)
-  for k, default in _ADDED_FIELDS.items():  # a run started before the field existed had its default
-    old.setdefault(k, default)
-  # BandMF's strategy C is optimised for num_rounds rounds: that run cannot be made longer.
-  fixed = ('num_rounds',) if new.get('dp.noise_mechanism') == 'banded' else ()
-  changed = sorted(k for k in set(old) | set(new)
-                   if (k not in _RESUMABLE_CHANGES or k in fixed) and old.get(k) != new.get(k))
-  if changed:
-    details = ', '.join(f'{k}: {old.get(k)!r} -> {new.get(k)!r}' for k in changed)
-    raise ValueError(f'--workdir={workdir} holds a checkpoint of a run with another config ({details}). '
-                     'Use a new --workdir, or the same config to resume.')
-
-
-# What the mechanism computed at the run's start beyond its config (BandMF's coefficients).
-MECHANISM_FILE = 'mechanism.json'
-
-
-def _check_same_mechanism(workdir: str, record: dict) -> None:
-  """Refuses to resume a checkpoint whose run started with another noise strategy, and records it.
-
-  BandMF's coefficients come from jax_privacy's optimiser at every start: a different result on
-  resume (another library version or backend) would splice two strategies, whose columns need not
-  have norm <= 1 -- less noise than accounted."""
-  path = os.path.join(workdir, MECHANISM_FILE)
-  if not record:
-    return
-  if os.path.exists(path) and checkpoint.exists(workdir):
-    with open(path) as f:
-      old = json.load(f)
-    if old != record:
-      changed = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
-      raise ValueError(
-          f'--workdir={workdir} holds a checkpoint of a run with another noise strategy ({changed} '
-          f'differ from {path}: {old.get("strategy")} -> {record.get("strategy")}); resuming would '
-          'splice two strategies. Use a new --workdir, or the versions that started the run.')
-    return
-  _write_json_atomic(path, record)
-
-
 def _json_number(value) -> float | None:
   """A float for metrics.jsonl; None where it is undefined (NaN: strict JSON has no NaN)."""
   value = float(value)
@@ -233,18 +162,6 @@ TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_s
 _AUTO_CHOICES = ('sequential', 'vmap')
 
 
-def _recorded_config(workdir: str) -> dict:
-  """The config.json of the checkpointed run in workdir ({} if there is no such run)."""
-  path = os.path.join(workdir, 'config.json')
-  if not (os.path.exists(path) and checkpoint.exists(workdir)):
-    return {}
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return {}
-
-
 def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str]:
   """The config with executor 'auto' replaced by the one the run uses, and how it was chosen.
 
@@ -253,7 +170,7 @@ def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str
   """
   if config.executor != 'auto':
     return config, ''
-  recorded = _recorded_config(workdir)
+  recorded = run_files.recorded_config(workdir)
   config = config.copy_and_resolve_references()
   if recorded.get('executor') in _AUTO_CHOICES:
     config.executor, how = recorded['executor'], 'auto: that of the checkpointed run'
@@ -294,49 +211,11 @@ def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
                                       headroom)
 
 
-def _finished_record(config, workdir: str) -> dict | None:
-  """The last record of a finished run of this same config in workdir, found without loading data
-  or compiling anything; None when in doubt (the full path then resumes, refuses or trains)."""
-  config_path, metrics_path = (os.path.join(workdir, n)
-                               for n in ('config.json', metric_writers.EVAL_FILE))
-  if not (os.path.exists(config_path) and os.path.exists(metrics_path)):
-    return None
-  try:
-    with open(config_path) as f:
-      old = _flatten(json.load(f))
-    with open(metrics_path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-  except (OSError, ValueError):  # e.g. a torn line after a kill: the full path repairs it
-    return None
-  new = _flatten(config.to_dict())
-  resolved = ('dp.noise_multiplier', 'dp.delta')  # None in the config, filled in config.json
-  same = set(old) == set(new) and all(
-      old[k] == new[k] or (k in resolved and new[k] is None) for k in new)
-  if (same and records and records[-1]['round'] >= config.num_rounds
-      and checkpoint.latest_round(workdir) == records[-1]['round']):
-    return records[-1]
-  return None
-
-
-def _kept(workdir: str) -> str:
-  """What a stopped run leaves in workdir."""
-  j = checkpoint.latest_round(workdir)
-  return (f'the checkpoint of round {j} in {workdir} is intact' if j else
-          f'no checkpoint was written yet in {workdir} (none before the first evaluated round)')
-
-
-def _interrupted(config, workdir: str, done: int | None = None) -> str:
-  after = 'interrupted' if done is None else f'interrupted after round {done}'
-  again = ('rerun the same command to resume' if checkpoint.latest_round(workdir) else
-           'rerun the same command to start again')
-  return f'{after}; {_kept(workdir)}; {again}'
-
-
 def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
   if not bool(metrics['finite']):
     raise FloatingPointError(
         f'round {round_index}: the new shared parameters are NaN/Inf. Lower '
-        f'--config.local.lr_body / --config.local.lr_head (or sam_rho); {_kept(workdir)}.')
+        f'--config.local.lr_body / --config.local.lr_head (or sam_rho); {run_files.kept(workdir)}.')
 
 
 class OutOfMemoryError(RuntimeError):
@@ -361,27 +240,6 @@ def _hint_on_oom(config, where: str, workdir: str):
         'last checkpoint.') from e
 
 
-def _writers(workdir: str, resume_round: int):
-  """(train, eval) metric writers; they write nothing on processes other than 0 (multi-host: one
-  writer on the shared workdir)."""
-  if jax.process_index() != 0:
-    return metric_writers.MultiWriter([]), metric_writers.MultiWriter([])
-  return (metric_writers.create_writer(workdir, 'train', metric_writers.TRAIN_FILE, resume_round),
-          metric_writers.create_writer(workdir, 'eval', metric_writers.EVAL_FILE, resume_round))
-
-
-def _cut_back_metrics(workdir: str, start: int, records: list[dict]) -> None:
-  """Metrics files as the checkpoint of round `start` left them: lines written after it go."""
-  if jax.process_index() != 0:
-    return
-  metric_writers.rewrite_jsonl(os.path.join(workdir, metric_writers.EVAL_FILE), records)
-  kept = metric_writers.truncate_jsonl(os.path.join(workdir, metric_writers.TRAIN_FILE), start)
-  if start and [r['round'] for r in kept] != list(range(1, start + 1)):
-    logging.warning('%s holds %d of the rounds 1-%d (a run started by a version without per-round '
-                    'metrics?); the resumed run appends from round %d.', metric_writers.TRAIN_FILE,
-                    len(kept), start, start + 1)
-
-
 def _train_scalars(metrics: dict, seconds: float) -> dict:
   """One round's line of train_metrics.jsonl (NaN becomes null there)."""
   scalars = {k: float(metrics[k]) for k in TRAIN_SCALARS}
@@ -391,7 +249,12 @@ def _train_scalars(metrics: dict, seconds: float) -> dict:
   return scalars
 
 
-@cli.interruptible(_interrupted)
+def _stopped(config, workdir: str) -> str:
+  del config
+  return run_files.stop_message(workdir)
+
+
+@stopping.interruptible(_stopped)
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) the experiment in `workdir`; returns the last metrics record.
 
@@ -406,16 +269,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     test_accuracy_participated, epsilon, the window means of the training scalars, seconds.
 
   Writes `train_metrics.jsonl` (every round), `metrics.jsonl` (every evaluation; the last line is
-  the returned record), `config.json` (the config as run: sigma, delta and executor resolved) and
-  TensorBoard event files when tensorboardX is installed (metric_writers.py).
+  the returned record), `config.json` (the config as run: sigma, delta and executor resolved),
+  `checkpoints/` (every config.checkpoint_every rounds, every evaluation, and the round a stop
+  reached) and TensorBoard event files when tensorboardX is installed (metric_writers.py).
 
   Raises:
-    ConfigError / ValueError naming a bad field; FloatingPointError when the released shared
-    parameters are NaN/Inf (the message names the kept checkpoint); cli.Interrupted on Ctrl-C
-    (SIGINT), at the next round boundary, naming the last checkpoint; the same call resumes from it.
+    ConfigError / ValueError naming a bad field; run_files.WorkdirBusyError when another process
+    writes to workdir; FloatingPointError when the released shared parameters are NaN/Inf (the
+    message names the kept checkpoint); checkpoint.CheckpointError when a checkpoint cannot be
+    written (full disk, read-only workdir) or none can be read; stopping.Interrupted on Ctrl-C or
+    SIGTERM, at the next round boundary, after checkpointing that round; the same call resumes.
   """
+  with run_files.hold(workdir):  # one writer per workdir, before anything is written there
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config, executor_choice = _with_executor(config, workdir)
-  finished = _finished_record(config, workdir)
+  finished = run_files.finished_record(config, workdir)
   if finished is not None:
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir,
                  finished['round'])
@@ -435,18 +306,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
     resolved['dp'].update(noise_multiplier=exp.mechanism.noise_multiplier)
   resolved['dp'].update(delta=exp.mechanism.delta)
-  _check_same_run(workdir, resolved)
-  _check_same_mechanism(workdir, exp.mechanism.record())
-  _write_json_atomic(os.path.join(workdir, 'config.json'), resolved)
+  run_files.check_same_run(workdir, resolved)
+  run_files.check_same_mechanism(workdir, exp.mechanism.record())
+  run_files.write_config(workdir, resolved)
 
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
   evaluate = jax.jit(exp.evaluate())
-  state, records = checkpoint.restore(workdir, exp.init_state())
+  # The training scalars of the rounds since the last evaluation come back with the state: the
+  # next record of a resumed run averages the same rounds as an uninterrupted run's.
+  restored = checkpoint.restore_run(workdir, exp.init_state())
+  state, records, window = restored.state, restored.records, restored.window
   start = int(state.round)
   if start:
     logging.info('Resuming %s from round %d.', workdir, start)
-  _cut_back_metrics(workdir, start, records)
+  run_files.cut_back_metrics(workdir, start, records)
   if start >= config.num_rounds and records:
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir, start)
     return records[-1]
@@ -462,26 +336,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
   state, data, key = place((state, data, exp.root_key))
   # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
-  if cli.interrupt_requested():
-    raise cli.Interrupted(_interrupted(config, workdir, start))
+  if stopping.stop_requested():
+    raise stopping.interrupted(run_files.stop_message(workdir, start))
   logging.info('Compiling the round step and the evaluation ...')
   compile_start = time.perf_counter()
-  with _hint_on_oom(config, 'compiling the round step', workdir), cli.critical():
+  with _hint_on_oom(config, 'compiling the round step', workdir), stopping.critical():
     round_step = round_step.lower(state, data, key).compile()
     evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
   logging.info('Compiled the round step and the evaluation in %.1f s.',
                time.perf_counter() - compile_start)
-  train_writer, eval_writer = _writers(workdir, start)
-  window: list[dict] = []
+
+  def save_checkpoint(train_writer, state, records, window):
+    with stopping.critical():  # a second stop signal waits for the checkpoint to be written
+      train_writer.flush()  # on disk before the checkpoint claims these rounds
+      checkpoint.save(workdir, state, records, window)
+
+  saved = start  # the round of the last checkpoint
+  timed = 0  # rounds of the window run by this process (a resumed window has untimed ones)
   window_start = time.perf_counter()
   record = records[-1] if records else {}
   progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
   eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
-  with contextlib.closing(train_writer), contextlib.closing(eval_writer):
+  with run_files.metric_writers_for(workdir, start) as (train_writer, eval_writer):
     for r in range(start, config.num_rounds):
-      if cli.interrupt_requested():  # Ctrl-C: stop between rounds, the checkpoint intact
+      if stopping.stop_requested():  # Ctrl-C / SIGTERM: stop between rounds, this one checkpointed
         progress.close()
-        raise cli.Interrupted(_interrupted(config, workdir, r))
+        if saved < r:
+          save_checkpoint(train_writer, state, records, window)
+        raise stopping.interrupted(run_files.stop_message(workdir, r))
       round_start = time.perf_counter()
       with _hint_on_oom(config, f'round {r + 1}', workdir):
         state, metrics = round_step(state, data, key)
@@ -492,10 +374,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if not bool(metrics['finite']):
         progress.close()  # end the progress line before the error
       _check_finite(metrics, done, workdir)
-      window.append(metrics)
+      window.append({k: metrics[k] for k in TRAIN_SCALARS})
+      timed += 1
       if done % config.eval_every and done != config.num_rounds:
-        progress.update(done, (time.perf_counter() - window_start) / len(window)
+        progress.update(done, (time.perf_counter() - window_start) / timed
                         + eval_seconds / config.eval_every)
+        if done % config.checkpoint_every == 0:
+          save_checkpoint(train_writer, state, records, window)
+          saved = done
         continue
       progress.clear()  # before evaluation and checkpointing log anything
       eval_start = time.perf_counter()
@@ -513,19 +399,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         record['epsilon_caveat'] = exp.privacy_caveat
       # Wall time per round of this window, its evaluation included (the checkpoint write below
       # counts in the next window).
-      seconds = record['seconds'] = (time.perf_counter() - window_start) / len(window)
+      seconds = record['seconds'] = (time.perf_counter() - window_start) / timed
       records.append(record)
+      window, timed = [], 0
       window_start = time.perf_counter()
       eval_seconds = window_start - eval_start
-      with cli.critical():  # a second Ctrl-C waits for the checkpoint and metrics to be written
-        train_writer.flush()  # on disk before the checkpoint claims these rounds
-        checkpoint.save(workdir, state, records)
+      with stopping.critical():  # a second stop signal waits for the checkpoint and metrics
+        save_checkpoint(train_writer, state, records, window)
+        saved = done
         eval_writer.write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
         eval_writer.flush()
       logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
                    config.num_rounds, record['test_accuracy'], record['train_loss'],
                    record['epsilon'], seconds)
       progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
-      window = []
   progress.close()
   return record

@@ -10,8 +10,13 @@ whole log (orbax's lines at every checkpoint, JAX's) goes to `<workdir>/train.IN
 `--alsologtostderr` or `-v 1` shows it on the console too.
 
 An error prints one line `error: ...` and exits with 2 (`-v 1` or DP2FEDSAM_TRACEBACK=1: with the
-traceback). Ctrl-C stops at the end of the current round and exits with 130; the same command resumes.
-A failed run leaves `failure.json` (error, message, round) in its workdir for experiments/report.py.
+traceback). Ctrl-C or SIGTERM stops at the end of the current round, checkpoints it and exits with 130
+(Ctrl-C) or 143 (SIGTERM); the same command resumes. A second run on a workdir in use exits with 2,
+naming the pid that holds it. A failed run leaves `failure.json` (error, message, round) in its
+workdir for experiments/report.py.
+
+Compiled programs are kept in a persistent cache (`--compilation_cache`, default
+~/.cache/dp2fedsam_jax/jax_cache; `off` turns it off): a restart loads them instead of compiling.
 
 Multi-host (`--config.executor=sharded`, the cohort split over the devices of all processes): run the
 same command on every host with `--distributed` (on Cloud TPU / SLURM the other flags are found
@@ -45,6 +50,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool('print_config', False, 'Print every config field (after the file arguments '
                     'and --config.x overrides) with a line of help, then exit.',
                     flag_values=flag_values)
+  flags.DEFINE_string('compilation_cache', None, 'Persistent JAX compilation cache: a directory, '
+                      'or off. Default: $DP2FEDSAM_COMPILATION_CACHE, else $JAX_COMPILATION_CACHE_DIR, '
+                      'else $XDG_CACHE_HOME/dp2fedsam_jax/jax_cache (~/.cache/...).',
+                      flag_values=flag_values)
   flags.DEFINE_bool('distributed', False, 'Call jax.distributed.initialize first '
                     '(multi-host runs; use with --config.executor=sharded).', flag_values=flag_values)
   flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (None: '
@@ -78,7 +87,7 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
     return
   # pylint: disable=import-outside-toplevel  (JAX: after the flags)
   import jax
-  from dp2fedsam_jax import train
+  from dp2fedsam_jax import compilation_cache, run_files, train
   if f.distributed:  # before any other JAX call: it fixes the global device list
     jax.distributed.initialize(coordinator_address=f.coordinator_address,
                                num_processes=f.num_processes, process_id=f.process_id,
@@ -95,20 +104,23 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise ValueError(f'--workdir={workdir}: cannot create it ({e.strerror}: {e.filename})') from e
-  if os.path.exists(os.path.join(workdir, FAILURE_FILE)):
-    os.remove(os.path.join(workdir, FAILURE_FILE))
-  logging.set_verbosity(logging.INFO)
-  # The log file goes to the workdir; other processes of a multi-host run do not write there.
-  log_dir = flags.FLAGS['log_dir'].value or (workdir if jax.process_index() == 0 else None)
-  log_file = cli.log_to_file(log_dir, 'train')
-  if log_file and not cli.shows_everything_on_stderr():
-    logging.info('Full log (orbax and JAX lines too): %s; --alsologtostderr shows it here.',
-                 log_file)
-  try:
-    final = train.train_and_evaluate(config, workdir)
-  except Exception as e:  # pylint: disable=broad-except
-    _write_failure(workdir, e)
-    raise
+  with run_files.hold(workdir):  # one writer per workdir: nothing is written there before this
+    if os.path.exists(os.path.join(workdir, FAILURE_FILE)):
+      os.remove(os.path.join(workdir, FAILURE_FILE))
+    logging.set_verbosity(logging.INFO)
+    # The log file goes to the workdir; other processes of a multi-host run do not write there.
+    log_dir = flags.FLAGS['log_dir'].value or (workdir if jax.process_index() == 0 else None)
+    log_file = cli.log_to_file(log_dir, 'train')
+    if log_file and not cli.shows_everything_on_stderr():
+      logging.info('Full log (orbax and JAX lines too): %s; --alsologtostderr shows it here.',
+                   log_file)
+    logging.info('Persistent compilation cache: %s',
+                 compilation_cache.enable(f.compilation_cache) or 'off')
+    try:
+      final = train.train_and_evaluate(config, workdir)
+    except Exception as e:  # pylint: disable=broad-except
+      _write_failure(workdir, e)
+      raise
   print(json.dumps(final))
 
 

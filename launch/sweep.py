@@ -36,6 +36,7 @@ sweep then skips it. Nothing is overwritten; with --plan too (the copy is what t
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -44,19 +45,21 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import cli, metric_writers
+from dp2fedsam_jax import cli, metric_writers, stopping
 
 FLAGS = flags.FLAGS
 
 _OVERRIDE_PREFIX = '--config.'
 _overrides: list[str] = []  # the --config.x=y flags, taken out before absl parses the rest
 # Overrides a finished or unfinished run may change and still be the same run (see experiments.train).
-_RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.dp.target_epsilon=')
+_RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.checkpoint_every=',
+                        '--config.dp.target_epsilon=')
 
 
 def format_value(value) -> str:
@@ -147,8 +150,16 @@ class Run:
     changed = sorted(o for o in changed if not o.startswith(_RESUMABLE_OVERRIDES))
     return f'overrides differ: {changed}' if changed else None
 
+  def holder(self) -> int | None:
+    """The pid of a live run that writes to this workdir (0: pid unknown), or None."""
+    from dp2fedsam_jax import run_files  # pylint: disable=import-outside-toplevel
+    return run_files.holder(self.workdir) if os.path.isdir(self.workdir) else None
+
   @property
   def status(self) -> str:
+    held = self.holder()
+    if held is not None:
+      return f'in use (pid {held}; not started)'
     conflict = self.conflict()
     if conflict:
       return f'conflict ({conflict}; use another --root)'
@@ -291,11 +302,14 @@ def plan_summary(runs: list[Run]) -> str:
   done = statuses.count('done')
   new = statuses.count('new')
   conflicts = sum(s.startswith('conflict') for s in statuses)
-  resume = len(runs) - done - new - conflicts
+  in_use = sum(s.startswith('in use') for s in statuses)
+  resume = len(runs) - done - new - conflicts - in_use
   text = (f'{len(runs)} runs: {done} finished, {new + resume} to run ({new} new, {resume} to '
           'resume)')
   if conflicts:
     text += f', {conflicts} in conflict with their workdir'
+  if in_use:
+    text += f', {in_use} in use by another process'
   no_data = sorted({r.missing_data for r in runs if r.missing_data and r.status != 'done'})
   if no_data:
     count = sum(1 for r in runs if r.missing_data and r.status != 'done')
@@ -332,6 +346,9 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
     elif status.startswith('conflict'):
       results[run.workdir] = f'failed ({status})'
       _log(f'FAILED  {run.workdir}: {status}')
+    elif status.startswith('in use'):
+      results[run.workdir] = f'skipped ({status})'
+      _log(f'skip    {run.workdir} ({status})')
     else:
       pending.append(run)
   running: list[tuple[Run, subprocess.Popen, float, object]] = []
@@ -340,24 +357,50 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
     env.update(JAX_COMPILATION_CACHE_DIR=os.path.abspath(cache_dir),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   total = len(pending)
-  try:
-    _run_pending(config_path, overrides, parallel, pending, running, results, env, total)
-  except KeyboardInterrupt:
-    _stop_running(running, results)
-    finished = sum(1 for s in results.values() if s in ('ran', 'skipped (done)'))
-    raise cli.Interrupted(
-        f'interrupted: {finished} of {len(runs)} runs finished, {len(running)} stopped at a round '
-        f'boundary with their checkpoints intact, {len(pending)} not started; rerun the same '
-        'command to resume') from None
+  received = []  # the stop signal that reached the sweep: its runs get the same
+  with _stop_signals(received):
+    try:
+      _run_pending(config_path, overrides, parallel, pending, running, results, env, total)
+    except KeyboardInterrupt:
+      signum = received[0] if received else signal.SIGINT
+      _stop_running(running, results, signum)
+      finished = sum(1 for s in results.values() if s in ('ran', 'skipped (done)'))
+      by = 'terminated (SIGTERM)' if signum == signal.SIGTERM else 'interrupted'
+      raise stopping.Interrupted(
+          f'{by}: {finished} of {len(runs)} runs finished, {len(running)} stopped at a round '
+          f'boundary with their checkpoints intact, {len(pending)} not started; rerun the same '
+          'command to resume',
+          stopping.EXIT_TERMINATED if signum == signal.SIGTERM else stopping.EXIT_INTERRUPTED
+      ) from None
   return results
 
 
-def _stop_running(running, results) -> None:
-  """Ctrl-C: every running run stops after its current round (a second Ctrl-C: at once)."""
+@contextlib.contextmanager
+def _stop_signals(received: list):
+  """SIGINT and SIGTERM raise KeyboardInterrupt in the sweep (main thread), noting which came."""
+  def handler(signum, frame):
+    del frame
+    received.append(signum)
+    raise KeyboardInterrupt
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {s: signal.signal(s, handler) for s in stopping.STOP_SIGNALS}
+  try:
+    yield
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
+
+
+def _stop_running(running, results, signum=signal.SIGINT) -> None:
+  """Ctrl-C / SIGTERM: forwarded to every running run, which stops after its current round and
+  checkpoints it; the sweep waits for them (the same signal again: they stop at once)."""
+  name = 'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'
   for _, process, _, _ in running:
     if process.poll() is None:
-      process.send_signal(signal.SIGINT)  # the runs are in their own process groups
-  _log(f'Ctrl-C: {len(running)} running run(s) stop after their current round; Ctrl-C again '
+      process.send_signal(signum)  # the runs are in their own process groups
+  _log(f'{name}: {len(running)} running run(s) stop after their current round; {name} again '
        'stops them at once')
   while any(process.poll() is None for _, process, _, _ in running):
     try:
@@ -365,7 +408,7 @@ def _stop_running(running, results) -> None:
     except KeyboardInterrupt:
       for _, process, _, _ in running:
         if process.poll() is None:
-          process.send_signal(signal.SIGINT)
+          process.send_signal(signum)
   for run, process, _, log in running:
     log.close()
     results[run.workdir] = f'interrupted (exit {process.returncode})'
@@ -380,6 +423,11 @@ def _run_pending(config_path, overrides, parallel, pending, running, results, en
     while pending and len(running) < max(1, parallel):
       run = pending.pop(0)
       started += 1
+      held = run.holder()
+      if held is not None:  # started elsewhere since the plan: its writer owns the workdir
+        results[run.workdir] = f'skipped (in use by pid {held})'
+        _log(f'skip    {run.workdir} (in use by pid {held}; not started)')
+        continue
       os.makedirs(run.workdir, exist_ok=True)
       command = _command(config_path, run, overrides)
       with open(os.path.join(run.workdir, 'sweep.json'), 'w') as f:
@@ -431,7 +479,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        'run already uses every core: keep 1 there.', **fv)
   flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
-                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR is already set.', **fv)
+                    'programs. Ignored when JAX_COMPILATION_CACHE_DIR or '
+                    'DP2FEDSAM_COMPILATION_CACHE is already set.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
   flags.DEFINE_string('seed_from', None, 'A folder of committed runs (a report\'s runs/, from '
                       '--copy_runs): its finished runs are copied into the same, empty workdirs '

@@ -1,13 +1,23 @@
 """Shared fixtures: tiny configs and data so the whole suite runs in minutes on 2 CPU cores."""
 
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 
 # Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices; LLVM's
 # optimisations off halve the CPU time of the suite (it is compile-bound: tests/test_engine.py 227 s
 # -> 110 s of CPU), and every program a test compares is compiled the same way.
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
                                    '--xla_backend_optimization_level=0')
+
+# The binaries the tests start keep their compiled programs in a cache of this session, never in the
+# user's (dp2fedsam_jax/compilation_cache.py); each pytest process has its own.
+if 'DP2FEDSAM_COMPILATION_CACHE' not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix='dp2fedsam_test_jax_cache_')
+  os.environ['DP2FEDSAM_COMPILATION_CACHE'] = _CACHE
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import pytest
 

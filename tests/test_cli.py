@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 from absl import flags
 
 from conftest import tiny_config
-from dp2fedsam_jax import checkpoint, cli, train
+from dp2fedsam_jax import cli, train
 from dp2fedsam_jax.config import base_config, ConfigError
 from dp2fedsam_jax.config_help import FIELD_HELP
 
@@ -154,113 +153,7 @@ def test_print_config_shows_the_resolved_config_with_help_and_exits():
   assert '--print_config' in help_text.split('flags:')[0]  # the docstring points to it
 
 
-# --- Ctrl-C -----------------------------------------------------------------------------------
-
-
-def test_interruptible_defers_the_first_ctrl_c_and_not_the_second():
-  seen = []
-
-  @cli.interruptible(lambda: 'stopped: checkpoint of round 3 intact')
-  def work():
-    signal.raise_signal(signal.SIGINT)  # the first: only a request
-    seen.append(cli.interrupt_requested())
-    with cli.critical():  # the second, inside a critical block: after the block
-      signal.raise_signal(signal.SIGINT)
-      seen.append('still in the block')
-    seen.append('never here')
-
-  with pytest.raises(cli.Interrupted, match='stopped: checkpoint of round 3 intact'):
-    work()
-  assert seen == [True, 'still in the block']
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  assert not cli.interrupt_requested()
-
-
-def test_ctrl_c_stops_train_and_evaluate_between_rounds(tmp_path, monkeypatch):
-  save = checkpoint.save
-
-  def save_then_ctrl_c(workdir, state, records):
-    save(workdir, state, records)
-    signal.raise_signal(signal.SIGINT)  # a real SIGINT while round 2's checkpoint is written
-  monkeypatch.setattr(checkpoint, 'save', save_then_ctrl_c)
-  config = tiny_config(num_rounds=4, eval_every=2)
-  with pytest.raises(cli.Interrupted) as info:
-    train.train_and_evaluate(config, str(tmp_path))
-  assert str(info.value) == (f'interrupted after round 2; the checkpoint of round 2 in {tmp_path} '
-                             'is intact; rerun the same command to resume')
-  assert [json.loads(l)['round'] for l in open(tmp_path / 'metrics.jsonl')] == [2]
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-_PROCESS_ERRORS = ('Traceback', 'Fatal Python error', 'Segmentation fault', 'core dumped')
-
-
-def _interrupt(workdir, wait_for, *extra):
-  """Runs the tiny config in the binary, sends SIGINT once `wait_for` is in its log."""
-  command = [sys.executable, '-m', 'experiments.train', f'--config={DEFAULT}', *TINY_FLAGS,
-             f'--workdir={workdir}', *extra]
-  process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-  seen = []
-  deadline = time.monotonic() + 300
-  for line in process.stderr:
-    seen.append(line)
-    if wait_for in line or time.monotonic() > deadline:
-      process.send_signal(signal.SIGINT)
-      break
-  _, rest = process.communicate(timeout=300)
-  return process.returncode, ''.join(seen) + rest
-
-
-def test_ctrl_c_during_compilation_exits_130_without_a_crash(tmp_path):
-  rc, log = _interrupt(tmp_path / 'w', 'Compiling the round step', '--config.num_rounds=50')
-  assert rc == cli.EXIT_INTERRUPTED, log[-3000:]
-  assert not any(e in log for e in _PROCESS_ERRORS), log[-3000:]
-  last = log.strip().splitlines()[-1]
-  match = re.fullmatch(r'interrupted after round (\d+); (.*); rerun the same command to '
-                       r'(resume|start again)', last)
-  assert match, last
-  if match.group(1) == '0':  # the usual case: stopped before round 1
-    assert match.group(2) == (f'no checkpoint was written yet in {tmp_path / "w"} (none before '
-                              'the first evaluated round)')
-
-
-def test_ctrl_c_mid_run_exits_130_keeps_the_checkpoint_and_the_same_command_resumes(tmp_path):
-  workdir = tmp_path / 'w'
-  rc, log = _interrupt(workdir, 'round 2/1000', '--config.num_rounds=1000',
-                       '--config.eval_every=2')
-  assert rc == cli.EXIT_INTERRUPTED, log[-3000:]
-  assert not any(e in log for e in _PROCESS_ERRORS), log[-3000:]
-  last = log.strip().splitlines()[-1]
-  match = re.fullmatch(rf'interrupted after round (\d+); the checkpoint of round (\d+) in '
-                       rf'{re.escape(str(workdir))} is intact; rerun the same command to resume',
-                       last)
-  assert match, last
-  k, j = int(match.group(1)), int(match.group(2))
-  assert j <= k and j % 2 == 0 and j >= 2
-  rounds = [json.loads(l)['round'] for l in open(workdir / 'metrics.jsonl')]
-  assert rounds == list(range(2, j + 1, 2))  # nothing half-written
-  assert not [n for n in os.listdir(workdir) if n.endswith('.tmp')]
-  assert checkpoint.latest_round(str(workdir)) == j
-  again = _binary('experiments.train', f'--config={DEFAULT}', *TINY_FLAGS, f'--workdir={workdir}',
-                  f'--config.num_rounds={j + 2}', '--config.eval_every=2')
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert f'Resuming {workdir} from round {j}' in again.stderr
-  assert [json.loads(l)['round'] for l in open(workdir / 'metrics.jsonl')] == list(
-      range(2, j + 3, 2))
-  assert [json.loads(l)['round'] for l in open(workdir / 'train_metrics.jsonl')] == list(
-      range(1, j + 3))
-  # A quiet console in both runs (each wrote checkpoints): only the project's own log lines; orbax's
-  # lines at every checkpoint went to the log file in the workdir.
-  for stderr in (log, again.stderr):
-    assert _logging_files(stderr) == {'train.py'}, stderr[-3000:]
-  assert f'round {j + 2}/{j + 2}  acc ' in again.stderr
-  assert 'checkpoint_manager.py' in (workdir / 'train.INFO').read_text()
-
-
-def _logging_files(stderr: str) -> set[str]:
-  """Source files of the absl-formatted log lines ('I1123 19:48:36.239817 1400 train.py:306] x')."""
-  return set(re.findall(r'^[IWEF]\d{4} [\d:.]+ +\d+ ([^:\s]+):\d+\]', stderr, re.MULTILINE))
+# --- the quiet console --------------------------------------------------------------------------
 
 
 def test_the_quiet_console_shows_project_lines_and_warnings_and_v_shows_everything(monkeypatch):

@@ -21,7 +21,7 @@ from jax_privacy.accounting import analysis as jp_analysis
 from jax_privacy.matrix_factorization import toeplitz
 
 from conftest import tiny_config
-from dp2fedsam_jax import checkpoint, keys, train
+from dp2fedsam_jax import checkpoint, keys, run_files, train
 from dp2fedsam_jax.algorithms import METHODS, get_method
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.privacy import correlated, noise
@@ -296,11 +296,11 @@ def test_banded_resume_restores_the_noise_buffer_bit_for_bit(tmp_path, monkeypat
   real_save = checkpoint.save
   saved = {}
 
-  def die_before_saving_round_3(wd, state, records):
+  def die_before_saving_round_3(wd, state, records, *window):
     if int(state.round) == 3:
       raise Killed
     saved[int(state.round)] = jax.device_get(state.noise_state)
-    real_save(wd, state, records)
+    real_save(wd, state, records, *window)
 
   monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_3)
   with pytest.raises(Killed):
@@ -359,16 +359,16 @@ def test_banded_run_refuses_a_resume_whose_strategy_differs(tmp_path, monkeypatc
   workdir = str(tmp_path)
   real_save = checkpoint.save
 
-  def die_before_saving_round_2(wd, state, records):
+  def die_before_saving_round_2(wd, state, records, *window):
     if int(state.round) == 2:
       raise Killed
-    real_save(wd, state, records)
+    real_save(wd, state, records, *window)
 
   monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_2)
   with pytest.raises(Killed):
     train.train_and_evaluate(_resume_config(), workdir)
   monkeypatch.undo()
-  with open(os.path.join(workdir, train.MECHANISM_FILE)) as f:
+  with open(os.path.join(workdir, run_files.MECHANISM_FILE)) as f:
     stored = json.load(f)
   assert stored == {'noise_mechanism': 'banded',
                     'strategy': list(correlated.banded_strategy(4, 2))}

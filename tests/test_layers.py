@@ -18,8 +18,9 @@ PACKAGE = 'dp2fedsam_jax'
 # Lowest first. A module may import its own unit (a top-level module, or a subpackage as a whole) and
 # the units of lower layers; units that share a layer must not import each other.
 LAYERS = (
-    ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'cli', 'config_help',
-     'metric_writers'),  # leaves
+    ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'stopping', 'config_help',
+     'metric_writers', 'compilation_cache'),  # leaves
+    ('cli', 'run_files'),        # what binaries share; a workdir's lock, config.json and metrics
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
     ('privacy', 'local'),        # DP primitives; one client's local training (SGD / SAM / ASAM)
     ('algorithms',),             # MethodSpec registry and the pieces methods compose

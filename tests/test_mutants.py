@@ -231,8 +231,9 @@ def _tree_uncorrelated(mp):
 def _buffer_not_checkpointed(mp):
   real = checkpoint.save
 
-  def save(workdir, state, records):
-    real(workdir, state.replace(noise_state=jax.tree.map(jnp.zeros_like, state.noise_state)), records)
+  def save(workdir, state, records, *window):
+    real(workdir, state.replace(noise_state=jax.tree.map(jnp.zeros_like, state.noise_state)), records,
+         *window)
   mp.setattr(checkpoint, 'save', save)
 
 

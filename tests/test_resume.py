@@ -5,24 +5,31 @@ like SIGKILL would leave things) lands (a) after the checkpoint is written but b
 is, (b) before a checkpoint is written, after train_metrics.jsonl got a line of the uncheckpointed
 round, with torn lines in both metrics files and a temporary file left behind, as a kill inside a
 write would leave them. Both metrics files must end as the uninterrupted run's (but `seconds`).
+
+Between evaluations (issue 36): a stop (SIGTERM) at a round that is not evaluated checkpoints that
+round, and a kill loses only the rounds since the last `checkpoint_every` checkpoint; the training
+scalars of the rounds since the last evaluation come back from the checkpoint, so the next record
+averages the same rounds as the uninterrupted run's.
 """
 
 import json
 import os
 
+import signal
+
 import chex
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import checkpoint, metric_writers, train
+from dp2fedsam_jax import checkpoint, metric_writers, stopping, train
 
 
 class Killed(BaseException):
   """Not an Exception: like a signal, nothing in the library may swallow it."""
 
 
-def _config():
-  return tiny_config(num_rounds=4, eval_every=1)
+def _config(eval_every=1, checkpoint_every=1):
+  return tiny_config(num_rounds=4, eval_every=eval_every, checkpoint_every=checkpoint_every)
 
 
 def _without_time(record):
@@ -76,7 +83,7 @@ def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path,
   workdir = str(tmp_path)
   real_save = checkpoint.save
 
-  def die_before_saving_round_3(wd, state, records):
+  def die_before_saving_round_3(wd, state, records, *window):
     if int(state.round) == 3:
       # What a kill inside a write would leave: torn lines and a temp file.
       with open(os.path.join(wd, 'metrics.jsonl'), 'a') as f:
@@ -86,7 +93,7 @@ def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path,
       with open(os.path.join(wd, 'metrics.jsonl.tmp'), 'w') as f:
         f.write('{"round": 3')
       raise Killed
-    real_save(wd, state, records)
+    real_save(wd, state, records, *window)
 
   monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_3)
   with pytest.raises(Killed):
@@ -100,4 +107,61 @@ def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path,
   metrics, state = uninterrupted
   # The torn lines and round 3's uncheckpointed line are gone, rounds 3 and 4 are recomputed.
   assert _metrics(workdir) == metrics
+  chex.assert_trees_all_equal(_final_state(workdir), state)
+
+
+_UNINTERRUPTED = {}
+
+
+def _uninterrupted(eval_every, tmp_path_factory):
+  if eval_every not in _UNINTERRUPTED:
+    workdir = str(tmp_path_factory.mktemp(f'full_every_{eval_every}'))
+    train.train_and_evaluate(_config(eval_every), workdir)
+    _UNINTERRUPTED[eval_every] = _metrics(workdir), _final_state(workdir)
+  return _UNINTERRUPTED[eval_every]
+
+
+def _on_train_line(monkeypatch, round_index, action):
+  """Calls action() right after train_metrics.jsonl got the line of round `round_index`."""
+  real_write = metric_writers.JsonlWriter.write_scalars
+
+  def write(writer, step, scalars):
+    real_write(writer, step, scalars)
+    if writer.path.endswith(metric_writers.TRAIN_FILE) and step == round_index:
+      action()
+  monkeypatch.setattr(metric_writers.JsonlWriter, 'write_scalars', write)
+
+
+def test_sigterm_between_evaluations_resumes_bit_identical(tmp_path, tmp_path_factory, monkeypatch):
+  workdir = str(tmp_path)
+  _on_train_line(monkeypatch, 3, lambda: signal.raise_signal(signal.SIGTERM))
+  with pytest.raises(stopping.Interrupted, match='after round 3; the checkpoint of round 3 in'):
+    train.train_and_evaluate(_config(eval_every=2, checkpoint_every=100), workdir)
+  monkeypatch.undo()
+  assert checkpoint.latest_round(workdir) == 3  # not evaluated, checkpointed by the stop
+  assert [r['round'] for r in _metrics(workdir)[0]] == [2]
+  window = checkpoint.restore_run(workdir, train.build_experiment(_config()).init_state()).window
+  assert len(window) == 1  # round 3's scalars, for round 4's record
+
+  train.train_and_evaluate(_config(eval_every=2, checkpoint_every=100), workdir)
+  metrics, state = _uninterrupted(2, tmp_path_factory)
+  assert _metrics(workdir) == metrics  # round 4's record averages rounds 3 and 4, as uninterrupted
+  chex.assert_trees_all_equal(_final_state(workdir), state)
+
+
+def test_a_kill_loses_only_the_rounds_since_the_last_checkpoint_every(tmp_path, tmp_path_factory,
+                                                                        monkeypatch):
+  workdir = str(tmp_path)
+
+  def kill():
+    raise Killed
+  _on_train_line(monkeypatch, 3, kill)  # round 3 ran; its checkpoint was never written
+  with pytest.raises(Killed):
+    train.train_and_evaluate(_config(eval_every=4, checkpoint_every=2), workdir)
+  monkeypatch.undo()
+  assert checkpoint.latest_round(workdir) == 2 and not _metrics(workdir)[0]
+
+  train.train_and_evaluate(_config(eval_every=4, checkpoint_every=2), workdir)
+  metrics, state = _uninterrupted(4, tmp_path_factory)
+  assert _metrics(workdir) == metrics  # the one record averages rounds 1-4, two of them restored
   chex.assert_trees_all_equal(_final_state(workdir), state)

@@ -1,0 +1,99 @@
+"""One writer per workdir (dp2fedsam_jax/run_files.py, issue 36 item 1): a second run on a workdir in
+use exits 2 naming the holder's pid and writes nothing there; a sweep does not start it; the lock of
+a killed process is gone with it."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import tiny_config
+from dp2fedsam_jax import run_files, train
+from launch import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_HOLD = textwrap.dedent('''
+    import sys, time
+    from dp2fedsam_jax import run_files
+    with run_files.hold(sys.argv[1]):
+      print('held', flush=True)
+      time.sleep(300)
+''')
+
+SWEEP_CONFIG = textwrap.dedent('''
+    from dp2fedsam_jax.config import base_config
+
+    def get_config(arg=None):
+      c = base_config()
+      c.dataset, c.model, c.partition = 'synthetic', 'mlp', 'iid'
+      c.num_clients, c.sampling_rate, c.num_rounds = 6, 0.5, 1
+      c.local.head_epochs = c.local.body_epochs = 1
+      c.local.batch_size = 16
+      c.dp.clip_norm, c.dp.noise_multiplier = 1.0, 1.0
+      return c
+''')
+
+
+@pytest.fixture
+def held(tmp_path):
+  """A workdir whose lock another live process holds: (workdir, that process)."""
+  workdir = tmp_path / 'sweep' / 'tiny' / 'dp2fedsam' / 'default' / 'seed=0'
+  workdir.mkdir(parents=True)
+  script = tmp_path / 'hold.py'
+  script.write_text(_HOLD)
+  process = subprocess.Popen([sys.executable, str(script), str(workdir)], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, env={**os.environ, 'PYTHONPATH': ROOT})
+  assert process.stdout.readline().strip() == 'held'
+  yield str(workdir), process
+  process.kill()
+  process.wait()
+
+
+def test_a_second_writer_is_refused_naming_the_pid_and_writes_nothing(held, tmp_path):
+  workdir, holder = held
+  assert run_files.holder(workdir) == holder.pid
+  message = (f'--workdir={workdir} is in use by another run (pid {holder.pid}); wait for it to end or '
+             f'stop it (kill -TERM {holder.pid}), or use another --workdir.')
+  with pytest.raises(run_files.WorkdirBusyError) as info:
+    train.train_and_evaluate(tiny_config(num_rounds=1), workdir)
+  assert str(info.value) == message
+  out = subprocess.run([sys.executable, '-m', 'experiments.train',
+                        '--config=experiments/configs/default.py', f'--workdir={workdir}',
+                        '--config.dataset=synthetic', '--config.model=mlp'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1] == f'error: {message}'
+  assert os.listdir(workdir) == [run_files.LOCK_FILE]  # no config.json, failure.json or log
+
+  # The sweep lists it as in use and does not start it.
+  config = tmp_path / 'tiny.py'
+  config.write_text(SWEEP_CONFIG)
+  root = str(tmp_path / 'sweep')
+  [run] = sweep.plan(str(config), root, [], [])
+  assert run.workdir == workdir and run.status == f'in use (pid {holder.pid}; not started)'
+  assert sweep.plan_summary([run]).endswith('1 in use by another process')
+  results = sweep.run_sweep(str(config), root, [], [])
+  assert results == {workdir: f'skipped (in use (pid {holder.pid}; not started))'}
+  assert os.listdir(workdir) == [run_files.LOCK_FILE]  # no sweep.json, no train.log
+
+  # Killed, the holder leaves no stale lock: the next run takes the workdir.
+  holder.send_signal(signal.SIGKILL)
+  holder.wait()
+  assert run_files.holder(workdir) is None
+  assert train.train_and_evaluate(tiny_config(num_rounds=1), workdir)['round'] == 1
+
+
+def test_the_lock_is_reentrant_in_one_process_and_released_after(tmp_path):
+  workdir = str(tmp_path / 'w')
+  assert run_files.holder(workdir) is None
+  with run_files.hold(workdir):
+    with run_files.hold(workdir):  # the binary holds it around train_and_evaluate, which holds it
+      assert run_files.holder(workdir) == os.getpid()
+    assert run_files.holder(workdir) == os.getpid()
+  assert run_files.holder(workdir) is None
+  with open(os.path.join(workdir, run_files.LOCK_FILE)) as f:
+    assert f.read().strip() == str(os.getpid())  # who held it last: read only while it is held
