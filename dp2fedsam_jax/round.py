@@ -4,7 +4,7 @@ The data flow (Algorithm 2 of dp2-fedsam.txt; DESIGN §3):
 
     sample cohort S (mask over N)            line 2
     for each chunk of S (all of S in one chunk unless Poisson overflowed the capacity):
-      gather data + personal heads           line 3
+      gather data + personal heads           line 3 (each client's [budget] examples)
       client_update (head phase, SAM phase)  lines 5-17
       clip Delta_i to global L2 norm C       line 18
       [distributed] + N(0, s^2 C^2 / |S|)    line 19
@@ -16,8 +16,9 @@ Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (
 the same object whose `dp_event` the accountant composes.
 
 Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
-noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (split by
-client id) gives its training and upload-noise streams. No key is both split and folded (keys.py).
+noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (folded by
+client id) gives its training, upload-noise and example-subset streams. No key is both split and
+folded (keys.py).
 
 A client whose local training diverged (a non-finite update, loss or head) uploads a zero update and
 keeps its old head: the zero is a function of its own data with norm 0 <= C, so the guarantee holds;
@@ -210,21 +211,23 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
   def round_step(state: ServerState, data, key):
-    client_update = make_client_update(spec, model, local_config, data.normalize, params)
+    client_update = make_client_update(spec, model, local_config, data.normalize, params,
+                                       target_mask=data.loss_mask)
+    budget = local_config.budget(data.max_train)  # examples per client slot (static)
     streams = keys.round_keys(key, state.round)
     sampled = mech.sample(streams.sample, state.round, key)                      # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
-    # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's run.
-    client_keys = keys.client_keys(streams.clients, mech.num_clients)
-    # Sampled ids first (ascending), then the rest; padded with the out-of-range id N.
-    order = jnp.argsort(~sampled, stable=True)
-    order = jnp.pad(order, (0, num_chunks_max * capacity - mech.num_clients),
-                    constant_values=mech.num_clients)
+    # Sampled ids (ascending), padded with the out-of-range id N: O(N) and cheap, no sort over N.
+    order = jnp.nonzero(sampled, size=num_chunks_max * capacity, fill_value=mech.num_clients)[0]
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = (sparsify.randk_mask(streams.public_mask, state.shared, params.sparsity)
                   if spec.upload_mask == 'randk' else None)
 
-    def one_client(x, y, count, personal, client_key, client_id):
+    def one_client(personal, client_id):
+      # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
+      # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
+      client_key = keys.client_key(streams.clients, client_id)
+      x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key))
       train_key, upload_key = keys.train_and_upload(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
       # A diverged client is a failed client: it uploads zero and keeps its old head.
@@ -251,8 +254,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
       uploads, new_personal, norms, losses, masks, finite = map_clients(
-          one_client, data.train_x[safe_ids], data.train_y[safe_ids], data.train_count[safe_ids],
-          take(personal), client_keys[safe_ids], safe_ids)
+          one_client, take(personal), safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
       if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
         support = jax.tree.map(jnp.maximum, support, _masked_max(masks, valid))

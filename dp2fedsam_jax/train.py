@@ -25,7 +25,7 @@ from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config, validate_privacy_fields
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
-from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
+from dp2fedsam_jax.evaluation import eval_client_ids, evaluation_batch_size, make_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -120,7 +120,9 @@ class Experiment:
 
   def evaluate(self):
     return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
-                         evaluation_batch_size(self.spec, self.round_config.executor))
+                         evaluation_batch_size(self.spec, self.round_config.executor),
+                         eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
+                                         self.config.seed))
 
 
 def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
@@ -188,7 +190,8 @@ _RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'dp.target_epsilon')
 
 
 # Fields added after runs were started, with the value those runs had.
-_ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4}
+_ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_clients': None,
+                 'local.max_examples': None}
 
 
 def _flatten(d: dict, prefix: str = '') -> dict:

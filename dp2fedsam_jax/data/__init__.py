@@ -1,10 +1,13 @@
-"""Data: sources -> partitions -> FederatedData (all clients stacked, padded, on device)."""
+"""Data: sources -> partitions -> FederatedData (ragged: flat examples + per-client offsets)."""
 
 from dp2fedsam_jax.data.arrays import ArrayDataset
 from dp2fedsam_jax.data.arrays import DatasetNotFoundError
 from dp2fedsam_jax.data.arrays import channel_stats
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.data.federated import build_federated_data
+from dp2fedsam_jax.data.federated import from_flat_arrays
+from dp2fedsam_jax.data.federated import padded_bytes
+from dp2fedsam_jax.data.federated import select_clients
 from dp2fedsam_jax.data.federated import make_federated_data
 from dp2fedsam_jax.data.partition import NATURAL
 from dp2fedsam_jax.data.partition import PARTITIONS
@@ -32,6 +35,9 @@ __all__ = [
     'PARTITIONS',
     'TFDS_DATASETS',
     'build_federated_data',
+    'from_flat_arrays',
+    'padded_bytes',
+    'select_clients',
     'channel_stats',
     'dataset_names',
     'dirichlet',
