@@ -28,7 +28,6 @@ the round counts such clients in `nonfinite_clients`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import jax
@@ -151,6 +150,35 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
   return lambda f, *xs: jax.vmap(f)(*sharding.shard_clients(xs, mesh))
 
 
+# Clients per block of the sampled-id search: a round reduces N booleans to N / _ID_BLOCK counts, then
+# reads only the blocks that hold the chunk's ids (no sort and no cumulative sum over N).
+_ID_BLOCK = 1024
+
+
+def sampled_id_blocks(sampled: jax.Array):
+  """(blocks bool[N / B, B], counts int32[N / B], rank of each block's first sampled client)."""
+  blocks = jnp.pad(sampled, (0, -sampled.shape[0] % _ID_BLOCK)).reshape(-1, _ID_BLOCK)
+  counts = jnp.sum(blocks, axis=1, dtype=jnp.int32)
+  return blocks, counts, jnp.cumsum(counts) - counts
+
+
+def chunk_ids(id_blocks, start, capacity: int, fill: int) -> jax.Array:
+  """int32[capacity]: the sampled ids of ranks start .. start + capacity - 1, ascending, then `fill`
+  (= jnp.nonzero(sampled, size=...)[0][start:start + capacity]); O(N / B + capacity B)."""
+  blocks, counts, first = id_blocks
+  end = start + capacity
+  # A non-empty block that overlaps the ranks holds at least one of them: at most `capacity` blocks.
+  hit = (counts > 0) & (first < end) & (first + counts > start)
+  num_blocks = blocks.shape[0]
+  which = jnp.nonzero(hit, size=min(capacity, num_blocks), fill_value=num_blocks)[0]
+  rows = blocks.at[which].get(mode='fill', fill_value=False)
+  rank = (first.at[which].get(mode='fill', fill_value=0)[:, None]
+          + jnp.cumsum(rows, axis=1, dtype=jnp.int32) - 1)
+  ids = which[:, None] * _ID_BLOCK + jnp.arange(_ID_BLOCK, dtype=jnp.int32)
+  slot = jnp.where(rows & (rank >= start) & (rank < end), rank - start, capacity)
+  return jnp.full((capacity,), fill, jnp.int32).at[slot].set(ids, mode='drop')
+
+
 def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
@@ -207,7 +235,6 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
                      f'round mechanism is {"" if mech.private else "not "}: build both from one config.')
   params = dataclasses.replace(params, clip_norm=mech.clip_norm)  # one C for clipping and regularizers
   capacity = rc.capacity
-  num_chunks_max = math.ceil(mech.num_clients / capacity)
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
   def round_step(state: ServerState, data, key):
@@ -217,8 +244,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     streams = keys.round_keys(key, state.round)
     sampled = mech.sample(streams.sample, state.round, key)                      # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
-    # Sampled ids (ascending), padded with the out-of-range id N: O(N) and cheap, no sort over N.
-    order = jnp.nonzero(sampled, size=num_chunks_max * capacity, fill_value=mech.num_clients)[0]
+    # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
+    id_blocks = sampled_id_blocks(sampled)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = (sparsify.randk_mask(streams.public_mask, state.shared, params.sparsity)
                   if spec.upload_mask == 'randk' else None)
@@ -249,7 +276,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
 
     def chunk(carry):
       k, upload_sum, support, personal, stats = carry
-      ids = jax.lax.dynamic_slice(order, (k * capacity,), (capacity,))
+      ids = chunk_ids(id_blocks, k * capacity, capacity, mech.num_clients)
       valid = k * capacity + jnp.arange(capacity) < cohort
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)

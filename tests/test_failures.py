@@ -63,6 +63,8 @@ INVALID = {
     'local.batch_size': NON_POSITIVE_INT,
     'chunk_size': NON_POSITIVE_INT,
     'cohort_capacity': NON_POSITIVE_INT,
+    'eval_clients': NON_POSITIVE_INT,
+    'local.max_examples': NON_POSITIVE_INT,
     'dp.num_bands': NON_POSITIVE_INT,
     'num_rounds': NEGATIVE_INT,
     'seed': NEGATIVE_INT,

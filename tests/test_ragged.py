@@ -18,7 +18,8 @@ from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.data import from_flat_arrays, padded_bytes
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.models.registry import SplitModel
-from dp2fedsam_jax.round import RoundConfig, make_round_step, mechanism_from
+from dp2fedsam_jax.round import (RoundConfig, chunk_ids, make_round_step, mechanism_from,
+                                  sampled_id_blocks)
 from dp2fedsam_jax.state import init_state
 
 TRAIN_SIZES = (1, 3, 500)
@@ -81,7 +82,7 @@ def test_unequal_clients_train_as_if_alone(max_examples):
     rows = np.arange(start, start + n)
     if n > budget:  # (c) truncation: the subset the client's examples key picks, fresh per round
       client_key = keys.client_key(keys.round_keys(root, 0).clients, i)
-      gather = jax.jit(lambda d, k: d.train_examples(i, budget, keys.examples_key(k)))
+      gather = jax.jit(lambda d, k, i=i: d.train_examples(i, budget, keys.examples_key(k)))
       x, _, count = gather(data, client_key)
       assert int(count) == budget
       chosen = [int(np.flatnonzero((np.asarray(data.train_x[rows]) == np.asarray(xj)).all((1, 2, 3)))[0])
@@ -261,3 +262,16 @@ def test_local_config_reads_max_examples():
   lc = local.LocalConfig.from_config(config)
   assert lc.max_examples == 5 and lc.budget(3) == 3 and lc.budget(9) == 5
   assert dataclasses.replace(lc, max_examples=None).budget(9) == 9
+
+
+@pytest.mark.parametrize('num_clients,rate,capacity', [(5, 0.5, 2), (3000, 0.9, 300), (2049, 0.01, 7),
+                                                       (4096, 1.0, 4096)])
+def test_chunk_ids_are_the_sampled_ids_in_order(num_clients, rate, capacity):
+  """The round's blocked id search equals nonzero over all N (what an argsort over N gave before)."""
+  sampled = np.random.default_rng(num_clients).random(num_clients) < rate
+  ids = jax.jit(lambda s, k: chunk_ids(sampled_id_blocks(s), k * capacity, capacity, num_clients))
+  chunks = -(-num_clients // capacity)
+  got = np.concatenate([ids(jnp.asarray(sampled), k) for k in range(chunks)])
+  want = np.full(chunks * capacity, num_clients)
+  want[:sampled.sum()] = np.flatnonzero(sampled)
+  np.testing.assert_array_equal(got, want)
