@@ -147,7 +147,9 @@ def plot(records: list[dict], path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   n = [r['num_clients'] for r in records]
   fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-  a.plot(n, [r['seconds_per_round'] for r in records], 'o-')
+  a.plot(n, [r['seconds_per_round'] for r in records], 'o-', label='median')
+  a.plot(n, [min(r['round_seconds'][1:] or r['round_seconds']) for r in records], 's--', label='min')
+  a.legend()
   a.set(xscale='log', xlabel='clients N', ylabel='s / round (median)',
         title=f'expected cohort {records[0]["expected_cohort"]}')
   a.set_ylim(bottom=0)
