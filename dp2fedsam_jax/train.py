@@ -310,6 +310,8 @@ def _finished_record(config, workdir: str) -> dict | None:
   except (OSError, ValueError):  # e.g. a torn line after a kill: the full path repairs it
     return None
   new = _flatten(config.to_dict())
+  for k, default in _ADDED_FIELDS.items():  # a run started before the field existed had its default
+    old.setdefault(k, default)
   resolved = ('dp.noise_multiplier', 'dp.delta')  # None in the config, filled in config.json
   same = set(old) == set(new) and all(
       old[k] == new[k] or (k in resolved and new[k] is None) for k in new)
