@@ -32,7 +32,7 @@ from dp2fedsam_jax import sharding
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
-from dp2fedsam_jax.data import FederatedData
+from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
@@ -126,9 +126,11 @@ def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int
   if min_samples is not None:
     count = rng.integers(min_samples, samples + 1, num_clients).astype(np.int32)
   c = input_shape[-1]
-  return FederatedData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(count),
-                       jnp.asarray(x[:, :1]), jnp.asarray(y[:, :1]), jnp.ones((num_clients,), jnp.int32),
-                       num_classes=num_classes, mean=(0.5,) * c, std=(0.25,) * c)
+  real = np.arange(samples)[None, :] < count[:, None]  # each client's first count examples
+  return from_flat_arrays(
+      train_x=x[real], train_y=y[real], train_offsets=np.r_[0, np.cumsum(count)],
+      test_x=x[:, 0], test_y=y[:, 0], test_offsets=np.arange(num_clients + 1),
+      num_classes=num_classes, mean=(0.5,) * c, std=(0.25,) * c)
 
 
 def local_config() -> LocalConfig:

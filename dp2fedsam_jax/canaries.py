@@ -60,6 +60,7 @@ from jax.flatten_util import ravel_pytree
 from scipy import linalg
 
 from dp2fedsam_jax import keys
+from dp2fedsam_jax.data.federated import select_clients
 from dp2fedsam_jax.privacy import auditing
 from dp2fedsam_jax.round import make_round_step
 
@@ -253,10 +254,7 @@ def with_canary_clients(exp, num_canaries: int):
   j mod N's data), and its mechanism -- round step and accountant -- over all N + k clients."""
   data = exp.data
   source = np.arange(num_canaries) % data.num_clients
-  grow = lambda a: jnp.concatenate([a, a[source]])
-  data = data.replace(train_x=grow(data.train_x), train_y=grow(data.train_y),
-                      train_count=grow(data.train_count), test_x=grow(data.test_x),
-                      test_y=grow(data.test_y), test_count=grow(data.test_count))
+  data = select_clients(data, np.concatenate([np.arange(data.num_clients), source]))
   # dataclasses.replace keeps the mechanism's class: a deliberately broken one stays broken.
   mechanism = exp.mechanism.with_num_clients(data.num_clients)
   round_config = dataclasses.replace(exp.round_config, mechanism=mechanism)

@@ -31,16 +31,22 @@ class ClientResult(NamedTuple):
   mask: object       # DSU's final mask M^tau over the shared params (None for other methods)
 
 
-def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig):
+def _example_mask(y, mask):
+  return mask
+
+
+def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, target_mask=_example_mask):
   """train_head(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
-  with the extractor's features computed once (phi is fixed in this phase)."""
+  with the extractor's features computed once (phi is fixed in this phase; [n, F] or, for token
+  sequences, [n, T, F])."""
   phase = local.Phase(local_config.head_epochs, local_config.batch_size, 'sgd',
                       local_config.momentum)
 
   def train_head(shared, personal, features, y, count, key, lr, epochs=None):
     def loss(p, feats, labels, mask):
       head = model_params(spec, shared, p)['head']
-      return local.masked_cross_entropy(model.logits_from_features(head, feats), labels, mask)
+      return local.masked_cross_entropy(model.logits_from_features(head, feats), labels,
+                                        target_mask(labels, mask))
     run = phase if epochs is None else local.Phase(epochs, phase.batch_size, 'sgd', phase.momentum)
     return local.run_phase(run, loss, personal, features, y, count, key, lr)[0]
 
@@ -48,7 +54,7 @@ def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig):
 
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
-                       params: MethodParams = MethodParams()):
+                       params: MethodParams = MethodParams(), target_mask=_example_mask):
   """Builds one client's local training: the head phase (Algorithm 2, lines 6-9), then the shared
   phase (lines 10-15) and the update Delta_i (line 17).
 
@@ -58,6 +64,8 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     local_config: epochs, batch size, learning rates, decay, momentum, SAM rho.
     normalize: maps the stored uint8 images to model inputs.
     params: method-specific hyperparameters.
+    target_mask: `(y, example_mask) -> mask` of the targets the loss counts (FederatedData.loss_mask:
+      token sequences drop the pad id); default: every real example.
 
   Returns:
     `client_update(shared, personal, x, y, count, key, round_index) -> ClientResult` for one
@@ -67,7 +75,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     parameters and the mean training loss.
   """
   local.check_local_config(local_config)
-  train_head = head_trainer(spec, model, local_config)
+  train_head = head_trainer(spec, model, local_config, target_mask)
   body_phase = local.Phase(local_config.body_epochs, local_config.batch_size, spec.body_optimizer,
                            local_config.momentum, local_config.sam_rho)
   regularizer = pieces.Regularizer(spec.regularizer, params.regularizer_lambda(spec.regularizer),
@@ -89,7 +97,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
       wmask = weight_mask(trainable)
       forward = trainable if wmask is None else sparsify.apply_mask(trainable, wmask)
       logits = model.apply(model_params(spec, forward, personal), inputs)
-      return (local.masked_cross_entropy(logits, labels, mask)
+      return (local.masked_cross_entropy(logits, labels, target_mask(labels, mask))
               + regularizer(trainable, shared, wmask))
 
     new_shared, loss = local.run_phase(body_phase, body_loss, shared, inputs, y, count, body_key,

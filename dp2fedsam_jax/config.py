@@ -32,6 +32,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 1
   # Rounds between checkpoints, besides those of every evaluation and of the round a stop reaches.
   c.checkpoint_every = 1
+  # Clients the evaluation tests: None = all; k = a fixed sample of k drawn once from seed
+  # (evaluation.eval_client_ids), for populations too large to test whole at every evaluation.
+  c.eval_clients = config_dict.placeholder(int)
   c.server_lr = 1.0
   # 'auto' (sequential on CPU, vmap on GPU/TPU; round.resolve_executor) | 'vmap' | 'sequential' |
   # 'sharded' (cohort split over jax.devices()).
@@ -62,6 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.local.lr_decay = 0.99
   c.local.sam_rho = 0.1
   c.local.finetune_epochs = 1  # -FT / -fb evaluation: local epochs on a copy before testing
+  # Examples a client trains on per round; None = all (the largest client sets the buffer). A client
+  # with more trains on a fresh random subset of this many each round (TFF's shuffle + take).
+  c.local.max_examples = config_dict.placeholder(int)
 
   c.dp = ml_collections.ConfigDict()
   c.dp.clip_norm = 0.1
@@ -168,7 +174,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   _positive(config, 'checkpoint_every', integer=True)
   _positive(config, 'server_lr')
   _positive(config, 'seed', integer=True, allow_zero=True)
-  for field in ('chunk_size', 'cohort_capacity'):
+  for field in ('chunk_size', 'cohort_capacity', 'eval_clients', 'local.max_examples'):
     if _get(config, field) is not None:
       _positive(config, field, integer=True)
 

@@ -22,6 +22,8 @@ FIELD_HELP = {
     'eval_every': 'evaluate, log and checkpoint every this many rounds (may change when resuming)',
     'checkpoint_every': 'also checkpoint every this many rounds (a stop checkpoints the round it '
                         'reached; a kill loses the rounds since; may change when resuming)',
+    'eval_clients': 'clients tested at each evaluation: None = all; k = a fixed sample of k drawn '
+                    'once from seed',
     'server_lr': 'server step size: phi <- phi + server_lr * mean of the uploads',
     'executor': 'how the cohort is mapped: auto (sequential on CPU, vmap on GPU/TPU; config.json '
                 'records the choice) | vmap | sequential | sharded (over all devices)',
@@ -45,6 +47,8 @@ FIELD_HELP = {
     'local.momentum': 'SGD momentum of the local steps, in [0, 1)',
     'local.lr_decay': 'local learning rates at round t are lr * lr_decay**t',
     'local.sam_rho': 'SAM / ASAM perturbation radius rho (0: plain SGD steps)',
+    'local.max_examples': 'examples a client trains on per round (None: all); a larger client uses '
+                          'a fresh random subset of this many each round',
     'local.finetune_epochs': 'epochs of fine-tuning before testing (-FT / -fb evaluation)',
     'dp': 'differential privacy',
     'dp.clip_norm': 'C, clip of the global L2 norm of each client update',

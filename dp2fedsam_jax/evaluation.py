@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dp2fedsam_jax import local
 from dp2fedsam_jax.algorithms import pieces
@@ -29,6 +30,8 @@ from dp2fedsam_jax.state import model_params
 # Clients vmapped at once by the evaluation. Forward-only evaluations share one extractor, so a
 # vmapped block of clients is one big batched forward pass.
 CLIENTS_PER_BATCH = 64
+# The stream of numpy's generator that draws config.eval_clients (beside config.seed).
+EVAL_SAMPLE_STREAM = 33
 
 
 def evaluation_batch_size(spec: MethodSpec, executor: str) -> int:
@@ -42,60 +45,92 @@ def evaluation_batch_size(spec: MethodSpec, executor: str) -> int:
   return CLIENTS_PER_BATCH
 
 
+def eval_client_ids(num_clients: int, eval_clients: int | None, seed: int):
+  """The clients the evaluation tests: None (all of them), or `eval_clients` ids drawn once without
+  replacement from np.random.default_rng([seed, EVAL_SAMPLE_STREAM]), sorted: the same fixed sample
+  at every evaluation and on resume (config.eval_clients)."""
+  if eval_clients is None or eval_clients >= num_clients:
+    return None
+  rng = np.random.default_rng([seed, EVAL_SAMPLE_STREAM])
+  return np.sort(rng.choice(num_clients, size=eval_clients, replace=False)).astype(np.int32)
+
+
 def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
-                  params: MethodParams = MethodParams(), clients_per_batch: int = CLIENTS_PER_BATCH):
+                  params: MethodParams = MethodParams(), clients_per_batch: int = CLIENTS_PER_BATCH,
+                  client_ids=None):
   """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
-  'test_accuracy_participated'}, averaged over clients with test data. `key` seeds the fine-tuning
-  minibatch order (unused by other evaluations)."""
+  'test_accuracy_participated'}, averaged over the evaluated clients with test data. `key` seeds
+  the fine-tuning minibatch order (unused by other evaluations). `client_ids`: the clients tested
+  (eval_client_ids; None: all). `evaluate.per_client(state, data, key)` gives the per-client arrays
+  the means come from."""
   local.check_local_config(local_config)
   weight_mask = pieces.WeightMask.for_method(spec, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
                          local_config.momentum)
 
-  def ce_loss(params, x, y, mask):
-    return local.masked_cross_entropy(model.apply(params, x), y, mask)
-
-  def client_model(state, personal, x, y, count, key):
+  def client_model(state, personal, data, client_id, key):
     params = model_params(spec, weight_mask.forward(state.shared), personal)
+    if spec.evaluation not in ('finetune', 'finetune_head'):
+      return params
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** state.round
+    # Fine-tuning is local training: on at most local.max_examples of the client's examples (a
+    # random subset needs a second key; without one, the key is the one runs used before).
+    budget = local_config.budget(data.max_train)
+    ft_key, examples_key = jax.random.split(key) if budget < data.max_train else (key, None)
+    train_x, y, count = data.train_examples(client_id, budget, examples_key)
+    x = data.normalize(train_x)
     if spec.evaluation == 'finetune':
-      params, _ = local.run_phase(finetune, ce_loss, params, x, y, count, key,
+      loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y,
+                                                              data.loss_mask(y, mask))
+      params, _ = local.run_phase(finetune, loss, params, x, y, count, ft_key,
                                   local_config.lr_body * decay)
-    elif spec.evaluation == 'finetune_head':
+    else:
       features = model.features(params['extractor'], x)
       head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
-          model.logits_from_features(h, f), labels, mask)
-      head, _ = local.run_phase(finetune, head_loss, params['head'], features, y, count, key,
+          model.logits_from_features(h, f), labels, data.loss_mask(labels, mask))
+      head, _ = local.run_phase(finetune, head_loss, params['head'], features, y, count, ft_key,
                                 local_config.lr_head * decay)
       params = {**params, 'head': head}
     return params
 
-  def evaluate(state, data, key):
-    max_test = data.test_y.shape[1]
+  def per_client(state, data, key):
+    """{'accuracy', 'loss', 'targets', 'took_part'}, one entry per evaluated client (client_ids
+    order): accuracy = correct targets / targets (images: examples; tokens: non-pad tokens less
+    accuracy_ignore_ids), targets = 0 for a client without test data."""
+    ids = (jnp.arange(data.num_clients, dtype=jnp.int32) if client_ids is None
+           else jnp.asarray(client_ids, jnp.int32))
 
-    def one_client(args):
-      personal, train_x, train_y, train_count, x, y, count, client_key = args
-      params = client_model(state, personal, data.normalize(train_x), train_y, train_count,
-                            client_key)
+    def one_client(client_id):
+      personal = jax.tree.map(lambda p: p[client_id], state.personal)
+      # The same key as split(key, N)[client_id] (keys.py), without an O(N) split.
+      params = client_model(state, personal, data, client_id, jax.random.fold_in(key, client_id))
+      x, y, count = data.test_examples(client_id)
       logits = model.apply(params, data.normalize(x))
-      mask = jnp.arange(max_test) < count
-      correct = jnp.sum((jnp.argmax(logits, -1) == y) & mask)
-      return (correct / jnp.maximum(count, 1), local.masked_cross_entropy(logits, y, mask))
+      example_mask = jnp.arange(data.max_test) < count
+      counted = data.accuracy_mask(y, example_mask)
+      targets = jnp.sum(counted)
+      correct = jnp.sum((jnp.argmax(logits, -1) == y) & counted)
+      loss = local.masked_cross_entropy(logits, y, data.loss_mask(y, example_mask))
+      return correct / jnp.maximum(targets, 1), loss, targets
 
-    num_clients = data.test_y.shape[0]
-    keys = jax.random.split(key, num_clients)
-    accuracy, loss = jax.lax.map(
-        one_client, (state.personal, data.train_x, data.train_y, data.train_count,
-                     data.test_x, data.test_y, data.test_count, keys),
-        batch_size=None if clients_per_batch == 1 else min(clients_per_batch, num_clients))
-    has_test = (data.test_count > 0).astype(jnp.float32)
-    clients = jnp.maximum(has_test.sum(), 1.0)
-    took_part = (state.times_sampled > 0).astype(jnp.float32)
-    tested_part = has_test * took_part
-    return {'test_accuracy': jnp.sum(accuracy * has_test) / clients,
-            'test_loss': jnp.sum(loss * has_test) / clients,
-            'participation': jnp.mean(took_part),
+    # Streams the clients in blocks: a block's test data is gathered inside, never all at once.
+    num = ids.shape[0]
+    accuracy, loss, targets = jax.lax.map(
+        one_client, ids, batch_size=None if clients_per_batch == 1 else min(clients_per_batch, num))
+    return {'accuracy': accuracy, 'loss': loss, 'targets': targets,
+            'took_part': state.times_sampled[ids] > 0}
+
+  def evaluate(state, data, key):
+    clients = per_client(state, data, key)
+    has_test = (clients['targets'] > 0).astype(jnp.float32)
+    tested = jnp.maximum(has_test.sum(), 1.0)
+    tested_part = has_test * clients['took_part'].astype(jnp.float32)
+    accuracy = clients['accuracy']
+    return {'test_accuracy': jnp.sum(accuracy * has_test) / tested,
+            'test_loss': jnp.sum(clients['loss'] * has_test) / tested,
+            'participation': jnp.mean((state.times_sampled > 0).astype(jnp.float32)),
             'test_accuracy_participated': jnp.where(
                 tested_part.sum() > 0, jnp.sum(accuracy * tested_part) / tested_part.sum(), jnp.nan)}
 
+  evaluate.per_client = per_client
   return evaluate

@@ -7,12 +7,14 @@ either *folded* with the distinct constants below, or *split* into a fresh array
 
     root = key(seed)                                  folded: round r, INIT, EVAL, SCHEDULE, TREE_NOISE
       round key = fold_in(root, r)                    folded: SAMPLE, CLIENTS, NOISE, PUBLIC_MASK
-        clients key                                   split into one key per client id
-          client key                                  folded: TRAIN, UPLOAD
+        clients key                                   folded with the client id (only ever folded)
+          client key                                  folded: TRAIN, UPLOAD, EXAMPLES
             train key                                 folded: HEAD, BODY (each split per epoch)
             upload key                                split per array (the client's noise share)
+            examples key                              folded: example j -> its sort key (the round's
+                                                      subset when a client exceeds its budget)
         noise key                                     split per array (the server's noise)
-      eval key = fold_in(fold_in(root, EVAL), r)      split per client id (fine-tuning order)
+      eval key = fold_in(fold_in(root, EVAL), r)      folded with the client id (fine-tuning order)
       init key = fold_in(root, INIT)                  the model's initialiser
       schedule key = fold_in(root, SCHEDULE)          folded: GROUPS, EPOCHS (correlated noise's samplers)
         groups key                                    one permutation: BandMF's public client groups
@@ -53,6 +55,7 @@ PUBLIC_MASK = 4   # rand-k's public mask, the same for every client
 # Children of a client key.
 TRAIN = 1         # local training (parent of HEAD and BODY)
 UPLOAD = 2        # the client's own noise share (distributed placement; split per array)
+EXAMPLES = 3      # which of its examples a client over config.local.max_examples trains on
 
 # Children of a train key.
 HEAD = 1
@@ -77,9 +80,17 @@ def round_keys(root: jax.Array, round_index) -> RoundKeys:
   return RoundKeys(*(jax.random.fold_in(round_key, s) for s in (SAMPLE, CLIENTS, NOISE, PUBLIC_MASK)))
 
 
-def client_keys(clients_key: jax.Array, num_clients: int) -> jax.Array:
-  """One key per client id: a client's run does not depend on its slot, chunk or executor."""
-  return jax.random.split(clients_key, num_clients)
+def client_key(clients_key: jax.Array, client_id) -> jax.Array:
+  """The key of one client id: a client's run does not depend on its slot, chunk or executor.
+
+  O(1) per sampled client, and the same key as `split(clients_key, N)[client_id]` (the keys of
+  runs before issue 33, which split over all N clients every round).
+  """
+  return jax.random.fold_in(clients_key, client_id)
+
+
+def examples_key(client_key: jax.Array) -> jax.Array:
+  return jax.random.fold_in(client_key, EXAMPLES)
 
 
 def train_and_upload(client_key: jax.Array) -> tuple[jax.Array, jax.Array]:

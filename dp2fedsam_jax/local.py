@@ -24,9 +24,12 @@ _ASAM_ETA = 0.01  # ASAM's scale offset (Kwon et al., 2021).
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
-  """Mean softmax cross-entropy over the examples where mask is True (0 if there are none)."""
+  """Mean softmax cross-entropy over the targets where mask is True (0 if there are none).
+
+  `labels` [b] or token sequences [b, T]; `mask` per example ([b]) or per target (labels' shape).
+  """
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  mask = mask.astype(losses.dtype)
+  mask = mask.reshape(mask.shape + (1,) * (losses.ndim - mask.ndim)).astype(losses.dtype)
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
@@ -88,6 +91,13 @@ class LocalConfig:
   lr_decay: float       # both learning rates are multiplied by lr_decay ** round
   sam_rho: float        # SAM / ASAM radius
   finetune_epochs: int  # -FT / -fb evaluation: local epochs on a copy before testing
+  # Examples a client trains on per round (None: all); a larger client uses a fresh random subset
+  # of this many each round (data.FederatedData.train_examples). A constant: sensitivity unchanged.
+  max_examples: int | None = None
+
+  def budget(self, max_train: int) -> int:
+    """The [budget] buffer a client's training examples are gathered into: never above max_train."""
+    return max_train if self.max_examples is None else min(self.max_examples, max_train)
 
   @classmethod
   def from_config(cls, config) -> 'LocalConfig':
@@ -96,8 +106,12 @@ class LocalConfig:
     names = [f.name for f in dataclasses.fields(cls)]
     if set(block) != set(names):
       raise ValueError(f'config.local has fields {sorted(block)}; LocalConfig needs {sorted(names)}.')
-    return cls(**{f.name: (operator.index(block[f.name]) if f.type == 'int' else float(block[f.name]))
-                  for f in dataclasses.fields(cls)})
+    def value(field):
+      v = block[field.name]
+      if v is None:
+        return None
+      return operator.index(v) if field.type.startswith('int') else float(v)
+    return cls(**{f.name: value(f) for f in dataclasses.fields(cls)})
 
 
 def check_local_config(local_config) -> None:

@@ -4,7 +4,7 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
 
     sample cohort S (mask over N)            line 2
     for each chunk of S (all of S in one chunk unless Poisson overflowed the capacity):
-      gather data + personal heads           line 3
+      gather data + personal heads           line 3 (each client's [budget] examples)
       client_update (head phase, SAM phase)  lines 5-17
       clip Delta_i to global L2 norm C       line 18
       [distributed] + N(0, s^2 C^2 / |S|)    line 19
@@ -16,8 +16,9 @@ Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (
 the same object whose `dp_event` the accountant composes.
 
 Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
-noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (split by
-client id) gives its training and upload-noise streams. No key is both split and folded (keys.py).
+noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (folded by
+client id) gives its training, upload-noise and example-subset streams. No key is both split and
+folded (keys.py).
 
 A client whose local training diverged (a non-finite update, loss or head) uploads a zero update and
 keeps its old head: the zero is a function of its own data with norm 0 <= C, so the guarantee holds;
@@ -27,7 +28,6 @@ the round counts such clients in `nonfinite_clients`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import jax
@@ -140,6 +140,35 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
   return lambda f, *xs: jax.vmap(f)(*sharding.shard_clients(xs, mesh))
 
 
+# Clients per block of the sampled-id search: a round reduces N booleans to N / _ID_BLOCK counts, then
+# reads only the blocks that hold the chunk's ids (no sort and no cumulative sum over N).
+_ID_BLOCK = 1024
+
+
+def sampled_id_blocks(sampled: jax.Array):
+  """(blocks bool[N / B, B], counts int32[N / B], rank of each block's first sampled client)."""
+  blocks = jnp.pad(sampled, (0, -sampled.shape[0] % _ID_BLOCK)).reshape(-1, _ID_BLOCK)
+  counts = jnp.sum(blocks, axis=1, dtype=jnp.int32)
+  return blocks, counts, jnp.cumsum(counts) - counts
+
+
+def chunk_ids(id_blocks, start, capacity: int, fill: int) -> jax.Array:
+  """int32[capacity]: the sampled ids of ranks start .. start + capacity - 1, ascending, then `fill`
+  (= jnp.nonzero(sampled, size=...)[0][start:start + capacity]); O(N / B + capacity B)."""
+  blocks, counts, first = id_blocks
+  end = start + capacity
+  # A non-empty block that overlaps the ranks holds at least one of them: at most `capacity` blocks.
+  hit = (counts > 0) & (first < end) & (first + counts > start)
+  num_blocks = blocks.shape[0]
+  which = jnp.nonzero(hit, size=min(capacity, num_blocks), fill_value=num_blocks)[0]
+  rows = blocks.at[which].get(mode='fill', fill_value=False)
+  rank = (first.at[which].get(mode='fill', fill_value=0)[:, None]
+          + jnp.cumsum(rows, axis=1, dtype=jnp.int32) - 1)
+  ids = which[:, None] * _ID_BLOCK + jnp.arange(_ID_BLOCK, dtype=jnp.int32)
+  slot = jnp.where(rows & (rank >= start) & (rank < end), rank - start, capacity)
+  return jnp.full((capacity,), fill, jnp.int32).at[slot].set(ids, mode='drop')
+
+
 def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
@@ -196,25 +225,26 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
                      f'round mechanism is {"" if mech.private else "not "}: build both from one config.')
   params = dataclasses.replace(params, clip_norm=mech.clip_norm)  # one C for clipping and regularizers
   capacity = rc.capacity
-  num_chunks_max = math.ceil(mech.num_clients / capacity)
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
   def round_step(state: ServerState, data, key):
-    client_update = make_client_update(spec, model, local_config, data.normalize, params)
+    client_update = make_client_update(spec, model, local_config, data.normalize, params,
+                                       target_mask=data.loss_mask)
+    budget = local_config.budget(data.max_train)  # examples per client slot (static)
     streams = keys.round_keys(key, state.round)
     sampled = mech.sample(streams.sample, state.round, key)                      # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
-    # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's run.
-    client_keys = keys.client_keys(streams.clients, mech.num_clients)
-    # Sampled ids first (ascending), then the rest; padded with the out-of-range id N.
-    order = jnp.argsort(~sampled, stable=True)
-    order = jnp.pad(order, (0, num_chunks_max * capacity - mech.num_clients),
-                    constant_values=mech.num_clients)
+    # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
+    id_blocks = sampled_id_blocks(sampled)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = (sparsify.randk_mask(streams.public_mask, state.shared, params.sparsity)
                   if spec.upload_mask == 'randk' else None)
 
-    def one_client(x, y, count, personal, client_key, client_id):
+    def one_client(personal, client_id):
+      # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
+      # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
+      client_key = keys.client_key(streams.clients, client_id)
+      x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key))
       train_key, upload_key = keys.train_and_upload(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
       # A diverged client is a failed client: it uploads zero and keeps its old head.
@@ -236,13 +266,12 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
 
     def chunk(carry):
       k, upload_sum, support, personal, stats = carry
-      ids = jax.lax.dynamic_slice(order, (k * capacity,), (capacity,))
+      ids = chunk_ids(id_blocks, k * capacity, capacity, mech.num_clients)
       valid = k * capacity + jnp.arange(capacity) < cohort
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
       uploads, new_personal, norms, losses, masks, finite = map_clients(
-          one_client, data.train_x[safe_ids], data.train_y[safe_ids], data.train_count[safe_ids],
-          take(personal), client_keys[safe_ids], safe_ids)
+          one_client, take(personal), safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
       if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
         support = jax.tree.map(jnp.maximum, support, _masked_max(masks, valid))

@@ -132,7 +132,8 @@ def holder(workdir: str) -> int | None:
 RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'dp.target_epsilon')
 
 # Fields added after runs were started, with the value those runs had.
-ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4}
+ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_clients': None,
+                'local.max_examples': None}
 
 
 def write_json_atomic(path: str, obj) -> None:

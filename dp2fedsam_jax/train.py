@@ -25,7 +25,7 @@ from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
-from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
+from dp2fedsam_jax.evaluation import eval_client_ids, evaluation_batch_size, make_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -95,7 +95,9 @@ class Experiment:
 
   def evaluate(self):
     return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
-                         evaluation_batch_size(self.spec, self.round_config.executor))
+                         evaluation_batch_size(self.spec, self.round_config.executor),
+                         eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
+                                         self.config.seed))
 
 
 def build_experiment(config: ml_collections.ConfigDict) -> Experiment:

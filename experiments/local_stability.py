@@ -72,8 +72,8 @@ def stability(config, clients: int, start=None) -> dict:
   losses, norms = [], []
   for i in range(clients):
     personal = jax.tree.map(lambda p, i=i: p[i], state.personal)
-    result = update(state.shared, personal, exp.data.train_x[i], exp.data.train_y[i],
-                    exp.data.train_count[i], jax.random.key(i), int(state.round))
+    result = update(state.shared, personal, *exp.data.client_train(i), jax.random.key(i),
+                    int(state.round))
     losses.append(float(result.train_loss))
     norms.append(float(global_norm(result.delta)))
   losses, norms = np.array(losses), np.array(norms)

@@ -204,7 +204,8 @@ def test_a_canary_uploads_its_vector_even_when_its_own_training_diverges():
   audited = canaries.with_canary_clients(exp, 20)
   x = audited.data.train_x.astype(jnp.float32)
   audited = dataclasses.replace(audited, data=audited.data.replace(
-      train_x=x.at[exp.data.num_clients:].set(jnp.nan)))  # every canary's training diverges
+      # every canary's training diverges (canaries' rows follow the real clients' ones)
+      train_x=x.at[int(exp.data.train_offsets[-1]):].set(jnp.nan)))
   scores = canaries.audit_scores(audited, canaries.AuditSettings(num_trials=1, num_canaries=20))
   projections, included = scores.projections[0, 0], scores.included[0]
   assert included.any() and not included.all()

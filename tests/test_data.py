@@ -316,29 +316,32 @@ def test_build_federated_data():
   # Half-up rounding of 0.9 n, at least one train example.
   np.testing.assert_array_equal(fd.train_count, [18, 9, 5, 1, 22])
   np.testing.assert_array_equal(fd.test_count, [2, 1, 0, 0, 2])
-  chex.assert_shape(fd.train_x, (5, 22, 2, 2, 1))
-  chex.assert_shape(fd.test_x, (5, 2, 2, 2, 1))
+  # Ragged: flat arrays of all clients' examples (memory = total examples), offsets per client.
+  chex.assert_shape(fd.train_x, (55, 2, 2, 1))
+  chex.assert_shape(fd.test_x, (5, 2, 2, 1))
+  assert (fd.max_train, fd.max_test) == (22, 2)
+  np.testing.assert_array_equal(fd.train_offsets, [0, 18, 27, 32, 33, 55])
   chex.assert_type([fd.train_x, fd.test_x], jnp.uint8)
-  chex.assert_type([fd.train_y, fd.test_y, fd.train_count, fd.test_count], jnp.int32)
-  train_x, train_y = np.asarray(fd.train_x), np.asarray(fd.train_y)
-  test_x, test_y = np.asarray(fd.test_x), np.asarray(fd.test_y)
+  chex.assert_type([fd.train_y, fd.test_y, fd.train_offsets, fd.test_offsets], jnp.int32)
   for i, idx in enumerate(clients):
-    nt, ne = int(fd.train_count[i]), int(fd.test_count[i])
-    assert not train_x[i, nt:].any() and not train_y[i, nt:].any()  # zero padding
-    assert not test_x[i, ne:].any() and not test_y[i, ne:].any()
+    train_x, train_y, nt = map(np.asarray, fd.client_train(i))
+    test_x, test_y, ne = map(np.asarray, fd.test_examples(i))
+    assert train_x.shape[0] == 22 and test_x.shape[0] == 2
+    assert not train_x[nt:].any() and not train_y[nt:].any()  # zero padding
+    assert not test_x[ne:].any() and not test_y[ne:].any()
     # x encodes the example id as value - 1, so the split can be read back.
-    got_train = train_x[i, :nt, 0, 0, 0].astype(int) - 1
-    got_test = test_x[i, :ne, 0, 0, 0].astype(int) - 1
+    got_train = train_x[:nt, 0, 0, 0].astype(int) - 1
+    got_test = test_x[:ne, 0, 0, 0].astype(int) - 1
     assert not set(got_train) & set(got_test)
     np.testing.assert_array_equal(np.sort(np.concatenate([got_train, got_test])), idx)
-    np.testing.assert_array_equal(train_y[i, :nt], ds.y[got_train])
-    np.testing.assert_array_equal(test_y[i, :ne], ds.y[got_test])
+    np.testing.assert_array_equal(train_y[:nt], ds.y[got_train])
+    np.testing.assert_array_equal(test_y[:ne], ds.y[got_test])
 
 
 def test_build_federated_data_shuffles():
   ds = _toy_dataset()
   fd = data.build_federated_data(ds, [np.arange(60)], rng=np.random.default_rng(0))
-  ids = np.asarray(fd.train_x)[0, :, 0, 0, 0].astype(int) - 1
+  ids = np.asarray(fd.train_x)[:, 0, 0, 0].astype(int) - 1
   assert not np.array_equal(ids, np.arange(54))  # test set is not always the tail
 
 
@@ -346,8 +349,10 @@ def test_build_federated_data_all_train():
   fd = data.build_federated_data(_toy_dataset(), [np.arange(3), np.arange(3, 6)], train_fraction=1.0,
                                  rng=np.random.default_rng(0))
   np.testing.assert_array_equal(fd.test_count, [0, 0])
-  chex.assert_shape(fd.test_x, (2, 1, 2, 2, 1))  # max_test >= 1
-  assert not np.asarray(fd.test_x).any()
+  chex.assert_shape(fd.test_x, (0, 2, 2, 1))
+  x, y, n = fd.test_examples(1)  # max_test >= 1: never a zero-size axis
+  chex.assert_shape(x, (1, 2, 2, 1))
+  assert int(n) == 0 and not np.asarray(x).any()
 
 
 def test_build_federated_data_empty_client():
@@ -359,9 +364,9 @@ def test_build_federated_data_empty_client():
 def test_federated_data_is_pytree():
   fd = data.build_federated_data(_toy_dataset(), [np.arange(10), np.arange(10, 20)],
                                  rng=np.random.default_rng(0))
-  assert len(jax.tree.leaves(fd)) == 6
-  head = jax.tree.map(lambda a: a[:1], fd)
-  assert head.num_clients == 1 and head.mean == fd.mean
+  assert len(jax.tree.leaves(fd)) == 6  # the flat arrays and offsets; the rest is static
+  copy = jax.tree.map(jnp.copy, fd)
+  assert copy.num_clients == 2 and copy.mean == fd.mean and copy.max_train == fd.max_train == 9
 
 
 def test_normalize_known_value():
@@ -387,7 +392,7 @@ def test_make_federated_data_synthetic():
   assert fd.num_clients == 6 and fd.num_classes == 4 and fd.input_shape == (8, 8, 1)
   assert int(fd.train_count.sum() + fd.test_count.sum()) == 300
   for i in range(6):
-    assert len(np.unique(np.asarray(fd.train_y)[i, :int(fd.train_count[i])])) <= 2
+    assert len(np.unique(np.asarray(fd.train_y)[int(fd.train_offsets[i]):int(fd.train_offsets[i + 1])])) <= 2
   other = data.make_federated_data(**(kw | dict(seed=4)))
   assert not np.array_equal(np.asarray(fd.train_y), np.asarray(other.train_y))
 

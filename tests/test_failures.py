@@ -64,6 +64,8 @@ INVALID = {
     'local.batch_size': NON_POSITIVE_INT,
     'chunk_size': NON_POSITIVE_INT,
     'cohort_capacity': NON_POSITIVE_INT,
+    'eval_clients': NON_POSITIVE_INT,
+    'local.max_examples': NON_POSITIVE_INT,
     'dp.num_bands': NON_POSITIVE_INT,
     'num_rounds': NEGATIVE_INT,
     'seed': NEGATIVE_INT,
@@ -207,8 +209,9 @@ def client_update():
                                                                     elements=st.integers(0, 3)))
 def test_padding_examples_never_change_a_client_update(client_update, pad_x, pad_y):
   exp, update = client_update
-  n = int(exp.data.train_count[0])
-  x, y = exp.data.train_x[0][:n], exp.data.train_y[0][:n]
+  x, y, n = exp.data.client_train(0)
+  n = int(n)
+  x, y = x[:n], y[:n]
   clean = update(jnp.concatenate([x, jnp.zeros_like(pad_x)]),
                  jnp.concatenate([y, jnp.zeros_like(pad_y)]), n)
   dirty = update(jnp.concatenate([x, pad_x]), jnp.concatenate([y, pad_y]), n)
@@ -226,7 +229,8 @@ def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
   state = exp.init_state()
   params = MethodParams.from_config(exp.config)
   float_data = exp.data.replace(train_x=exp.data.train_x.astype(jnp.float32))
-  poisoned_data = float_data.replace(train_x=float_data.train_x.at[2].set(jnp.nan))
+  rows = slice(*np.asarray(exp.data.train_offsets[2:4]))  # client 2's examples
+  poisoned_data = float_data.replace(train_x=float_data.train_x.at[rows].set(jnp.nan))
   step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config, params))
   zero_hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, 0.0, x), d)
   zero_step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,

@@ -99,8 +99,8 @@ def test_natural_partition_one_client_per_writer(tmp_path):
                                 [max(1, int(np.floor(0.9 * n + 0.5))) for n in sizes])
   for i in range(len(WRITERS)):
     own = {ds.x[j].tobytes() for j in np.flatnonzero(ds.writers == i)}
-    got = [fed.train_x[i, j] for j in range(int(fed.train_count[i]))]
-    got += [fed.test_x[i, j] for j in range(int(fed.test_count[i]))]
+    got = list(fed.train_x[int(fed.train_offsets[i]):int(fed.train_offsets[i + 1])])
+    got += list(fed.test_x[int(fed.test_offsets[i]):int(fed.test_offsets[i + 1])])
     assert {np.asarray(g).tobytes() for g in got} == own
   assert fed.num_classes == 62 and fed.input_shape == (28, 28, 1)
 

@@ -191,7 +191,7 @@ def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
   assert kernel_mask.sum() == math.ceil(0.05 * kernel_mask.size)
 
   # The forward pass uses theta * M in `high`: a weight outside M does not change the output.
-  x = data.normalize(data.train_x[0, :8])
+  x = data.normalize(data.client_train(0)[0][:8])
   outside = tuple(np.argwhere(kernel_mask == 0)[0])
   bumped = jax.tree.map(lambda a: a, shared)  # a copy we can edit
   # Shrinking a weight outside M keeps it outside M.
@@ -210,8 +210,7 @@ def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
   client = make_client_update(exp.spec, model, exp.local_config, data.normalize,
                               MethodParams.from_config(exp.config))
   personal = jax.tree.map(lambda h: h[0], state.personal)
-  result = jax.jit(client)(shared, personal, data.train_x[0], data.train_y[0],
-                           data.train_count[0], jax.random.key(0), 0)
+  result = jax.jit(client)(shared, personal, *data.client_train(0), jax.random.key(0), 0)
   high_moved = np.asarray(result.delta['extractor']['high']['kernel']) != 0
   assert high_moved.any() and not np.any(high_moved & (kernel_mask == 0))
   assert np.mean(np.asarray(result.delta['extractor']['low']['kernel']) != 0) > 0.5
@@ -294,7 +293,7 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
   client = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
                                       params))
   personal = jax.tree.map(lambda h: h[0], state.personal)
-  args = (exp.data.train_x[0], exp.data.train_y[0], exp.data.train_count[0], jax.random.key(1), 0)
+  args = (*exp.data.client_train(0), jax.random.key(1), 0)
   chex.assert_trees_all_close(client(state.shared, personal, *args).personal,
                               client(masked.shared, personal, *args).personal, atol=1e-6)
 

@@ -1,4 +1,4 @@
-"""Data: sources -> partitions -> FederatedData (all clients stacked, padded, on device)."""
+"""Data: sources -> partitions -> FederatedData (ragged: flat examples + per-client offsets)."""
 
 from dp2fedsam_jax.data.arrays import ArrayDataset
 from dp2fedsam_jax.data.arrays import DatasetNotFoundError
@@ -6,6 +6,9 @@ from dp2fedsam_jax.data.arrays import NORMALIZATION
 from dp2fedsam_jax.data.arrays import normalization
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.data.federated import build_federated_data
+from dp2fedsam_jax.data.federated import from_flat_arrays
+from dp2fedsam_jax.data.federated import padded_bytes
+from dp2fedsam_jax.data.federated import select_clients
 from dp2fedsam_jax.data.federated import make_federated_data
 from dp2fedsam_jax.data.partition import NATURAL
 from dp2fedsam_jax.data.partition import PARTITIONS
@@ -34,6 +37,9 @@ __all__ = [
     'PARTITIONS',
     'TFDS_DATASETS',
     'build_federated_data',
+    'from_flat_arrays',
+    'padded_bytes',
+    'select_clients',
     'dataset_names',
     'dirichlet',
     'iid',

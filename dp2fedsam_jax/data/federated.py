@@ -1,7 +1,14 @@
-"""All clients' data stacked and padded into fixed-shape device arrays.
+"""All clients' data as one ragged data set: flat example arrays plus per-client offsets.
 
-Clients have unequal sizes; padding to the largest keeps one compiled shape for every client, and the
-per-client counts let the engine mask the padding out (it must change neither updates nor sensitivity).
+Client i owns rows offsets[i]:offsets[i+1] of a split's flat arrays, so memory follows the total
+number of examples, never N times the largest client. The round step gathers the sampled clients'
+examples into a fixed [slots, budget] buffer (`train_examples`); the evaluation gathers each block of
+clients' test examples the same way. Padding changes neither updates nor sensitivity: padded slots
+are zeros and masked out, and the budget (config.local.max_examples) is a constant.
+
+Two kinds of input share the model: images (uint8 [total, H, W, C], labels int [total]) and token
+sequences (uint8 [total, L] token ids, labels [total, L] next-token ids; `pad_id` is ignored in loss
+and accuracy, `accuracy_ignore_ids` (EOS, BOS) in accuracy only).
 """
 
 from __future__ import annotations
@@ -19,53 +26,217 @@ from dp2fedsam_jax.data.partition import natural as _natural
 # Aliased: `make_federated_data` has an argument named `partition`.
 from dp2fedsam_jax.data.partition import partition as _partition
 
+INPUT_KINDS = ('image', 'tokens')
+
 
 @flax.struct.dataclass
 class FederatedData:
-  """Per-client train/test data, stacked over clients and zero-padded.
+  """Per-client train/test data, ragged: each split's examples of all clients in one flat array.
 
-  Example j of client i is real iff j < train_count[i] (resp. test_count[i]).
+  Client i's training examples are rows train_offsets[i]:train_offsets[i+1] of train_x / train_y
+  (likewise for test). Build it with `from_flat_arrays` (or `build_federated_data` from a source).
   """
 
-  train_x: jax.Array  # uint8 [N, max_train, H, W, C]
-  train_y: jax.Array  # int32 [N, max_train]
-  train_count: jax.Array  # int32 [N]
-  test_x: jax.Array  # uint8 [N, max_test, H, W, C]
-  test_y: jax.Array  # int32 [N, max_test]
-  test_count: jax.Array  # int32 [N]
+  train_x: jax.Array        # uint8 [total_train, H, W, C] images | [total_train, L] token ids
+  train_y: jax.Array        # int32 [total_train] labels | uint8 [total_train, L] next-token ids
+  train_offsets: jax.Array  # int32 [N + 1]
+  test_x: jax.Array
+  test_y: jax.Array
+  test_offsets: jax.Array   # int32 [N + 1]
   num_classes: int = flax.struct.field(pytree_node=False)
-  mean: tuple = flax.struct.field(pytree_node=False)
-  std: tuple = flax.struct.field(pytree_node=False)
+  mean: tuple = flax.struct.field(pytree_node=False, default=())   # images: per-channel, of x / 255
+  std: tuple = flax.struct.field(pytree_node=False, default=())
+  input_kind: str = flax.struct.field(pytree_node=False, default='image')  # one of INPUT_KINDS
+  max_train: int = flax.struct.field(pytree_node=False, default=1)  # the largest client's count
+  max_test: int = flax.struct.field(pytree_node=False, default=1)   # >= 1: never a zero-size axis
+  pad_id: int | None = flax.struct.field(pytree_node=False, default=None)  # tokens: not a target
+  accuracy_ignore_ids: tuple = flax.struct.field(pytree_node=False, default=())  # e.g. EOS, BOS
 
   @property
   def num_clients(self) -> int:
-    return int(self.train_count.shape[0])
+    return int(self.train_offsets.shape[0]) - 1
 
   @property
   def input_shape(self) -> tuple:
-    return tuple(self.train_x.shape[2:])
+    return tuple(self.train_x.shape[1:])
+
+  @property
+  def train_count(self) -> jax.Array:
+    return jnp.diff(self.train_offsets)
+
+  @property
+  def test_count(self) -> jax.Array:
+    return jnp.diff(self.test_offsets)
+
+  @property
+  def total_examples(self) -> int:
+    return int(self.train_x.shape[0] + self.test_x.shape[0])
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of the stored arrays (what the data costs on the device)."""
+    return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(self))
 
   def normalize(self, x) -> jax.Array:
-    """float32 (x / 255 - mean) / std, channels last, any leading dims."""
+    """Model inputs: images float32 (x / 255 - mean) / std, channels last; tokens int32 ids."""
+    if self.input_kind == 'tokens':
+      return jnp.asarray(x, jnp.int32)
     mean = jnp.asarray(self.mean, jnp.float32)
     std = jnp.asarray(self.std, jnp.float32)
     return (jnp.asarray(x, jnp.float32) / 255.0 - mean) / std
 
+  def loss_mask(self, y, example_mask) -> jax.Array:
+    """bool, y's shape: the targets the loss counts (real examples; tokens: not pad)."""
+    mask = example_mask.reshape(example_mask.shape + (1,) * (y.ndim - example_mask.ndim))
+    mask = jnp.broadcast_to(mask, y.shape)
+    return mask if self.pad_id is None else mask & (y != self.pad_id)
 
-def _stack_padded(x: np.ndarray, y: np.ndarray, groups: list[np.ndarray], width: int):
-  """Gathers x[g], y[g] for each group into zero-padded [len(groups), width, ...] arrays."""
-  out_x = np.zeros((len(groups), width, *x.shape[1:]), np.uint8)
-  out_y = np.zeros((len(groups), width), np.int32)
-  for i, g in enumerate(groups):
-    out_x[i, :len(g)] = x[g]
-    out_y[i, :len(g)] = y[g]
-  counts = np.array([len(g) for g in groups], np.int32)
-  return jnp.asarray(out_x), jnp.asarray(out_y), jnp.asarray(counts)
+  def accuracy_mask(self, y, example_mask) -> jax.Array:
+    """bool, y's shape: the targets accuracy counts (the loss's, less `accuracy_ignore_ids`)."""
+    mask = self.loss_mask(y, example_mask)
+    for token in self.accuracy_ignore_ids:
+      mask = mask & (y != token)
+    return mask
+
+  def train_examples(self, client_id, budget: int, key=None):
+    """Client `client_id`'s training examples in a [budget] buffer: (x, y int32, count).
+
+    A client with at most `budget` examples gets all of them, in stored order, zero-padded. One
+    with more trains on a uniformly random `budget` of them, fresh each round from `key` (its own
+    examples stream): a shuffle then the first `budget`, as TFF's shuffle + take. `count` is the
+    number of real slots, min(n_i, budget); `budget` is a constant, so sensitivity is unchanged.
+    """
+    return _gather(self.train_x, self.train_y, self.train_offsets, client_id, budget,
+                   self.max_train, key)
+
+  def test_examples(self, client_id):
+    """Client `client_id`'s test examples, all of them, in a [max_test] buffer: (x, y, count)."""
+    return _gather(self.test_x, self.test_y, self.test_offsets, client_id, self.max_test,
+                   self.max_test, None)
+
+  def client_train(self, client_id: int):
+    """One client's whole training set padded to max_train (x, y, count): for tests and tools."""
+    return self.train_examples(client_id, self.max_train)
+
+
+def _gather(x, y, offsets, client_id, budget: int, max_count: int, key):
+  """Rows offsets[id]:offsets[id+1] of (x, y) into a [budget] buffer; see train_examples."""
+  start = offsets[client_id]
+  n = offsets[client_id + 1] - start
+  slots = jnp.arange(budget)
+  positions = slots
+  if budget < max_count:  # some client may hold more than the budget: a random subset of them
+    if key is None:
+      raise ValueError(f'a budget of {budget} < {max_count} examples needs a key to choose them.')
+    # Each example's sort key comes from fold_in(key, j), so the subset of a client does not
+    # depend on max_count (padding); a client within the budget keeps all its examples in order.
+    every = jnp.arange(max_count)
+    u = jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(key, j)))(every)
+    chosen = jnp.argsort(jnp.where(every < n, u, 2.0))[:budget]
+    positions = jnp.where(n > budget, chosen, slots)
+  count = jnp.minimum(n, budget).astype(jnp.int32)
+  real = slots < count
+  if x.shape[0] == 0:  # a split without any example (e.g. train_fraction=1: no test data)
+    return (jnp.zeros((budget, *x.shape[1:]), x.dtype), jnp.zeros((budget, *y.shape[1:]), jnp.int32),
+            count)
+  rows = jnp.where(real, start + positions, 0)
+  # Padded slots are zeros, never another client's rows (a NaN there would reach the masked loss).
+  keep = lambda a: jnp.where(real.reshape(real.shape + (1,) * (a.ndim - 1)), a, 0)
+  return keep(x[rows]), keep(y[rows]).astype(jnp.int32), count
+
+
+def _check_split(name: str, x, y, offsets, num_clients: int | None) -> np.ndarray:
+  offsets = np.asarray(offsets, np.int64).reshape(-1)
+  if offsets.size < 2 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+    raise ValueError(f'{name}_offsets must start at 0 and never decrease (client i owns rows '
+                     f'offsets[i]:offsets[i+1]); got {offsets[:5]}...')
+  if offsets[-1] != len(x) or len(x) != len(y):
+    raise ValueError(f'{name}: offsets end at {offsets[-1]} but {name}_x has {len(x)} rows and '
+                     f'{name}_y {len(y)}: they must all agree.')
+  if num_clients is not None and offsets.size - 1 != num_clients:
+    raise ValueError(f'{name}_offsets has {offsets.size - 1} clients, the train split '
+                     f'{num_clients}: one offsets entry per client + 1 in both.')
+  if offsets[-1] >= 2**31:
+    raise ValueError(f'{name}: {offsets[-1]} examples exceed int32 offsets (2**31 - 1).')
+  return offsets
+
+
+def from_flat_arrays(*, train_x, train_y, train_offsets, test_x, test_y, test_offsets,
+                     num_classes: int, input_kind: str = 'image', mean: Sequence[float] = (),
+                     std: Sequence[float] = (), pad_id: int | None = None,
+                     accuracy_ignore_ids: Sequence[int] = ()) -> FederatedData:
+  """FederatedData from each split's flat arrays and per-client offsets (the one constructor).
+
+  Args:
+    train_x, test_x: uint8 [total, H, W, C] images, or uint8 [total, L] token ids.
+    train_y, test_y: int [total] labels, or [total, L] next-token ids (uint8 suffices).
+    train_offsets, test_offsets: int [N + 1]: client i owns rows offsets[i]:offsets[i+1].
+    num_classes: classes, or the vocabulary size.
+    input_kind: 'image' (normalized with mean/std of x / 255) or 'tokens' (ids, cast to int32).
+    mean, std: per-channel statistics of the images.
+    pad_id: tokens only: a target id ignored in loss and accuracy.
+    accuracy_ignore_ids: tokens only: further ids ignored in accuracy (EOS, BOS), not in the loss.
+  """
+  if input_kind not in INPUT_KINDS:
+    raise ValueError(f'input_kind={input_kind!r}: choose one of {list(INPUT_KINDS)}.')
+  if input_kind == 'image' and len(mean) != (np.shape(train_x)[-1] if np.ndim(train_x) > 1 else 0):
+    raise ValueError(f'mean/std need one entry per image channel; got {len(mean)} for x of shape '
+                     f'{np.shape(train_x)}.')
+  train_offsets = _check_split('train', train_x, train_y, train_offsets, None)
+  test_offsets = _check_split('test', test_x, test_y, test_offsets, train_offsets.size - 1)
+  train_counts = np.diff(train_offsets)
+  empty = np.flatnonzero(train_counts == 0)
+  if empty.size:
+    raise ValueError(
+        f'client {empty[0]} has no training examples; change config.num_clients, config.partition, '
+        f'config.classes_per_client or config.dirichlet_alpha so every client gets data.')
+  label_dtype = lambda y: np.uint8 if np.asarray(y).dtype == np.uint8 else np.int32
+  as_device = lambda a, dtype: jnp.asarray(np.asarray(a).astype(dtype, copy=False))
+  return FederatedData(
+      train_x=as_device(train_x, np.uint8), train_y=as_device(train_y, label_dtype(train_y)),
+      train_offsets=as_device(train_offsets, np.int32),
+      test_x=as_device(test_x, np.uint8), test_y=as_device(test_y, label_dtype(test_y)),
+      test_offsets=as_device(test_offsets, np.int32),
+      num_classes=int(num_classes), mean=tuple(float(m) for m in mean),
+      std=tuple(float(s) for s in std), input_kind=input_kind,
+      max_train=int(train_counts.max()), max_test=max(1, int(np.diff(test_offsets).max())),
+      pad_id=None if pad_id is None else int(pad_id),
+      accuracy_ignore_ids=tuple(int(t) for t in accuracy_ignore_ids))
+
+
+def select_clients(data: FederatedData, client_ids) -> FederatedData:
+  """The data of `client_ids` (repeats allowed), in that order, as a new FederatedData."""
+  client_ids = np.asarray(client_ids, np.int64)
+
+  def split(x, y, offsets):
+    offsets = np.asarray(offsets, np.int64)
+    starts, counts = offsets[client_ids], np.diff(offsets)[client_ids]
+    rows = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts)] or [np.zeros(0, int)])
+    return x[rows], y[rows], np.concatenate([[0], np.cumsum(counts)])
+
+  train_x, train_y, train_offsets = split(data.train_x, data.train_y, data.train_offsets)
+  test_x, test_y, test_offsets = split(data.test_x, data.test_y, data.test_offsets)
+  return data.replace(
+      train_x=train_x, train_y=train_y, train_offsets=jnp.asarray(train_offsets, jnp.int32),
+      test_x=test_x, test_y=test_y, test_offsets=jnp.asarray(test_offsets, jnp.int32),
+      max_train=int(np.diff(train_offsets).max()),
+      max_test=max(1, int(np.diff(test_offsets).max())))
+
+
+def padded_bytes(offsets, example_bytes: int) -> tuple[int, int]:
+  """(padded, ragged) bytes of one split: N x the largest client against the total.
+
+  padded = N * max_i n_i * example_bytes (the stacked layout this module used before), ragged =
+  sum_i n_i * example_bytes + 4 (N + 1) for the int32 offsets.
+  """
+  counts = np.diff(np.asarray(offsets, np.int64))
+  return (int(counts.size * counts.max() * example_bytes),
+          int(counts.sum() * example_bytes + 4 * (counts.size + 1)))
 
 
 def build_federated_data(dataset: sources.ArrayDataset, client_indices: Sequence[np.ndarray], *,
                          train_fraction: float = 0.9, rng: np.random.Generator) -> FederatedData:
-  """Splits each client's examples into train/test and stacks all clients on device.
+  """Splits each client's examples into train/test and lays all clients out flat on device.
 
   Each client's examples are shuffled; the first max(1, round(train_fraction * n)) are its training
   set, the rest (possibly none) its test set. Rounding is half-up, so 0.9 * 5 = 4.5 -> 5.
@@ -89,17 +260,16 @@ def build_federated_data(dataset: sources.ArrayDataset, client_indices: Sequence
     train_groups.append(idx[:n_train])
     test_groups.append(idx[n_train:])
 
-  max_train = max(len(g) for g in train_groups)
-  max_test = max(1, max(len(g) for g in test_groups))  # never a zero-size axis
-  train_x, train_y, train_count = _stack_padded(dataset.x, dataset.y, train_groups, max_train)
-  test_x, test_y, test_count = _stack_padded(dataset.x, dataset.y, test_groups, max_test)
-  return FederatedData(
-      train_x=train_x, train_y=train_y, train_count=train_count,
-      test_x=test_x, test_y=test_y, test_count=test_count,
-      num_classes=int(dataset.num_classes),
-      mean=tuple(float(m) for m in dataset.mean),
-      std=tuple(float(s) for s in dataset.std),
-  )
+  def flat(groups):
+    rows = np.concatenate(groups)
+    return dataset.x[rows], dataset.y[rows], np.concatenate([[0], np.cumsum([len(g) for g in groups])])
+
+  train_x, train_y, train_offsets = flat(train_groups)
+  test_x, test_y, test_offsets = flat(test_groups)
+  return from_flat_arrays(
+      train_x=train_x, train_y=np.asarray(train_y, np.int32), train_offsets=train_offsets,
+      test_x=test_x, test_y=np.asarray(test_y, np.int32), test_offsets=test_offsets,
+      num_classes=int(dataset.num_classes), mean=dataset.mean, std=dataset.std)
 
 
 def make_federated_data(*, dataset: str, num_clients: int, partition: str, classes_per_client: int = 2,
