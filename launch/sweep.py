@@ -206,6 +206,13 @@ def missing_data(config) -> str | None:
     except (sources.DatasetNotFoundError, OSError):
       return f'femnist: no TFF h5 or LEAF JSON files in {directory} (downloaded on first use, online)'
     return None
+  if dataset in sources.TOKEN_DATASETS:
+    from dp2fedsam_jax.data import shakespeare
+    try:
+      shakespeare.check_available(dataset, data_dir)
+    except sources.DatasetNotFoundError as e:
+      return f'{dataset}: {e}'
+    return None
   tfds_name = dataset[5:] if dataset.startswith('tfds:') else sources.TFDS_DATASETS.get(dataset)
   if tfds_name is None:
     return None  # synthetic

