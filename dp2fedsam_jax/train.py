@@ -89,7 +89,8 @@ class Experiment:
     if self.config.get('init_checkpoint'):  # the extractor (and a fitting head) from a file
       model = CheckpointInit(model, self.config.init_checkpoint)
     state = init_state(self.spec, model, self.init_key, self.data.num_clients)
-    return state.replace(noise_state=self.mechanism.init_noise_state(state.shared))
+    return state.replace(noise_state=self.mechanism.init_noise_state(state.shared),
+                         server_opt_state=self.round_config.server_optimizer.init(state.shared))
 
   @property
   def root_key(self) -> jax.Array:
@@ -188,7 +189,9 @@ _RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'dp.target_epsilon')
 
 
 # Fields added after runs were started, with the value those runs had.
-_ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4}
+_ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'server_optimizer': 'sgd',
+                 'server_momentum': 0.9, 'server_beta1': 0.9, 'server_beta2': 0.99,
+                 'server_eps': 1e-3}
 
 
 def _flatten(d: dict, prefix: str = '') -> dict:
@@ -226,7 +229,7 @@ def _json_number(value) -> float | None:
 
 # The per-round training scalars of the round step's metrics (train_metrics.jsonl).
 TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size',
-                 'nonfinite_clients')
+                 'nonfinite_clients', 'noise_std', 'signal_to_noise')
 # The executors 'auto' chooses from (round.resolve_executor).
 _AUTO_CHOICES = ('sequential', 'vmap')
 
@@ -307,6 +310,8 @@ def _finished_record(config, workdir: str) -> dict | None:
   except (OSError, ValueError):  # e.g. a torn line after a kill: the full path repairs it
     return None
   new = _flatten(config.to_dict())
+  for k, default in _ADDED_FIELDS.items():  # a run started before the field existed had its default
+    old.setdefault(k, default)
   resolved = ('dp.noise_multiplier', 'dp.delta')  # None in the config, filled in config.json
   same = set(old) == set(new) and all(
       old[k] == new[k] or (k in resolved and new[k] is None) for k in new)

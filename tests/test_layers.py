@@ -19,7 +19,7 @@ PACKAGE = 'dp2fedsam_jax'
 # the units of lower layers; units that share a layer must not import each other.
 LAYERS = (
     ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'cli', 'config_help',
-     'metric_writers'),  # leaves
+     'metric_writers', 'server_optimizer'),  # leaves
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
     ('privacy', 'local'),        # DP primitives; one client's local training (SGD / SAM / ASAM)
     ('algorithms',),             # MethodSpec registry and the pieces methods compose
