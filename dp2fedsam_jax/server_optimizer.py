@@ -7,8 +7,8 @@ an optax optimizer (`config.server_optimizer`):
     sgd       phi <- phi + lr * sum / m       no state; the rule before server optimizers, bit for bit
     momentum  v <- beta v + sum / m, phi <- phi + lr v   heavy ball, optax.sgd(lr, beta) (FedAvgM);
               its steady step is lr / (1 - beta) times SGD's
-    adam      optax.adam(lr, b1, b2, eps)     (FedAdam; optax corrects the moments' bias)
-    yogi      optax.yogi(lr, b1, b2, eps)     (FedYogi)
+    adam      optax.adam(lr, b1, b2, eps)     (FedAdam; optax corrects the moments' bias, so the
+    yogi      optax.yogi(lr, b1, b2, eps)     (FedYogi)  first step is ~lr * sign of the mean)
     adagrad   phi <- phi + lr * sum / m / sqrt(eps^2 + sum of (sum / m)^2 so far)   (FedAdagrad)
 
 Everything here is a function of the released sums and public constants, so it is post-processing:
