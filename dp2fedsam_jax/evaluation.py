@@ -13,10 +13,6 @@ Besides the mean over all clients with test data, the evaluation reports `partic
 fraction of clients sampled at least once) and `test_accuracy_participated` (the mean over the
 clients that trained at least once; NaN before anyone has): in short runs most personal heads are
 still at their initialisation, which dominates the plain mean.
-
-The spread over the clients with test data (`accuracy_spread`): `test_accuracy_std` (over clients),
-the percentiles `test_accuracy_p10`, `_p50`, `_p90` (numpy's linear interpolation) and
-`test_accuracy_worst10`, the mean over the worst ceil(10 %) of them (at least one client).
 """
 
 from __future__ import annotations
@@ -33,33 +29,6 @@ from dp2fedsam_jax.state import model_params
 # Clients vmapped at once by the evaluation. Forward-only evaluations share one extractor, so a
 # vmapped block of clients is one big batched forward pass.
 CLIENTS_PER_BATCH = 64
-WORST_FRACTION = 0.1  # test_accuracy_worst10: the mean over this fraction of the clients, the worst
-
-
-def _percentile(ascending, n, q: float):
-  """numpy.percentile(x, q) ('linear') of the n values that `ascending` starts with."""
-  position = q / 100 * (n - 1).astype(jnp.float32)
-  low = jnp.floor(position).astype(jnp.int32)
-  high = jnp.minimum(low + 1, n - 1)
-  return ascending[low] + (position - low) * (ascending[high] - ascending[low])
-
-
-def accuracy_spread(accuracy, has_test) -> dict:
-  """The spread of the per-client accuracies over the clients where has_test (NaN if none)."""
-  n = jnp.sum(has_test, dtype=jnp.int32)
-  ascending = jnp.sort(jnp.where(has_test, accuracy, jnp.inf))  # clients without test data last
-  nf = jnp.maximum(n, 1).astype(jnp.float32)
-  mean = jnp.sum(jnp.where(has_test, accuracy, 0.0)) / nf
-  worst = jnp.maximum(jnp.ceil(WORST_FRACTION * nf), 1.0)
-  spread = {
-      'test_accuracy_std': jnp.sqrt(jnp.sum(jnp.where(has_test, (accuracy - mean) ** 2, 0.0)) / nf),
-      'test_accuracy_p10': _percentile(ascending, n, 10),
-      'test_accuracy_p50': _percentile(ascending, n, 50),
-      'test_accuracy_p90': _percentile(ascending, n, 90),
-      'test_accuracy_worst10': jnp.sum(jnp.where(jnp.arange(accuracy.shape[0]) < worst, ascending,
-                                                 0.0)) / worst,
-  }
-  return jax.tree.map(lambda v: jnp.where(n > 0, v, jnp.nan), spread)
 
 
 def evaluation_batch_size(spec: MethodSpec, executor: str) -> int:
@@ -132,3 +101,35 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
             **accuracy_spread(accuracy, has_test > 0)}
 
   return evaluate
+
+
+WORST_FRACTION = 0.1  # test_accuracy_worst10: the mean over this fraction of the clients, the worst
+
+
+def _percentile(ascending, n, q: float):
+  """numpy.percentile(x, q) ('linear') of the n values that `ascending` starts with."""
+  position = q / 100 * (n - 1).astype(jnp.float32)
+  low = jnp.floor(position).astype(jnp.int32)
+  high = jnp.minimum(low + 1, n - 1)
+  return ascending[low] + (position - low) * (ascending[high] - ascending[low])
+
+
+def accuracy_spread(accuracy, has_test) -> dict:
+  """The spread of the per-client accuracies over the clients where has_test (NaN if none):
+  `test_accuracy_std` (over clients), the percentiles `test_accuracy_p10`, `_p50`, `_p90` (numpy's
+  linear interpolation) and `test_accuracy_worst10`, the mean over the worst ceil(10 %) of them
+  (at least one client)."""
+  n = jnp.sum(has_test, dtype=jnp.int32)
+  ascending = jnp.sort(jnp.where(has_test, accuracy, jnp.inf))  # clients without test data last
+  nf = jnp.maximum(n, 1).astype(jnp.float32)
+  mean = jnp.sum(jnp.where(has_test, accuracy, 0.0)) / nf
+  worst = jnp.maximum(jnp.ceil(WORST_FRACTION * nf), 1.0)
+  spread = {
+      'test_accuracy_std': jnp.sqrt(jnp.sum(jnp.where(has_test, (accuracy - mean) ** 2, 0.0)) / nf),
+      'test_accuracy_p10': _percentile(ascending, n, 10),
+      'test_accuracy_p50': _percentile(ascending, n, 50),
+      'test_accuracy_p90': _percentile(ascending, n, 90),
+      'test_accuracy_worst10': jnp.sum(jnp.where(jnp.arange(accuracy.shape[0]) < worst, ascending,
+                                                 0.0)) / worst,
+  }
+  return jax.tree.map(lambda v: jnp.where(n > 0, v, jnp.nan), spread)
