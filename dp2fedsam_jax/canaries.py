@@ -300,6 +300,10 @@ def make_trial_scores(exp, settings: AuditSettings):
   `exp` already holds the canary clients (with_canary_clients).
   """
   rc, spec, mech = exp.round_config, exp.spec, exp.mechanism
+  if rc.server_optimizer.name != 'sgd':
+    raise ValueError(f'config.server_optimizer={rc.server_optimizer.name!r}: the audit reads each '
+                     "round's released sum back from the sgd step; set --config.server_optimizer=sgd "
+                     '(a server optimizer is post-processing: the audited release is the same).')
   clip = mech.clip_norm
   first_canary = exp.data.num_clients - settings.num_canaries
 

@@ -36,6 +36,13 @@ def base_config() -> ml_collections.ConfigDict:
   # (evaluation.eval_client_ids), for populations too large to test whole at every evaluation.
   c.eval_clients = config_dict.placeholder(int)
   c.server_lr = 1.0
+  # The step on the released average (server_optimizer.py; post-processing): 'sgd' | 'momentum' |
+  # 'adam' | 'yogi' | 'adagrad', with Reddi et al.'s defaults.
+  c.server_optimizer = 'sgd'
+  c.server_momentum = 0.9
+  c.server_beta1 = 0.9
+  c.server_beta2 = 0.99
+  c.server_eps = 1e-3
   # 'auto' (sequential on CPU, vmap on GPU/TPU; round.resolve_executor) | 'vmap' | 'sequential' |
   # 'sharded' (cohort split over jax.devices()).
   c.executor = 'auto'
@@ -93,6 +100,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   """
   # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax import round as round_lib
+  from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
   from dp2fedsam_jax.models import layers, registry
@@ -103,6 +111,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'conv_impl': layers.CONV_IMPLS,
       'partition': PARTITIONS + (NATURAL,),  # natural: one client per writer
       'executor': round_lib.EXECUTORS,
+      'server_optimizer': server_optimizer.SERVER_OPTIMIZERS,
       'dp.sampling': sampling.SAMPLINGS,
       'dp.noise_placement': noise.NOISE_PLACEMENTS,
       'dp.accountant': accounting.ACCOUNTANTS,
@@ -162,8 +171,8 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   data_dir = config.get('data_dir')
   if data_dir is not None and not isinstance(data_dir, str):
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
-  for field in ('model', 'partition', 'conv_impl', 'executor', 'dp.sampling', 'dp.noise_placement',
-                'dp.accountant', 'dp.noise_mechanism'):
+  for field in ('model', 'partition', 'conv_impl', 'executor', 'server_optimizer', 'dp.sampling',
+                'dp.noise_placement', 'dp.accountant', 'dp.noise_mechanism'):
     _choice(config, field, allowed[field])
 
   _positive(config, 'num_clients', integer=True)
@@ -173,6 +182,11 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   _positive(config, 'eval_every', integer=True)
   _positive(config, 'checkpoint_every', integer=True)
   _positive(config, 'server_lr')
+  for field in ('server_momentum', 'server_beta1', 'server_beta2'):
+    value = _get(config, field)
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+      _fail(field, value, 'a decay rate of the server optimizer must lie in [0, 1).')
+  _positive(config, 'server_eps')
   _positive(config, 'seed', integer=True, allow_zero=True)
   for field in ('chunk_size', 'cohort_capacity', 'eval_clients', 'local.max_examples'):
     if _get(config, field) is not None:

@@ -24,7 +24,14 @@ FIELD_HELP = {
                         'reached; a kill loses the rounds since; may change when resuming)',
     'eval_clients': 'clients tested at each evaluation: None = all; k = a fixed sample of k drawn '
                     'once from seed',
-    'server_lr': 'server step size: phi <- phi + server_lr * mean of the uploads',
+    'server_lr': 'server step size (sgd: phi <- phi + server_lr * mean of the uploads)',
+    'server_optimizer': 'the step on the noised mean, its negation the pseudo-gradient (post-processing): '
+                        'sgd | momentum (heavy ball: steady step server_lr/(1-server_momentum)) | adam | '
+                        'yogi | adagrad (Reddi et al. 2021; adaptive ones want server_lr ~0.01-0.1)',
+    'server_momentum': 'beta of server_optimizer=momentum, in [0, 1)',
+    'server_beta1': 'first-moment decay of server_optimizer=adam | yogi, in [0, 1)',
+    'server_beta2': 'second-moment decay of server_optimizer=adam | yogi, in [0, 1)',
+    'server_eps': 'adaptivity tau of adam | yogi | adagrad (> 0): the floor of the step denominator',
     'executor': 'how the cohort is mapped: auto (sequential on CPU, vmap on GPU/TPU; config.json '
                 'records the choice) | vmap | sequential | sharded (over all devices)',
     'chunk_size': 'clients trained at once (bounds memory); None: the whole cohort',

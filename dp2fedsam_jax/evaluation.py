@@ -59,10 +59,10 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
                   params: MethodParams = MethodParams(), clients_per_batch: int = CLIENTS_PER_BATCH,
                   client_ids=None):
   """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
-  'test_accuracy_participated'}, averaged over the evaluated clients with test data. `key` seeds
-  the fine-tuning minibatch order (unused by other evaluations). `client_ids`: the clients tested
-  (eval_client_ids; None: all). `evaluate.per_client(state, data, key)` gives the per-client arrays
-  the means come from."""
+  'test_accuracy_participated'}, averaged over the evaluated clients with test data, and the spread
+  over them (`accuracy_spread`). `key` seeds the fine-tuning minibatch order (unused by other
+  evaluations). `client_ids`: the clients tested (eval_client_ids; None: all).
+  `evaluate.per_client(state, data, key)` gives the per-client arrays the means come from."""
   local.check_local_config(local_config)
   weight_mask = pieces.WeightMask.for_method(spec, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
@@ -130,7 +130,40 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
             'test_loss': jnp.sum(clients['loss'] * has_test) / tested,
             'participation': jnp.mean((state.times_sampled > 0).astype(jnp.float32)),
             'test_accuracy_participated': jnp.where(
-                tested_part.sum() > 0, jnp.sum(accuracy * tested_part) / tested_part.sum(), jnp.nan)}
+                tested_part.sum() > 0, jnp.sum(accuracy * tested_part) / tested_part.sum(), jnp.nan),
+            **accuracy_spread(accuracy, has_test > 0)}
 
   evaluate.per_client = per_client
   return evaluate
+
+
+WORST_FRACTION = 0.1  # test_accuracy_worst10: the mean over this fraction of the clients, the worst
+
+
+def _percentile(ascending, n, q: float):
+  """numpy.percentile(x, q) ('linear') of the n values that `ascending` starts with."""
+  position = q / 100 * (n - 1).astype(jnp.float32)
+  low = jnp.floor(position).astype(jnp.int32)
+  high = jnp.minimum(low + 1, n - 1)
+  return ascending[low] + (position - low) * (ascending[high] - ascending[low])
+
+
+def accuracy_spread(accuracy, has_test) -> dict:
+  """The spread of the per-client accuracies over the clients where has_test (NaN if none):
+  `test_accuracy_std` (over clients), the percentiles `test_accuracy_p10`, `_p50`, `_p90` (numpy's
+  linear interpolation) and `test_accuracy_worst10`, the mean over the worst ceil(10 %) of them
+  (at least one client)."""
+  n = jnp.sum(has_test, dtype=jnp.int32)
+  ascending = jnp.sort(jnp.where(has_test, accuracy, jnp.inf))  # clients without test data last
+  nf = jnp.maximum(n, 1).astype(jnp.float32)
+  mean = jnp.sum(jnp.where(has_test, accuracy, 0.0)) / nf
+  worst = jnp.maximum(jnp.ceil(WORST_FRACTION * nf), 1.0)
+  spread = {
+      'test_accuracy_std': jnp.sqrt(jnp.sum(jnp.where(has_test, (accuracy - mean) ** 2, 0.0)) / nf),
+      'test_accuracy_p10': _percentile(ascending, n, 10),
+      'test_accuracy_p50': _percentile(ascending, n, 50),
+      'test_accuracy_p90': _percentile(ascending, n, 90),
+      'test_accuracy_worst10': jnp.sum(jnp.where(jnp.arange(accuracy.shape[0]) < worst, ascending,
+                                                 0.0)) / worst,
+  }
+  return jax.tree.map(lambda v: jnp.where(n > 0, v, jnp.nan), spread)

@@ -10,7 +10,8 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
       [distributed] + N(0, s^2 C^2 / |S|)    line 19
       sum the clipped updates; write back the sampled clients' heads (lines 22-24 keep the rest)
     [central] + N(0, s^2 C^2) on the sum
-    phi <- phi + server_lr * sum / m         line 25 (m = expected cohort size for Poisson)
+    phi <- phi + server_lr * sum / m         line 25 (m = expected cohort size for Poisson);
+                                             or another server optimizer (server_optimizer.py)
 
 Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (privacy/mechanism.py),
 the same object whose `dp_event` the accountant composes.
@@ -28,6 +29,7 @@ the round counts such clients in `nonfinite_clients`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import jax
@@ -35,10 +37,11 @@ import jax.numpy as jnp
 
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax import keys, sharding
+from dp2fedsam_jax import keys, sharding, trees
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.server_optimizer import ServerOptimizer
 from dp2fedsam_jax.state import ServerState
 
 EXECUTORS = ('auto', 'vmap', 'sequential', 'sharded')
@@ -99,6 +102,7 @@ class RoundConfig:
   executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots over all devices) | 'auto'
   chunk_size: int | None = None     # clients vmapped at once (None: the whole chunk)
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
+  server_optimizer: ServerOptimizer = ServerOptimizer()  # the step on the released average
 
   @property
   def num_clients(self) -> int:
@@ -123,7 +127,8 @@ class RoundConfig:
 def round_config_from(config, mechanism: DPMechanism) -> RoundConfig:
   return RoundConfig(mechanism=mechanism, server_lr=config.server_lr,
                      executor=resolve_executor(config.executor),
-                     chunk_size=config.chunk_size, cohort_capacity=config.cohort_capacity)
+                     chunk_size=config.chunk_size, cohort_capacity=config.cohort_capacity,
+                     server_optimizer=ServerOptimizer.from_config(config))
 
 
 def client_mapper(executor: str, chunk_size: int | None) -> Callable:
@@ -189,6 +194,17 @@ def _masked_sum(tree, valid):
   return jax.tree.map(leaf_sum, tree)
 
 
+def noise_diagnostics(clipped_sum, released_sum, denominator) -> dict:
+  """The round's NON-private diagnostics (they read the un-noised sum): `noise_std`, the root mean
+  square over coordinates of the noise on the average (released - clipped sum) / m, and
+  `signal_to_noise`, ||mean clipped update|| / ||noise on the average|| (inf without noise)."""
+  noise = jax.tree.map(jnp.subtract, released_sum, clipped_sum)
+  noise_norm = trees.global_norm(noise)
+  size = sum(x.size for x in jax.tree.leaves(noise))
+  return {'noise_std': noise_norm / math.sqrt(max(size, 1)) / denominator,
+          'signal_to_noise': trees.global_norm(clipped_sum) / noise_norm}
+
+
 def upload_mask(spec: MethodSpec, delta, client_mask, round_mask, sparsity: float):
   """The mask a client multiplies its update with before clipping (None: no mask)."""
   if spec.upload_mask == 'randk':
@@ -217,7 +233,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     `round_step(state, data, key) -> (state, metrics)`, a pure function to jit: `state` a
     ServerState, `data` the FederatedData, `key` the run's root key (the round's streams are folded
     from it and `state.round`, see keys.py); `metrics` the round's scalars (train_loss,
-    cohort_size, mean_update_norm, clipped_fraction, nonfinite_clients, finite).
+    cohort_size, mean_update_norm, clipped_fraction, nonfinite_clients, finite, and the NON-private
+    diagnostics noise_std and signal_to_noise of `noise_diagnostics`).
   """
   mech = rc.mechanism
   if mech.private != spec.private:
@@ -259,10 +276,12 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         delta = sparsify.apply_mask(delta, mask)
       support = mask if spec.noise_on_mask else None
       upload, norm = mech.clip(delta)                                            # line 18
+      clean = upload if mech.distributed else None  # for the diagnostics' un-noised sum
       upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
       if spec.postprocess == 'topk_client':  # the paper's top-k of the client's own noised upload
         upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
-      return upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite
+      return (upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite,
+              clean)
 
     def chunk(carry):
       k, upload_sum, support, personal, stats = carry
@@ -270,7 +289,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
       valid = k * capacity + jnp.arange(capacity) < cohort
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
-      uploads, new_personal, norms, losses, masks, finite = map_clients(
+      uploads, new_personal, norms, losses, masks, finite, clipped_uploads = map_clients(
           one_client, take(personal), safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
       if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
@@ -286,12 +305,14 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
           'clipped': jnp.sum(counted & clipped, dtype=jnp.int32),
           'loss_sum': jnp.sum(jnp.where(counted, losses, 0.0)),
           'nonfinite': jnp.sum(valid & ~finite, dtype=jnp.int32),
+          'clipped_sum': _masked_sum(clipped_uploads, valid),
       })
       return k + 1, upload_sum, support, personal, stats
 
-    stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
-              'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32)}
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
+    stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
+              'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32),
+              'clipped_sum': zeros if mech.distributed else None}
     support0 = None
     if spec.noise_on_mask:
       # A public mask is noised even when nobody was sampled: an exact zero would reveal an empty
@@ -302,16 +323,18 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         lambda carry: carry[0] * capacity < cohort, chunk,
         (jnp.zeros((), jnp.int32), zeros, support0, state.personal, stats0))
 
+    clipped_sum = stats['clipped_sum'] if mech.distributed else upload_sum
     # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
     # if nobody was sampled, so the release is the mechanism the accountant assumed).
     upload_sum, noise_state = mech.privatize_sum(streams.noise, upload_sum, cohort, support,
                                                  state.noise_state, state.round, key)
-    if spec.postprocess == 'topk_server':  # post-processing of the noised sum
-      upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
     # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
     denominator = mech.denominator(cohort)
-    shared = jax.tree.map(lambda p, s: p + rc.server_lr * s / denominator,   # line 25
-                          state.shared, upload_sum)
+    diagnostics = noise_diagnostics(clipped_sum, upload_sum, denominator)
+    if spec.postprocess == 'topk_server':  # post-processing of the noised sum
+      upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
+    shared, server_opt_state = rc.server_optimizer.apply(                       # line 25
+        state.shared, upload_sum, denominator, rc.server_lr, state.server_opt_state)
 
     n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
     metrics = {
@@ -320,11 +343,12 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         'mean_update_norm': stats['norm_sum'] / n,
         'clipped_fraction': stats['clipped'] / n,
         'nonfinite_clients': stats['nonfinite'],
+        **diagnostics,
         'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
     }
     new_state = ServerState(round=state.round + 1, shared=shared, personal=personal,
                             times_sampled=state.times_sampled + sampled.astype(jnp.int32),
-                            noise_state=noise_state)
+                            noise_state=noise_state, server_opt_state=server_opt_state)
     if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
       new_state, metrics = jax.lax.with_sharding_constraint(
           (new_state, metrics), sharding.replicated(sharding.client_mesh()))

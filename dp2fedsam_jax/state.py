@@ -20,6 +20,8 @@ class ServerState:
   # What the noise mechanism carries between rounds (privacy/correlated.py): BandMF's last b-1 noise
   # draws, shaped like `shared` with a leading [b-1] axis; () for independent and tree noise.
   noise_state: Any = ()
+  # The server optimizer's state (server_optimizer.py: momentum, Adam's moments); () for sgd.
+  server_opt_state: Any = ()
 
 
 def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:

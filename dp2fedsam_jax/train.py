@@ -64,7 +64,8 @@ class Experiment:
     if self.config.get('init_checkpoint'):  # the extractor (and a fitting head) from a file
       model = CheckpointInit(model, self.config.init_checkpoint)
     state = init_state(self.spec, model, self.init_key, self.data.num_clients)
-    return state.replace(noise_state=self.mechanism.init_noise_state(state.shared))
+    return state.replace(noise_state=self.mechanism.init_noise_state(state.shared),
+                         server_opt_state=self.round_config.server_optimizer.init(state.shared))
 
   @property
   def root_key(self) -> jax.Array:
@@ -159,7 +160,7 @@ def _json_number(value) -> float | None:
 
 # The per-round training scalars of the round step's metrics (train_metrics.jsonl).
 TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size',
-                 'nonfinite_clients')
+                 'nonfinite_clients', 'noise_std', 'signal_to_noise')
 # The executors 'auto' chooses from (round.resolve_executor).
 _AUTO_CHOICES = ('sequential', 'vmap')
 

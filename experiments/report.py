@@ -156,6 +156,13 @@ class Row:
   participated_acc: tuple[float, float] = (float('nan'), float('nan'))
   participation: float = float('nan')
   setting_args: dict = dataclasses.field(default_factory=dict)  # the setting as a dict
+  # The spread over clients at the final round: SPREAD key -> (mean, std) over seeds (nan where a
+  # run's records predate it).
+  spread: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def has_spread(self) -> bool:
+    return any(not math.isnan(mean) for mean, _ in self.spread.values())
 
   @property
   def eps_setting(self):
@@ -166,6 +173,11 @@ class Row:
   def rest(self) -> str:
     """The setting without eps: rows that differ only in eps share it."""
     return setting_label({k: v for k, v in self.setting_args.items() if k != 'eps'})
+
+
+# The spread over the clients with test data (evaluation.accuracy_spread): record key -> label.
+SPREAD = {'test_accuracy_std': 'std over clients', 'test_accuracy_worst10': 'worst 10 %',
+          'test_accuracy_p10': 'p10', 'test_accuracy_p50': 'p50', 'test_accuracy_p90': 'p90'}
 
 
 def _mean_std_of(records: list[dict], key: str) -> tuple[float, float]:
@@ -207,7 +219,8 @@ def summarize(runs: list[RunResult]) -> list[Row]:
         note='; '.join(notes), num_runs=len(everyone),
         participated_acc=_mean_std_of(finals, 'test_accuracy_participated'),
         participation=_mean_std_of(finals, 'participation')[0],
-        setting_args=dict(everyone[0].setting)))
+        setting_args=dict(everyone[0].setting),
+        spread={k: _mean_std_of(finals, k) for k in SPREAD}))
   return rows
 
 
@@ -327,19 +340,37 @@ def _gap_cell(gap: float, units: float, ref: Row, other: Row) -> str:
   return f'{100 * gap:+.2f} / {size} ({ref.num_seeds} v {other.num_seeds})'
 
 
+def _spread_table(rows: list[Row], config_name: str) -> list[str]:
+  """The spread over clients at the final round, for the rows whose runs record it."""
+  rows = [r for r in rows if r.config_name == config_name and r.has_spread]
+  if not rows:
+    return []
+  return ['', 'Spread over the clients with test data at the final round (each client tests its '
+          'own model): the std over clients, the mean over the worst 10 % of them, and the 10th, '
+          '50th and 90th percentiles; mean ± std over seeds.', '',
+          '| setting | method | ' + ' | '.join(SPREAD.values()) + ' |',
+          '|---|---|' + '---|' * len(SPREAD)] + [
+              f'| {r.setting} | {r.method} | ' + ' | '.join(_pct(r.spread[k]) for k in SPREAD) + ' |'
+              for r in rows]
+
+
 def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tuple[str, str]:
   csv_path, md_path = os.path.join(out, 'results.csv'), os.path.join(out, 'results.md')
+  # The spread columns only where some run records it (runs that predate it keep their tables).
+  spread_columns = list(SPREAD) if any(r.has_spread for r in rows) else []
   with open(csv_path, 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
                      'final_acc_mean', 'final_acc_std', 'best_round_acc_mean',
                      'best_round_acc_std', 'seconds_per_round', 'note', 'num_runs',
-                     'participated_acc_mean', 'participated_acc_std', 'participation'])
+                     'participated_acc_mean', 'participated_acc_std', 'participation']
+                    + [f'{k}_{stat}' for k in spread_columns for stat in ('mean', 'std')])
     for r in rows:
       writer.writerow([r.config_name, r.setting, r.method, r.epsilon, r.num_seeds, r.final_round,
                        r.final_acc[0], r.final_acc[1], r.best_acc[0], r.best_acc[1],
                        r.seconds_per_round, r.note, r.num_runs, r.participated_acc[0],
-                       r.participated_acc[1], r.participation])
+                       r.participated_acc[1], r.participation]
+                      + [v for k in spread_columns for v in r.spread[k]])
   lines = ['# Results', '',
            'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
            'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
@@ -373,6 +404,7 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
       lines += [f'| {hi.setting} | {hi.method} | {lo.method} | {100 * gap:.2f} | '
                 f'{"–" if math.isnan(units) else f"{units:.1f}"} | '
                 f'{hi.num_seeds} v {lo.num_seeds} |' for hi, lo, gap, units in pairs]
+    lines += _spread_table(rows, config_name)
     lines += _reference_table(rows, config_name, reference)
     lines += _variant_table(rows, config_name)
     lines.append('')

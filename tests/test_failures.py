@@ -53,6 +53,7 @@ INVALID = {
     'conv_impl': _other_text(CHOICES['conv_impl']),
     'partition': _other_text(CHOICES['partition']),
     'executor': _other_text(CHOICES['executor']),
+    'server_optimizer': _other_text(CHOICES['server_optimizer']),
     'dp.sampling': _other_text(CHOICES['dp.sampling']),
     'dp.noise_placement': _other_text(CHOICES['dp.noise_placement']),
     'dp.accountant': _other_text(CHOICES['dp.accountant']),
@@ -75,6 +76,7 @@ INVALID = {
     'local.finetune_epochs': NEGATIVE_INT,
     'dirichlet_alpha': NON_POSITIVE,
     'server_lr': NON_POSITIVE,
+    'server_eps': NON_POSITIVE,
     'local.lr_decay': NON_POSITIVE,
     'dp.clip_norm': NON_POSITIVE,
     'dp.target_epsilon': NON_POSITIVE,
@@ -89,6 +91,8 @@ INVALID = {
     'sparsity': NOT_A_FRACTION,
     'dsu.sparsity': NOT_A_FRACTION,
     'local.momentum': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
+    **{f'server_{decay}': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN)
+       for decay in ('momentum', 'beta1', 'beta2')},
     'dp.delta': _floats(max_value=0.0) | _floats(min_value=1.0) | st.just(NAN),
     'init_checkpoint': st.text(min_size=1, max_size=12).map(lambda s: '/nonexistent/' + s),
 }

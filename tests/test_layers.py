@@ -19,7 +19,7 @@ PACKAGE = 'dp2fedsam_jax'
 # the units of lower layers; units that share a layer must not import each other.
 LAYERS = (
     ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'stopping', 'config_help',
-     'metric_writers', 'compilation_cache'),  # leaves
+     'metric_writers', 'compilation_cache', 'server_optimizer'),  # leaves
     ('cli', 'run_files'),        # what binaries share; a workdir's lock, config.json and metrics
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
     ('privacy', 'local'),        # DP primitives; one client's local training (SGD / SAM / ASAM)

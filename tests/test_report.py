@@ -1,6 +1,7 @@
 """experiments/report.py on synthetic workdirs with known numbers: tables, labels, and PNGs."""
 
 import csv
+import glob
 import json
 import math
 import os
@@ -139,6 +140,33 @@ def test_finished_only_leaves_out_runs_under_way_and_keeps_failed_ones(tmp_path)
 def test_empty_root_fails_clearly(tmp_path):
   with pytest.raises(ValueError, match='no workdir'):
     report.write_report(str(tmp_path), str(tmp_path / 'out'))
+
+
+def test_spread_over_clients_is_a_section_and_columns_where_the_runs_record_it(root, tmp_path):
+  plain = report.write_report(root, str(tmp_path / 'plain'))
+  assert 'Spread over the clients' not in open(plain['markdown']).read()
+  assert 'test_accuracy_p10_mean' not in open(plain['csv']).read()  # runs that predate the fields
+  worst = {}  # method -> the final records' worst-10 % accuracy per seed
+  for path in glob.glob(os.path.join(root, 'default', '*', '*', 'seed=*', 'metrics.jsonl')):
+    records = [json.loads(line) for line in open(path)]
+    for r in records:
+      acc = r['test_accuracy']
+      r.update(test_accuracy_std=0.1, test_accuracy_worst10=acc - 0.3, test_accuracy_p10=acc - 0.2,
+               test_accuracy_p50=acc, test_accuracy_p90=acc + 0.1)
+    worst.setdefault(path.split(os.sep)[-4], []).append(records[-1]['test_accuracy_worst10'])
+    with open(path, 'w') as f:
+      f.write(''.join(json.dumps(r) + '\n' for r in records))
+  out = report.write_report(root, str(tmp_path / 'spread'))
+  with open(out['csv']) as f:
+    rows = {r['method']: r for r in csv.DictReader(f)}
+  for method, values in worst.items():
+    assert float(rows[method]['test_accuracy_worst10_mean']) == pytest.approx(np.mean(values))
+    assert float(rows[method]['test_accuracy_worst10_std']) == pytest.approx(np.std(values, ddof=1))
+    assert float(rows[method]['test_accuracy_std_mean']) == pytest.approx(0.1)
+  md = open(out['markdown']).read()
+  assert '| setting | method | std over clients | worst 10 % | p10 | p50 | p90 |' in md
+  assert (f'| eps=2 | dp2fedsam | 10.00 ± 0.00 | {100 * np.mean(worst["dp2fedsam"]):.2f} ± '
+          f'{100 * np.std(worst["dp2fedsam"], ddof=1):.2f} |') in md
 
 
 def test_copied_runs_rebuild_the_same_table(root, tmp_path):

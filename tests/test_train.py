@@ -1,5 +1,6 @@
 """Config validation, the experiment binary, train_and_evaluate end to end, and resume."""
 
+import glob
 import json
 import math
 import os
@@ -11,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
+import test_metric_writers
 from conftest import tiny_config
-from dp2fedsam_jax import checkpoint, train
+from dp2fedsam_jax import checkpoint, metric_writers, train
 from dp2fedsam_jax.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,6 +90,14 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
     assert key in lines[-1] and math.isfinite(lines[-1][key])
   assert lines[0]['epsilon'] < lines[1]['epsilon']
   assert final == lines[-1]
+  # The spread over clients (tests/test_diagnostics.py), in metrics.jsonl and TensorBoard.
+  spread = [lines[-1][f'test_accuracy_{k}'] for k in ('worst10', 'p10', 'p50', 'p90')]
+  assert spread == sorted(spread) and spread[0] <= lines[-1]['test_accuracy'] <= spread[-1]
+  assert 0 <= lines[-1]['test_accuracy_std'] <= 0.5
+  if metric_writers.tensorboard_available():
+    tags = {tag for path in glob.glob(str(tmp_path / 'tensorboard' / 'eval' / 'events.*'))
+            for tag, _, _ in test_metric_writers._scalars(path)}
+    assert {'test_accuracy_p10', 'test_accuracy_worst10', 'test_accuracy_std'} <= tags
   # Every round has its training scalars; an evaluation's are their mean over its window.
   rounds = [json.loads(l) for l in (tmp_path / 'train_metrics.jsonl').read_text().splitlines()]
   assert [r['round'] for r in rounds] == [1, 2, 3]
