@@ -86,7 +86,7 @@ def get_config(arg: str | None = None):
   c.executor = 'sequential'  # the faster one on CPU (benchmarks/README.md)
   _common.set_fields(c, {
       'local.head_epochs': 1, 'local.body_epochs': 1, 'local.finetune_epochs': 1,
-      'local.batch_size': 10, 'local.lr_head': 0.5, 'local.lr_body': 1.0,
+      'local.batch_size': 10, 'local.max_examples': 80, 'local.lr_head': 0.5, 'local.lr_body': 1.0,
       'local.lr_decay': 0.99, 'local.momentum': 0.0, 'local.sam_rho': 0.05,
       'dp.clip_norm': 0.5, 'dp.sampling': 'poisson', 'dp.accountant': 'pld',
   })
