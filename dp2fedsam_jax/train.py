@@ -25,6 +25,7 @@ from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
+from dp2fedsam_jax.data.federated import load_token_clients
 from dp2fedsam_jax.evaluation import eval_client_ids, evaluation_batch_size, make_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
@@ -130,7 +131,8 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   """Model size and privacy of an experiment without loading its data (what `--dry_run` prints).
 
   Datasets of `sources.DATASET_SHAPES` are sized from that table; only a 'tfds:<name>' dataset is
-  loaded to learn its shape."""
+  loaded to learn its shape. A token dataset's clients are loaded (seconds) for their count and sizes
+  ('client_sizes': TokenDataset.summary())."""
   validate_config(config, METHODS)
   spec = get_method(config.method)
   mechanism = DPMechanism.from_config(config, config.num_clients, spec)
@@ -143,7 +145,13 @@ def describe(config: ml_collections.ConfigDict) -> dict:
   params = jax.eval_shape(model.init, jax.random.key(0))
   shared, personal = split_params(spec, params)
   caveat = spec.privacy_caveat()
-  return {'method': config.method, 'num_params': count_params(params),
+  sizes = {}
+  if config.dataset in sources.TOKEN_DATASETS:
+    sizes['client_sizes'] = load_token_clients(
+        dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
+        seed=config.seed, data_dir=config.data_dir).summary()
+  return {'method': config.method, 'num_clients': config.num_clients, **sizes,
+          'num_params': count_params(params),
           'num_shared_params': count_params(shared), 'num_personal_params': count_params(personal),
           'noise_mechanism': config.dp.noise_mechanism, 'neighbours': mechanism.noise.neighbours,
           **({'num_bands': config.dp.num_bands} if config.dp.noise_mechanism == 'banded' else {}),

@@ -46,7 +46,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       'checkpoints and the log file go.',
                       flag_values=flag_values)
   flags.DEFINE_bool('dry_run', False, 'Print the model size and privacy parameters as one '
-                    'JSON line, then exit without training.', flag_values=flag_values)
+                    'JSON line (a token dataset: its client count and size quantiles first), then '
+                    'exit without training.', flag_values=flag_values)
   flags.DEFINE_bool('print_config', False, 'Print every config field (after the file arguments '
                     'and --config.x overrides) with a line of help, then exit.',
                     flag_values=flag_values)
@@ -93,7 +94,11 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
                                num_processes=f.num_processes, process_id=f.process_id,
                                coordinator_bind_address=f.coordinator_bind_address)
   if f.dry_run:
-    print(json.dumps(train.describe(config)))  # reads no data
+    info = train.describe(config)  # reads no data but a token dataset's (its clients' sizes)
+    sizes = info.pop('client_sizes', None)
+    if sizes:
+      print(sizes)
+    print(json.dumps(info))
     return
   workdir = f.workdir
   if not workdir:

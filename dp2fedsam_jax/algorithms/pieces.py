@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import trees
+from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import sparsify
 
 
@@ -108,6 +109,11 @@ class WeightMask:
   def for_method(cls, spec, model, params) -> 'WeightMask':
     if spec.weight_mask != 'dsu':
       return cls()
+    if model.input_dtype != 'float32':
+      # DSU masks whole conv/dense layers; an LSTM layer is eight gate kernels, and masking the last
+      # few of them (one gate's) is not the paper's method.
+      raise ConfigError(f'config.method={spec.name!r} masks the last conv/dense layers (DP-pFedDSU); '
+                        f'config.model={model.name!r} is recurrent: use an image model, or another method.')
     return cls('dsu', kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_sparsity)
 
   def __call__(self, shared):

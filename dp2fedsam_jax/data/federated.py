@@ -280,7 +280,12 @@ def make_federated_data(*, dataset: str, num_clients: int, partition: str, class
   All randomness (partition and per-client split) comes from np.random.default_rng(seed). Extra
   `source_kwargs` go to the source (e.g. `num_examples=500` for 'synthetic'). Partition 'natural'
   makes each of `num_clients` writers drawn with that rng a client (datasets with writers only).
+  A token dataset (sources.TOKEN_DATASETS) takes `load_token_clients`' clients with their own split.
   """
+  if dataset in sources.TOKEN_DATASETS:
+    return token_federated_data(load_token_clients(
+        dataset=dataset, num_clients=num_clients, partition=partition, seed=seed, data_dir=data_dir,
+        **source_kwargs))
   if partition == NATURAL and dataset not in sources.DATASETS_WITH_WRITERS:
     # Checked before loading: the data may take minutes to read.
     raise ValueError(
@@ -298,3 +303,36 @@ def make_federated_data(*, dataset: str, num_clients: int, partition: str, class
         ds.y, num_clients, partition, classes_per_client=classes_per_client,
         dirichlet_alpha=dirichlet_alpha, rng=rng)
   return build_federated_data(ds, client_indices, train_fraction=train_fraction, rng=rng)
+
+
+def load_token_clients(*, dataset: str, num_clients: int, partition: str = NATURAL, seed: int = 0,
+                       data_dir: str | None = None, **source_kwargs):
+  """The clients of token dataset `dataset` a run trains: `num_clients` of its natural clients.
+
+  Partition 'natural' only: one client per speaking role, each with the train/test split the source
+  made. `num_clients` roles are drawn without replacement with np.random.default_rng(seed) and kept in
+  the source's order (as FEMNIST's writers); num_clients equal to the source's count takes them all.
+  """
+  if partition != NATURAL:
+    raise ValueError(
+        f'config.partition={partition!r}: config.dataset={dataset!r} has natural clients (one per '
+        f"speaking role, each with its own train/test split); set config.partition='{NATURAL}'.")
+  full = sources.load_token_dataset(dataset, data_dir, **source_kwargs)
+  if not isinstance(num_clients, (int, np.integer)) or not 1 <= num_clients <= full.num_clients:
+    raise ValueError(
+        f'config.num_clients={num_clients!r}: {dataset!r} has {full.num_clients} clients (speaking '
+        f'roles); set an integer in [1, {full.num_clients}] ({full.num_clients} takes every role).')
+  if num_clients == full.num_clients:
+    return full
+  chosen = np.random.default_rng(seed).choice(full.num_clients, size=num_clients, replace=False)
+  return full.subset(np.sort(chosen))
+
+
+def token_federated_data(tokens) -> FederatedData:
+  """FederatedData of a TokenDataset: each split's flat rows and offsets as they are; pad is no
+  target, BOS and EOS no accuracy target (`ignored_in_accuracy`)."""
+  return from_flat_arrays(
+      train_x=tokens.train.x, train_y=tokens.train.y, train_offsets=tokens.train.offsets,
+      test_x=tokens.test.x, test_y=tokens.test.y, test_offsets=tokens.test.offsets,
+      num_classes=tokens.num_classes, input_kind='tokens', pad_id=tokens.pad_id,
+      accuracy_ignore_ids=tokens.ignored_in_accuracy)

@@ -160,6 +160,22 @@ class TokenDataset:
   def sequence_length(self) -> int:
     return int(self.train.x.shape[1])
 
+  def subset(self, client_indices: Sequence[int]) -> 'TokenDataset':
+    """The clients at `client_indices` (positions in `client_ids`), in that order."""
+    idx = np.asarray(client_indices, np.int64)
+    if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= self.num_clients)):
+      raise ValueError(f'client indices must lie in [0, {self.num_clients}); got {client_indices!r}.')
+
+    def split(part: TokenSplit) -> TokenSplit:
+      starts, counts = part.offsets[idx], np.diff(part.offsets)[idx]
+      rows = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts)] + [np.zeros(0, np.int64)])
+      return TokenSplit(part.x[rows], part.y[rows], np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    return dataclasses.replace(
+        self, train=split(self.train), test=split(self.test),
+        client_ids=tuple(self.client_ids[i] for i in idx),
+        characters=None if self.characters is None else self.characters[idx])
+
   def decode(self, ids: Iterable[int]) -> str:
     """Text of token ids: specials as <pad> <bos> <eos> <oov>."""
     names = {self.pad_id: '<pad>', self.bos_id: '<bos>', self.eos_id: '<eos>', self.oov_id: '<oov>'}
