@@ -42,6 +42,7 @@ def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
   summary = json.loads((out / 'summary.json').read_text())
   assert summary['smoke'] and summary['device']['platform'] == 'cpu'
   assert summary['agreement']['agree'] and summary['speedups']['2'] > 0
+  assert summary['lstm_speedups']['2'] > 0
   assert summary['paper_regime']['rounds'] == 1 and summary['paper_regime']['wall_seconds'] > 0
   scaling = json.loads((out / 'cohort_scaling.json').read_text())
   assert {(r['mode'], r['clients']) for r in scaling['rows'] if r['status'] == 'ok'} == {
@@ -49,6 +50,7 @@ def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
   assert all(r['seconds_per_client'] > 0 and r['peak_memory_bytes'] > 0 for r in scaling['rows'])
   assert (out / 'cohort_scaling.png').stat().st_size > 10_000
   assert 'paper regime: 1 rounds' in proc.stdout and 'executors agree' in proc.stdout
+  assert 'vmap over sequential, char_lstm: 2 clients' in proc.stdout
 
 
 def test_executor_agreement_is_relative_and_catches_a_perturbed_round():
