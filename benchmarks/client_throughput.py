@@ -247,7 +247,7 @@ def main(argv):
     return
   tokens = _MODEL.value in TOKEN_MODELS
   data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes, tokens=tokens)
-  if _FLOPS.value and tokens:  # the scan over time is counted once by XLA: lengths 1 and 2, unrolled
+  if _FLOPS.value and tokens:  # the scan over time is counted once by XLA: lengths 2 and 3, unrolled
     cf = flops_lib.sequence_flops(
         lambda t: flops_lib.client_flops(spec, build_model(t, t), lc, _SAMPLES.value,
                                          data1.normalize, data1.loss_mask), _SEQ_LEN.value)
@@ -301,11 +301,12 @@ def main(argv):
         f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
         f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
         f"(head phase {cf.head_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
-  # x PyTorch: seconds per round over the (first) PyTorch line's at the same cohort.
+  # x PyTorch: seconds per round over the fastest PyTorch line's (of --torch_threads) at the cohort.
   torch_seconds = {}
   for r in result['results']:
     if r['mode'].startswith('torch'):
-      torch_seconds.setdefault(r['clients'], r['seconds_per_round'])
+      torch_seconds[r['clients']] = min(r['seconds_per_round'],
+                                        torch_seconds.get(r['clients'], float('inf')))
   for r in result['results']:
     if r['clients'] in torch_seconds:
       r['x_torch'] = r['seconds_per_round'] / torch_seconds[r['clients']]

@@ -70,3 +70,30 @@ def test_executor_agreement_is_relative_and_catches_a_perturbed_round():
   assert not compare_rounds(start, a, (close[0], {**close[1], 'mean_update_norm': 5.37}))['agree']
   assert not compare_rounds(start, a, (SimpleNamespace(shared={'w': np.full(4, 1.05)}),
                                        close[1]))['agree']
+
+
+def test_sequence_flops_matches_a_direct_count_of_the_unrolled_lstm():
+  """The length-2/length-3 extrapolation is XLA's count of the model unrolled over all T steps, up to
+  the zero-carry simplifications of the unrolled first steps (1-3 % at T = 5, measured)."""
+  import numpy as np
+  from benchmarks import flops
+  from dp2fedsam_jax.algorithms import get_method
+  from dp2fedsam_jax.config import base_config
+  from dp2fedsam_jax.data import from_flat_arrays
+  from dp2fedsam_jax.local import LocalConfig
+  from dp2fedsam_jax.models import get_model
+  c = base_config()
+  c.local.head_epochs, c.local.body_epochs, c.local.batch_size = 1, 1, 2
+  lc, spec = LocalConfig.from_config(c), get_method('dp2fedsam')
+  tokens = np.ones((2, 5), np.uint8)
+  data = from_flat_arrays(train_x=tokens, train_y=tokens, train_offsets=[0, 2], test_x=tokens[:1],
+                          test_y=tokens[:1], test_offsets=[0, 1], num_classes=6,
+                          input_kind='tokens', pad_id=0)
+  count = lambda t: flops.client_flops(
+      spec, get_model('char_lstm_small', 6, (t,), hidden=(4,), unroll=t), lc, 2, data.normalize,
+      data.loss_mask)
+  extrapolated, direct = flops.sequence_flops(count, 5), count(5)
+  assert direct.body_step > 0 and direct.head_step > 0
+  assert np.isclose(extrapolated.total, direct.total, rtol=0.04), (extrapolated, direct)
+  assert np.isclose(extrapolated.body_step, direct.body_step, rtol=0.04)
+  assert extrapolated.overhead == direct.overhead  # per-parameter work does not grow with T
