@@ -15,7 +15,7 @@ The char LSTMs (the Shakespeare round) run on synthetic token rows of `--seq_len
 vocabulary of `--vocab` (TFF's 80 and 90; id 0 is the pad id, which the rows never contain):
 
     python -m benchmarks.client_throughput --model=char_lstm --clients=10 --samples_per_client=16 \
-        --batch_size=8 --head_epochs=1 --body_epochs=1 --rounds=3 --torch_threads=2
+        --batch_size=8 --head_epochs=1 --body_epochs=1 --rounds=3 --torch_threads=1,2
 """
 
 from __future__ import annotations
@@ -231,6 +231,8 @@ def main(argv):
   if len(argv) > 1:
     raise ValueError(f'unexpected arguments: {argv[1:]}')
   spec = get_method(_METHOD.value)
+  if _MODEL.value in TOKEN_MODELS and not 2 <= _VOCAB.value <= 256:
+    raise ValueError(f'--vocab={_VOCAB.value}: token ids are stored as uint8; use 2..256')
   model = build_model()
   lc = local_config()
   try:
