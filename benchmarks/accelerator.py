@@ -2,11 +2,13 @@ r"""Everything the speed issue asks of a GPU or TPU machine, in one command (ben
 
     python -m benchmarks.accelerator --out=benchmarks/results/<machine>   [--smoke]
 
-Four steps, each written under --out and summarised at the end:
+Five steps, each written under --out and summarised at the end:
   1. cost against the cohort (benchmarks.cohort_scaling): cifar_cnn and resnet18_gn, cohorts
      1..256, vmap / sequential / chunked; cohort_scaling.{json,png};
   2. vmap over sequential at cohorts 16, 50, 100, 500 (benchmarks.client_throughput, cifar_cnn);
      speedups.json;
+  2b. the same for the Shakespeare round (char_lstm, 16 rows of 80 ids per client, batch 8, 1+1
+     epochs) at cohorts 10, 50, 100, 500; lstm_speedups.json;
   3. the executors agree: one round of the default experiment under vmap and under sequential,
      compared by relative differences (bound below); agreement.json;
   4. the wall time of a 200-round paper-regime run (experiments/configs/fmnist_paper_regime.py,
@@ -35,7 +37,8 @@ from experiments.configs import default
 
 _OUT = flags.DEFINE_string('out', None, 'Directory for every result file.')
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Toy sizes (CI on CPU): the same steps, minutes not hours.')
-_STEPS = flags.DEFINE_list('steps', ['scaling', 'speedups', 'agreement', 'paper_regime'],
+STEP_NAMES = ('scaling', 'speedups', 'lstm_speedups', 'agreement', 'paper_regime')
+_STEPS = flags.DEFINE_list('steps', list(STEP_NAMES),
                            'Which steps to run.')
 
 # The executors agree when these relative differences after one round stay below the bounds. They
@@ -126,12 +129,26 @@ def scaling(out: str, smoke: bool) -> dict:
 
 
 def speedups(out: str, smoke: bool) -> dict:
-  path = os.path.join(out, 'speedups.json')
   sizes = (['--model=mlp', '--clients=2', '--samples_per_client=8', '--batch_size=4',
             '--head_epochs=1', '--body_epochs=1', '--matmul_size=64'] if smoke else
            ['--model=cifar_cnn', '--clients=16,50,100,500'])
+  return _speedups(os.path.join(out, 'speedups.json'), sizes, 'vmap over sequential')
+
+
+def lstm_speedups(out: str, smoke: bool) -> dict:
+  # Smoke: rows of 8 ids and no FLOP count (its compilations), so CI adds seconds.
+  sizes = (['--model=char_lstm_small', '--clients=2', '--samples_per_client=4', '--batch_size=2',
+            '--seq_len=8', '--noflops', '--matmul_size=0'] if smoke else
+           ['--model=char_lstm', '--clients=10,50,100,500', '--samples_per_client=16',
+            '--batch_size=8'])
+  return _speedups(os.path.join(out, 'lstm_speedups.json'),
+                   ['--head_epochs=1', '--body_epochs=1', *sizes], 'vmap over sequential, char_lstm')
+
+
+def _speedups(path: str, sizes: list[str], what: str) -> dict:
+  """client_throughput's vmap and sequential lines -> {cohort: sequential s / vmap s}."""
   _run([sys.executable, '-m', 'benchmarks.client_throughput', '--modes=vmap,sequential',
-        '--rounds=2', '--notorch', f'--json_out={path}', *sizes], 'vmap over sequential')
+        '--rounds=2', '--notorch', f'--json_out={path}', *sizes], what)
   with open(path) as f:
     rows = json.load(f)['results']
   seconds = {(r['mode'], r['clients']): r['seconds_per_round'] for r in rows}
@@ -161,12 +178,12 @@ def main(argv):
     raise ValueError(f'unexpected arguments: {argv[1:]}')
   if not _OUT.value:
     raise ValueError('--out: a directory for the results is needed')
-  unknown = sorted(set(_STEPS.value) - {'scaling', 'speedups', 'agreement', 'paper_regime'})
+  unknown = sorted(set(_STEPS.value) - set(STEP_NAMES))
   if unknown:
     raise ValueError(f'--steps: unknown {unknown}')
   os.makedirs(_OUT.value, exist_ok=True)
-  steps = {'scaling': scaling, 'speedups': speedups, 'agreement': agreement,
-           'paper_regime': paper_regime}
+  steps = {'scaling': scaling, 'speedups': speedups, 'lstm_speedups': lstm_speedups,
+           'agreement': agreement, 'paper_regime': paper_regime}
   device = jax.devices()[0]
   summary = {'device': {'platform': device.platform, 'device_kind': device.device_kind,
                         'device_count': jax.device_count(), 'jax_version': jax.__version__},
@@ -183,6 +200,9 @@ def main(argv):
   if 'speedups' in summary:
     print('vmap over sequential: ' + ', '.join(f'{c} clients {s:.2f}x'
                                                for c, s in summary['speedups'].items()))
+  if 'lstm_speedups' in summary:
+    print('vmap over sequential, char_lstm: ' + ', '.join(
+        f'{c} clients {s:.2f}x' for c, s in summary['lstm_speedups'].items()))
   if 'agreement' in summary:
     a = summary['agreement']
     print('executors agree (metrics within {:g}, model step within {:g}): {} -- {}'.format(

@@ -6,7 +6,8 @@
 # installs the project (launch/setup.sh, without TensorFlow) and the JAX build for the accelerator it
 # finds (CUDA 13 for an NVIDIA driver >= 580, else CUDA 12; TPU on a TPU VM / Colab TPU), then runs
 # python -m benchmarks.accelerator: cost against the cohort (table + plot), vmap over sequential at
-# 16/50/100/500 clients, the executors' agreement, and a 200-round paper-regime run.
+# 16/50/100/500 clients (cifar_cnn) and 10/50/100/500 (char_lstm, the Shakespeare round), the
+# executors' agreement, and a 200-round paper-regime run.
 # SMOKE=1: toy sizes (CI runs this on its CPU); SKIP_INSTALL=1: use what is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

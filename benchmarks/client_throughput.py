@@ -8,8 +8,14 @@ data of the model's input shape, with every client sampled (fixed sampling, q = 
 exactly `--clients` clients. Compilation and one warm-up round are excluded; the reported time is the
 median over `--rounds` rounds. FLOPs come from XLA's cost analysis of the client function
 (`benchmarks/flops.py`; the same count for every mode, since every mode does the same work).
-With torch installed (`pip install -e '.[bench]'`) and the CIFAR CNN + dp2fedsam, a PyTorch CPU loop
-over the same clients (`benchmarks/torch_baseline.py`) is timed as the comparison line.
+With torch installed (`pip install -e '.[bench]'`) and dp2fedsam on the CIFAR CNN or a char LSTM, a
+PyTorch CPU loop over the same clients (`benchmarks/torch_baseline.py`) is timed as the comparison line.
+
+The char LSTMs (the Shakespeare round) run on synthetic token rows of `--seq_len` ids from a
+vocabulary of `--vocab` (TFF's 80 and 90; id 0 is the pad id, which the rows never contain):
+
+    python -m benchmarks.client_throughput --model=char_lstm --clients=10 --samples_per_client=16 \
+        --batch_size=8 --head_epochs=1 --body_epochs=1 --rounds=3 --torch_threads=1,2
 """
 
 from __future__ import annotations
@@ -43,8 +49,14 @@ from dp2fedsam_jax.state import init_state
 INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3), 'resnet18_gn': (32, 32, 3),
                 'emnist_cnn': (28, 28, 1), 'emnist_cnn_fedavg': (28, 28, 1),
                 'emnist_cnn_tff': (28, 28, 1), 'mlp': (28, 28, 1)}
+TOKEN_MODELS = ('char_lstm', 'char_lstm_small')  # input (seq_len,) ids; classes = the vocabulary
 
-_MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES), 'Model.')
+_MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES) + list(TOKEN_MODELS), 'Model.')
+_SEQ_LEN = flags.DEFINE_integer('seq_len', 80, 'Token models: ids per row (TFF Shakespeare: 80).')
+_VOCAB = flags.DEFINE_integer('vocab', 90, 'Token models: vocabulary size incl. pad id 0 (TFF: 90).')
+_LSTM_CELL = flags.DEFINE_enum('lstm_cell', 'optimized', ['optimized', 'lstm'], 'Token models: fused '
+                               'gates (OptimizedLSTMCell) or one matmul per gate (LSTMCell).')
+_LSTM_UNROLL = flags.DEFINE_integer('lstm_unroll', 1, 'Token models: time steps per scan iteration.')
 _CLIENTS = flags.DEFINE_list('clients', ['10', '50'], 'Cohort sizes (clients trained per round).')
 _SAMPLES = flags.DEFINE_integer('samples_per_client', 45, 'Training examples per client (the most, '
                                 'with --min_samples_per_client).')
@@ -61,8 +73,8 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); th
 _CONV_IMPL = flags.DEFINE_enum('conv_impl', 'auto', ['auto', 'xla', 'im2col'], 'Conv lowering.')
 _CHUNK = flags.DEFINE_integer('chunk_size', None, 'Clients per chunk (memory bound); None: whole cohort.')
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Write the results as JSON here.')
-_TORCH = flags.DEFINE_bool('torch', True, 'Time the PyTorch baseline too (cifar_cnn + dp2fedsam, '
-                           'if torch is importable).')
+_TORCH = flags.DEFINE_bool('torch', True, 'Time the PyTorch baseline too (dp2fedsam on '
+                           'cifar_cnn or a char LSTM, if torch is importable).')
 _TORCH_THREADS = flags.DEFINE_list('torch_threads', [str(os.cpu_count())],
                                    'torch.set_num_threads values to time the baseline with.')
 _TORCH_CLIENTS = flags.DEFINE_list('torch_clients', None, 'Cohort sizes for the PyTorch baseline '
@@ -118,19 +130,34 @@ def peak_memory() -> dict:
 
 
 def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int, seed: int = 0,
-                   min_samples: int | None = None):
+                   min_samples: int | None = None, tokens: bool = False):
+  """Random images (uint8) and labels, or token rows: ids in [1, num_classes) and a next id per
+  position (pad id 0, never drawn)."""
   rng = np.random.default_rng(seed)
-  x = rng.integers(0, 256, (num_clients, samples, *input_shape), dtype=np.uint8)
-  y = rng.integers(0, num_classes, (num_clients, samples)).astype(np.int32)
+  low = 1 if tokens else 0
+  x = rng.integers(low, num_classes if tokens else 256, (num_clients, samples, *input_shape),
+                   dtype=np.uint8)
+  y = rng.integers(low, num_classes, (num_clients, samples, *(input_shape if tokens else ())))
+  y = y.astype(np.uint8 if tokens else np.int32)
   count = np.full((num_clients,), samples, np.int32)
   if min_samples is not None:
     count = rng.integers(min_samples, samples + 1, num_clients).astype(np.int32)
   c = input_shape[-1]
   real = np.arange(samples)[None, :] < count[:, None]  # each client's first count examples
+  kind = (dict(input_kind='tokens', pad_id=0) if tokens else
+          dict(mean=(0.5,) * c, std=(0.25,) * c))
   return from_flat_arrays(
       train_x=x[real], train_y=y[real], train_offsets=np.r_[0, np.cumsum(count)],
       test_x=x[:, 0], test_y=y[:, 0], test_offsets=np.arange(num_clients + 1),
-      num_classes=num_classes, mean=(0.5,) * c, std=(0.25,) * c)
+      num_classes=num_classes, **kind)
+
+
+def build_model(seq_len: int | None = None, unroll: int | None = None):
+  """The --model; token models at `seq_len` ids (default --seq_len) and `unroll` (--lstm_unroll)."""
+  if _MODEL.value not in TOKEN_MODELS:
+    return get_model(_MODEL.value, 10, INPUT_SHAPES[_MODEL.value], _CONV_IMPL.value)
+  return get_model(_MODEL.value, _VOCAB.value, (seq_len or _SEQ_LEN.value,), cell=_LSTM_CELL.value,
+                   unroll=unroll or _LSTM_UNROLL.value)
 
 
 def local_config() -> LocalConfig:
@@ -142,7 +169,7 @@ def local_config() -> LocalConfig:
 
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   data = synthetic_data(cohort, _SAMPLES.value, model.input_shape, model.num_classes,
-                        min_samples=_MIN_SAMPLES.value)
+                        min_samples=_MIN_SAMPLES.value, tokens=_MODEL.value in TOKEN_MODELS)
   mechanism = DPMechanism(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
                           noise_multiplier=1.0 if spec.private else 0.0, private=spec.private)
   rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=_CHUNK.value)
@@ -185,7 +212,8 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
   for threads in _TORCH_THREADS.value:
     for cohort in cohorts:
       load_before = _load()
-      r = torch_baseline.run(cohort, _SAMPLES.value, batch_size=lc.batch_size,
+      r = torch_baseline.run(cohort, _SAMPLES.value, model=_MODEL.value, seq_len=_SEQ_LEN.value,
+                             vocab=_VOCAB.value, batch_size=lc.batch_size,
                              head_epochs=lc.head_epochs, body_epochs=lc.body_epochs,
                              rounds=_ROUNDS.value, threads=int(threads), lr_head=lc.lr_head,
                              lr_body=lc.lr_body, momentum=lc.momentum, rho=lc.sam_rho)
@@ -203,7 +231,9 @@ def main(argv):
   if len(argv) > 1:
     raise ValueError(f'unexpected arguments: {argv[1:]}')
   spec = get_method(_METHOD.value)
-  model = get_model(_MODEL.value, 10, INPUT_SHAPES[_MODEL.value], _CONV_IMPL.value)
+  if _MODEL.value in TOKEN_MODELS and not 2 <= _VOCAB.value <= 256:
+    raise ValueError(f'--vocab={_VOCAB.value}: token ids are stored as uint8; use 2..256')
+  model = build_model()
   lc = local_config()
   try:
     cohorts = [int(c) for c in _CLIENTS.value]
@@ -217,8 +247,13 @@ def main(argv):
                       'clients': cohorts, 'modes': _MODES.value, 'rounds': _ROUNDS.value,
                       'chunk_size': _CHUNK.value, 'json_out': _JSON_OUT.value}))
     return
-  data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes)
-  if _FLOPS.value:
+  tokens = _MODEL.value in TOKEN_MODELS
+  data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes, tokens=tokens)
+  if _FLOPS.value and tokens:  # the scan over time is counted once by XLA: lengths 2 and 3, unrolled
+    cf = flops_lib.sequence_flops(
+        lambda t: flops_lib.client_flops(spec, build_model(t, t), lc, _SAMPLES.value,
+                                         data1.normalize, data1.loss_mask), _SEQ_LEN.value)
+  elif _FLOPS.value:
     cf = flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
   else:  # no count: the GFLOP/s columns are NaN
     cf = flops_lib.ClientFlops(*(float('nan'),) * 4, head_steps=0, body_steps=0)
@@ -235,7 +270,9 @@ def main(argv):
                  'min_samples_per_client': _MIN_SAMPLES.value, 'batch_size': _BATCH.value,
                  'head_epochs': _HEAD_EPOCHS.value,
                  'body_epochs': _BODY_EPOCHS.value, 'rounds': _ROUNDS.value,
-                 'chunk_size': _CHUNK.value},
+                 'chunk_size': _CHUNK.value,
+                 **({'seq_len': _SEQ_LEN.value, 'vocab': _VOCAB.value, 'lstm_cell': _LSTM_CELL.value,
+                     'lstm_unroll': _LSTM_UNROLL.value} if tokens else {})},
       'device': machine,
       'client_flops': {'total': cf.total, 'head_phase': cf.head_phase, 'body_phase': cf.body_phase,
                        'features_once': cf.features, 'head_step': cf.head_step,
@@ -253,7 +290,7 @@ def main(argv):
         row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
       result['results'].append(row)
       print(f"{mode:>10} {cohort:>5} clients: {row['seconds_per_round']:.3f} s/round", flush=True)
-  if (_TORCH.value and _MODEL.value == 'cifar_cnn' and _METHOD.value == 'dp2fedsam'
+  if (_TORCH.value and _MODEL.value in ('cifar_cnn', *TOKEN_MODELS) and _METHOD.value == 'dp2fedsam'
       and jax.process_count() == 1):
     torch_cohorts = [int(c) for c in (_TORCH_CLIENTS.value or cohorts)]
     for row in torch_rows(torch_cohorts, lc, cf.total / 1e9):
@@ -266,12 +303,22 @@ def main(argv):
         f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
         f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
         f"(head phase {cf.head_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
-  header = ('mode', 'clients', 's/round', 'clients/s', 'examples/s', 'GFLOP/s', '% peak',
+  # x PyTorch: seconds per round over the fastest PyTorch line's (of --torch_threads) at the cohort.
+  torch_seconds = {}
+  for r in result['results']:
+    if r['mode'].startswith('torch'):
+      torch_seconds[r['clients']] = min(r['seconds_per_round'],
+                                        torch_seconds.get(r['clients'], float('inf')))
+  for r in result['results']:
+    if r['clients'] in torch_seconds:
+      r['x_torch'] = r['seconds_per_round'] / torch_seconds[r['clients']]
+  header = ('mode', 'clients', 's/round', 'x PyTorch', 'clients/s', 'examples/s', 'GFLOP/s', '% peak',
             'compile s', 'peak mem MB', 'load')
   print(' | '.join(header))
   for r in result['results']:
     mem = r.get('peak_device_memory_bytes', r.get('peak_rss_bytes_process'))
     print(' | '.join([r['mode'], str(r['clients']), f"{r['seconds_per_round']:.3f}",
+                      f"{r.get('x_torch', float('nan')):.2f}",
                       f"{r['clients_per_second']:.2f}", f"{r['examples_per_second']:.0f}",
                       f"{r['gflops_per_second']:.1f}",
                       f"{r.get('percent_of_matmul_peak', float('nan')):.0f}",

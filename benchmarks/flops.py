@@ -53,8 +53,12 @@ class ClientFlops:
     return self.head_phase + self.body_phase + self.overhead
 
 
-def client_flops(spec, model, local_config, samples: int, normalize) -> ClientFlops:
-  """FLOPs one client executes in a round, for `samples` examples per client."""
+def client_flops(spec, model, local_config, samples: int, normalize, target_mask=None) -> ClientFlops:
+  """FLOPs one client executes in a round, for `samples` examples per client.
+
+  Token models (int inputs [T]) have a target per position (y [batch, T]) and `target_mask` (the
+  data's `loss_mask`); their recurrence is a `lax.scan` over T, counted once: see `sequence_flops`.
+  """
   batch = local_config.batch_size
   steps_per_epoch = math.ceil(samples / batch)
   shape = model.input_shape
@@ -62,12 +66,14 @@ def client_flops(spec, model, local_config, samples: int, normalize) -> ClientFl
   shared = state.shared
   personal = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), state.personal)
   x = jax.ShapeDtypeStruct((batch, *shape), jnp.uint8)
-  y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  tokens = model.input_dtype == 'int32'
+  y = jax.ShapeDtypeStruct((batch, *shape) if tokens else (batch,), jnp.int32)
+  mask_kwargs = {} if target_mask is None else {'target_mask': target_mask}
   count = jnp.int32(batch)
 
   def variant(head_epochs: int, body_epochs: int) -> float:
     lc = dataclasses.replace(local_config, head_epochs=head_epochs, body_epochs=body_epochs)
-    update = make_client_update(spec, model, lc, normalize, MethodParams())
+    update = make_client_update(spec, model, lc, normalize, MethodParams(), **mask_kwargs)
     def run(*args):  # both outputs, or XLA drops the head phase as dead code
       result = update(*args, jnp.int32(0))
       return result.delta, result.personal
@@ -83,6 +89,26 @@ def client_flops(spec, model, local_config, samples: int, normalize) -> ClientFl
   head_steps = local_config.head_epochs * steps_per_epoch if spec.head_phase else 0
   return ClientFlops(features, head_step, body_step, base, head_steps,
                      local_config.body_epochs * steps_per_epoch)
+
+
+def sequence_flops(count_at_length, seq_len: int) -> ClientFlops:
+  """A recurrent model's client FLOPs at sequence length `seq_len`, from counts at lengths 2 and 3.
+
+  XLA counts a scan body once, so the scan over time cannot be counted at length T directly, and a
+  full unroll of T = 80 compiles for minutes. With `count_at_length(t)` the count of a model of
+  length t unrolled t steps (one scan iteration: counted exactly), the cost of a step in the middle
+  is F(3) - F(2) (per-position embedding, cells, head and loss), the rest (per-parameter optimizer and
+  norm work) does not grow with T: F(T) = F(2) + (T - 2) (F(3) - F(2)). In the unrolled model XLA
+  also simplifies the first steps' zero carry, which the scan executes, so the direct count of an
+  unrolled T = 5 is 1-3 % above this (tests/test_benchmark.py); the scanned model runs full steps.
+  """
+  if seq_len < 2:
+    return count_at_length(seq_len)
+  two, three = count_at_length(2), count_at_length(3)
+  affine = lambda a, b: a + (seq_len - 2) * (b - a)
+  return ClientFlops(*(affine(getattr(two, f), getattr(three, f))
+                       for f in ('features', 'head_step', 'body_step', 'overhead')),
+                     head_steps=two.head_steps, body_steps=two.body_steps)
 
 
 def layer_matmul_flops(model, batch: int = 1) -> dict[str, float]:
@@ -104,7 +130,7 @@ def layer_matmul_flops(model, batch: int = 1) -> dict[str, float]:
     return y
 
   params = jax.eval_shape(model.init, jax.random.key(0))
-  x = jax.ShapeDtypeStruct((batch, *model.input_shape), jnp.float32)
+  x = jax.ShapeDtypeStruct((batch, *model.input_shape), model.input_dtype)
   with nn.intercept_methods(record):
     jax.eval_shape(model.apply, params, x)
   return out
