@@ -33,6 +33,7 @@ from dp2fedsam_jax import checkpoint, keys
 from dp2fedsam_jax import round as round_module
 from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.trees import global_norm
@@ -148,19 +149,22 @@ def _actual_cohort(mp):
 
 @mutant('weighting by client sample counts', CLIPPED_SUM)
 def _count_weighting(mp):
-  real = round_module.client_mapper
+  # A client's examples are gathered inside its mapped function, so the mutant hands the count of
+  # the client being traced from the gather to the clipping that follows it in the same trace.
+  real_gather, real_clip = FederatedData.train_examples, DPMechanism.clip
+  traced = {}
 
-  def weighted_mapper(executor, chunk_size):
-    map_clients = real(executor, chunk_size)
+  def train_examples(self, client_id, budget, key=None):
+    x, y, count = real_gather(self, client_id, budget, key)
+    traced['weight'] = count / (self.train_offsets[-1] / self.num_clients)  # n_i / mean n
+    return x, y, count
 
-    def weighted(f, x, y, count, *rest):  # the client fn takes (x, y, count, personal, key, id)
-      uploads, *others = map_clients(f, x, y, count, *rest)
-      weight = count / jnp.mean(count)
-      uploads = jax.tree.map(
-          lambda u: u * weight.reshape((-1,) + (1,) * (u.ndim - 1)).astype(u.dtype), uploads)
-      return (uploads, *others)
-    return weighted
-  mp.setattr(round_module, 'client_mapper', weighted_mapper)
+  def clip(self, delta):
+    upload, norm = real_clip(self, delta)
+    weight = traced.get('weight', 1.0)
+    return jax.tree.map(lambda u: (u * weight).astype(u.dtype), upload), norm
+  mp.setattr(FederatedData, 'train_examples', train_examples)
+  mp.setattr(DPMechanism, 'clip', clip)
 
 
 @mutant('a fixed-size sampler accounted as Poisson', SAMPLER)
@@ -193,8 +197,8 @@ def _head_in_upload(mp):
       shared = {**shared, 'head': params['head']}
     return shared, personal
 
-  def make_client_update(spec, model, local_config, normalize, params=MethodParams()):
-    update = real_make(spec, model, local_config, normalize, params)
+  def make_client_update(spec, model, local_config, normalize, params=MethodParams(), **kwargs):
+    update = real_make(spec, model, local_config, normalize, params, **kwargs)
 
     def client_update(shared, personal, *args):
       result = update(shared, personal, *args)
