@@ -28,6 +28,13 @@ from dp2fedsam_jax.config import base_config
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# conftest.tiny_config() as --config.x flags on top of the default config file.
+TINY_FLAGS = ['--config.dataset=synthetic', '--config.model=mlp', '--config.num_clients=6',
+              '--config.partition=iid', '--config.sampling_rate=0.5', '--config.local.head_epochs=1',
+              '--config.local.body_epochs=1', '--config.local.batch_size=16',
+              '--config.dp.clip_norm=1.0', '--config.dp.target_epsilon=None',
+              '--config.dp.noise_multiplier=1.0']
+
 def tiny_config(**overrides):
   """A synthetic-data, MLP config that trains in about a second per round."""
   c = base_config()

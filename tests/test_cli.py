@@ -14,19 +14,13 @@ import numpy as np
 import pytest
 from absl import flags
 
-from conftest import tiny_config
+from conftest import TINY_FLAGS, tiny_config
 from dp2fedsam_jax import cli, train
 from dp2fedsam_jax.config import base_config, ConfigError
 from dp2fedsam_jax.config_help import FIELD_HELP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = 'experiments/configs/default.py'
-# conftest.tiny_config() as --config.x flags on top of the default config file.
-TINY_FLAGS = ['--config.dataset=synthetic', '--config.model=mlp', '--config.num_clients=6',
-              '--config.partition=iid', '--config.sampling_rate=0.5', '--config.local.head_epochs=1',
-              '--config.local.body_epochs=1', '--config.local.batch_size=16',
-              '--config.dp.clip_norm=1.0', '--config.dp.target_epsilon=None',
-              '--config.dp.noise_multiplier=1.0']
 
 
 def _binary(*args, env=None, timeout=300):
