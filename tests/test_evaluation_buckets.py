@@ -86,7 +86,7 @@ def _per_client(spec, model, local_config, state, data, **kwargs):
 def _assert_same(got, expected):
   np.testing.assert_array_equal(got['targets'], expected['targets'])
   np.testing.assert_array_equal(got['took_part'], expected['took_part'])
-  for name in ('accuracy', 'loss'):  # equal up to float rounding (a different buffer's sums)
+  for name in ('accuracy', 'loss'):  # up to float rounding: a different buffer sums the loss
     np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=1e-7, err_msg=name)
 
 

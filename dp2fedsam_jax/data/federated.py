@@ -3,8 +3,9 @@
 Client i owns rows offsets[i]:offsets[i+1] of a split's flat arrays, so memory follows the total
 number of examples, never N times the largest client. The round step gathers the sampled clients'
 examples into a fixed [slots, budget] buffer (`train_examples`); the evaluation gathers each block of
-clients' test examples the same way. Padding changes neither updates nor sensitivity: padded slots
-are zeros and masked out, and the budget (config.local.max_examples) is a constant.
+clients' test examples the same way, into a buffer that fits the block's largest client. Padding
+changes neither updates nor sensitivity: padded slots are zeros and masked out, and the budget
+(config.local.max_examples) is a constant.
 
 Two kinds of input share the model: images (uint8 [total, H, W, C], labels int [total]) and token
 sequences (uint8 [total, L] token ids, labels [total, L] next-token ids; `pad_id` is ignored in loss
@@ -109,10 +110,15 @@ class FederatedData:
     return _gather(self.train_x, self.train_y, self.train_offsets, client_id, budget,
                    self.max_train, key)
 
-  def test_examples(self, client_id):
-    """Client `client_id`'s test examples, all of them, in a [max_test] buffer: (x, y, count)."""
-    return _gather(self.test_x, self.test_y, self.test_offsets, client_id, self.max_test,
-                   self.max_test, None)
+  def test_examples(self, client_id, buffer: int | None = None):
+    """Client `client_id`'s test examples in a [buffer] buffer (default max_test): (x, y, count).
+
+    All of them, in stored order and zero-padded, when `buffer` holds them (the evaluation picks
+    such a buffer for each block of clients: evaluation.test_buffer_sizes); a smaller buffer
+    keeps the first `buffer` of them.
+    """
+    size = self.max_test if buffer is None else buffer
+    return _gather(self.test_x, self.test_y, self.test_offsets, client_id, size, size, None)
 
   def client_train(self, client_id: int):
     """One client's whole training set padded to max_train (x, y, count): for tests and tools."""

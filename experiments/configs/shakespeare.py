@@ -56,11 +56,19 @@ Per seed: 2 eps x (30 + 14 + 48 + 17) + 30 + 14 = ~262 min; the 30 runs ~13 h on
 leaves room in a day for a slower machine or `--parallel=2`.
 
 Measured with the engine (2026-11-26, these 2 CPU cores shared with other jobs, load average ~7):
-DP²-FedSAM rounds of 23, 23, 29 clients took 6.7, 8.7, 15.1 s (0.3-0.5 s a client); one evaluation of
-all 1,063 clients ~110 s, not ~7 s: it pads each client's test rows to the largest client's (152), so
-it computes 161,576 rows for 10,639 real ones. The pre-clip update norm (mean_update_norm) was 0.55-0.72
-against C = 0.5, 39-48 % of the updates clipped: C sits near the median norm, as intended; the
-training loss fell from 4.35 to 4.19 in 3 rounds (ln 90 = 4.50), accuracy 13.5 % after them.
+DP²-FedSAM rounds of 23, 23, 29 clients took 6.7, 8.7, 15.1 s (0.3-0.5 s a client). The pre-clip
+update norm (mean_update_norm) was 0.55-0.72 against C = 0.5, 39-48 % of the updates clipped: C sits
+near the median norm, as intended; the training loss fell from 4.35 to 4.19 in 3 rounds (ln 90 =
+4.50), accuracy 13.5 % after them.
+
+One evaluation of all 1,063 clients (DP²-FedSAM's, a fresh state; 2026-11-26, the same shared cores):
+padding every client's test rows to the largest client's 152 (161,576 rows for 10,639 real ones) it
+took 138 and 176 s (compiled in 4.8 s; the first evaluation 76.8 s, compile included; load average
+3.4 -> 7.9 while it ran); tested in 17 blocks of
+63 clients, largest test sets first, each in the smallest buffer of 8, 16, 32, 64, 128, 152 rows that
+holds its largest client (25,200 rows; evaluation.test_buffer_sizes), 16.3 and 15.8 s (compiled in
+13.9 s, six buffers: 31.0 s for the first evaluation, compile included; load 7.0-7.4), with the same
+metrics (test_accuracy, test_loss, spread) to every printed digit.
 
   python -m launch.sweep --config=experiments/configs/shakespeare.py --root=$HOME/sweeps --plan
 
