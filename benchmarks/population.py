@@ -6,7 +6,8 @@ r"""Populations of any size: seconds per round and memory against the number of 
 Each N runs in a process of its own (its peak RSS is its own): a synthetic population whose client
 sizes are log-normal (mean `--mean_examples`, sigma `--size_sigma`; at least 1 training example),
 4x4x2 uint8 images (32 bytes) with 4 classes, 10 % of each client's examples (rounded half-up) held
-out for testing, an expected cohort of `--cohort` clients (Poisson, q = cohort / N), DP2-FedSAM
+out for testing, an expected cohort of `--cohort` clients (Poisson, q = cohort / N, drawn by
+`--poisson_draw`: 'gaps' by default, O(cohort) random numbers a round, not one per client), DP2-FedSAM
 (personal heads for every client: N x the head's parameters) on the `mlp` model, a local budget of
 `--max_examples` examples per client and an evaluation of a fixed sample of `--eval_clients`.
 
@@ -41,6 +42,8 @@ _COHORT = flags.DEFINE_integer('cohort', 100, 'Expected clients per round (q = c
 _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 64, 'config.local.max_examples.')
 _EVAL_CLIENTS = flags.DEFINE_integer('eval_clients', 1000, 'config.eval_clients.')
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds timed (the first is dropped from the median).')
+_POISSON_DRAW = flags.DEFINE_enum('poisson_draw', 'gaps', ['gaps', 'per_client'],
+                                  'config.dp.poisson_draw: how the Poisson cohort is drawn.')
 _OUT = flags.DEFINE_string('out', None, 'Directory for population.json and .png.')
 _ONE = flags.DEFINE_integer('one', None, 'Internal: run a single N and write --json_out.')
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Internal: where --one writes its record.')
@@ -91,7 +94,7 @@ def run_one(num_clients: int) -> dict:
   c.sampling_rate = min(1.0, _COHORT.value / num_clients)
   c.local.head_epochs = c.local.body_epochs = 1
   c.local.max_examples, c.eval_clients = _MAX_EXAMPLES.value, _EVAL_CLIENTS.value
-  c.dp.noise_multiplier = 1.0
+  c.dp.noise_multiplier, c.dp.poisson_draw = 1.0, _POISSON_DRAW.value
   spec = get_method(c.method)
 
   start = time.perf_counter()
@@ -138,7 +141,7 @@ def run_one(num_clients: int) -> dict:
       'eval_seconds': eval_seconds, 'eval_clients': _EVAL_CLIENTS.value, 'test_accuracy': accuracy,
       'method': c.method, 'model': 'mlp(hidden=16)', 'max_examples': _MAX_EXAMPLES.value,
       'mean_examples': _MEAN.value, 'size_sigma': _SIGMA.value, 'expected_cohort': _COHORT.value,
-      'executor': c.executor, 'jax': jax.__version__,
+      'executor': c.executor, 'poisson_draw': c.dp.poisson_draw, 'jax': jax.__version__,
   }
 
 
@@ -172,7 +175,8 @@ def main(argv):
   records = []
   passthrough = [f'--mean_examples={_MEAN.value}', f'--size_sigma={_SIGMA.value}',
                  f'--cohort={_COHORT.value}', f'--max_examples={_MAX_EXAMPLES.value}',
-                 f'--eval_clients={_EVAL_CLIENTS.value}', f'--rounds={_ROUNDS.value}']
+                 f'--eval_clients={_EVAL_CLIENTS.value}', f'--rounds={_ROUNDS.value}',
+                 f'--poisson_draw={_POISSON_DRAW.value}']
   for n in (int(v) for v in _NUM_CLIENTS.value):
     with tempfile.TemporaryDirectory() as tmp:
       out = os.path.join(tmp, 'one.json')

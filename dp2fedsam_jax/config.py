@@ -82,6 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.dp.target_epsilon = config_dict.placeholder(float)
   c.dp.delta = config_dict.placeholder(float)  # None: 1 / num_clients.
   c.dp.sampling = 'poisson'
+  # How a Poisson cohort is drawn: 'per_client' (a uniform per client, O(N)) | 'gaps' (geometric gaps
+  # between sampled ids, O(cohort)); the same distribution and epsilon, other random numbers.
+  c.dp.poisson_draw = 'per_client'
   c.dp.noise_placement = 'central'
   c.dp.accountant = 'pld'
   # Noise across rounds (privacy/correlated.py, docs/privacy.md section 7): 'independent' | 'banded'
@@ -113,6 +116,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'executor': round_lib.EXECUTORS,
       'server_optimizer': server_optimizer.SERVER_OPTIMIZERS,
       'dp.sampling': sampling.SAMPLINGS,
+      'dp.poisson_draw': sampling.POISSON_DRAWS,
       'dp.noise_placement': noise.NOISE_PLACEMENTS,
       'dp.accountant': accounting.ACCOUNTANTS,
       'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
@@ -172,7 +176,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if data_dir is not None and not isinstance(data_dir, str):
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
   for field in ('model', 'partition', 'conv_impl', 'executor', 'server_optimizer', 'dp.sampling',
-                'dp.noise_placement', 'dp.accountant', 'dp.noise_mechanism'):
+                'dp.noise_placement', 'dp.accountant', 'dp.noise_mechanism', 'dp.poisson_draw'):
     _choice(config, field, allowed[field])
 
   _positive(config, 'num_clients', integer=True)

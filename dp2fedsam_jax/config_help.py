@@ -63,6 +63,8 @@ FIELD_HELP = {
     'dp.target_epsilon': 'epsilon after num_rounds that sigma is calibrated for (an explicit sigma wins)',
     'dp.delta': 'delta of (epsilon, delta); None: 1/num_clients',
     'dp.sampling': 'poisson (add/remove-one, PLD) | fixed (without replacement, replace-one, RDP)',
+    'dp.poisson_draw': 'how independent noise draws a Poisson cohort: per_client (a uniform per client, '
+                       'O(N)) | gaps (geometric gaps between sampled ids, O(cohort)); same distribution',
     'dp.noise_placement': 'central (a trusted server adds it) | distributed (each client adds its share)',
     'dp.accountant': 'pld | rdp (fixed sampling needs rdp)',
     'dp.noise_mechanism': 'independent (fresh noise each round) | banded (BandMF: noise correlated over '

@@ -55,6 +55,7 @@ INVALID = {
     'executor': _other_text(CHOICES['executor']),
     'server_optimizer': _other_text(CHOICES['server_optimizer']),
     'dp.sampling': _other_text(CHOICES['dp.sampling']),
+    'dp.poisson_draw': _other_text(CHOICES['dp.poisson_draw']),
     'dp.noise_placement': _other_text(CHOICES['dp.noise_placement']),
     'dp.accountant': _other_text(CHOICES['dp.accountant']),
     'dp.noise_mechanism': _other_text(CHOICES['dp.noise_mechanism']),

@@ -94,8 +94,8 @@ class DPMechanism:
     common = dict(clip_norm=dp.clip_norm, noise_placement=dp.noise_placement, delta=delta,
                   accountant=dp.accountant)
     if not private:
-      return cls(Independent(num_clients, config.sampling_rate, dp.sampling), noise_multiplier=0.0,
-                 private=False, **common)
+      return cls(Independent(num_clients, config.sampling_rate, dp.sampling, dp.poisson_draw),
+                 noise_multiplier=0.0, private=False, **common)
     sigma, target = dp.noise_multiplier, dp.target_epsilon
     if sigma is None and target is None:
       raise ConfigError(

@@ -40,10 +40,13 @@ class Independent:
     num_clients: N.
     sampling_rate: q.
     sampling: 'poisson' (add/remove-one neighbours) | 'fixed' (m = round(q N), replace-one).
+    poisson_draw: how a Poisson cohort is drawn, 'per_client' | 'gaps' (sampling.POISSON_DRAWS):
+      the same distribution, so the same accounting.
   """
   num_clients: int
   sampling_rate: float
   sampling: str = 'poisson'
+  poisson_draw: str = 'per_client'
 
   name = 'independent'
   correlated = False  # a noise mask (rand-k support) may restrict where its noise goes
@@ -55,6 +58,9 @@ class Independent:
 
   def __post_init__(self):
     self.check(sampling=self.sampling)
+    if self.poisson_draw not in sampling_lib.POISSON_DRAWS:
+      raise ConfigError(f'config.dp.poisson_draw={self.poisson_draw!r}: unknown; choose one of '
+                        f'{list(sampling_lib.POISSON_DRAWS)}.')
 
   @staticmethod
   def check(*, noise_placement='central', sampling='poisson', sampling_rate=None, num_bands=None,
@@ -71,7 +77,8 @@ class Independent:
 
   def sample(self, key: jax.Array, round_index, root) -> jax.Array:
     del round_index, root  # every round alike
-    return sampling_lib.sample_cohort(key, self.sampling, self.sampling_rate, self.num_clients)
+    return sampling_lib.sample_cohort(key, self.sampling, self.sampling_rate, self.num_clients,
+                                      self.poisson_draw)
 
   def schedule(self, round_index, root) -> jax.Array:
     """bool[N]: who may be sampled in the round, a public fact (everyone; the draw is secret)."""
@@ -292,7 +299,7 @@ def from_config(config, num_clients: int):
     return BandMF.for_run(num_clients, config.sampling_rate, config.num_rounds, dp.num_bands)
   if dp.noise_mechanism == 'tree':
     return TreeAggregation(num_clients, config.sampling_rate)
-  return Independent(num_clients, config.sampling_rate, dp.sampling)
+  return Independent(num_clients, config.sampling_rate, dp.sampling, dp.poisson_draw)
 
 
 def check_config(config) -> None:
