@@ -163,6 +163,7 @@ class AuditResult:
   # gives the one-run bound and estimates of the table (the properties below).
   along_run: tuple[OneRunEstimates, ...]
   noise_mechanism: str = 'independent'  # config.dp.noise_mechanism
+  clipping: str = 'fixed'               # config.dp.clipping
 
   epsilon_one_run = _after_all_rounds('epsilon_one_run')
   epsilon_gaussian_fit = _after_all_rounds('epsilon_gaussian_fit')
@@ -200,6 +201,8 @@ class AuditResult:
                       self.epsilon_noise_estimate_high)
     noise += f' (σ̂ {self.noise_multiplier_estimate:.3g})'
     sampler = self.sampling if self.noise_mechanism == 'independent' else self.noise_mechanism
+    if self.clipping != 'fixed':
+      sampler += f' {self.clipping}-clip'
     return (f'| {self.method} {sampler} {self.noise_placement} | {self.noise_multiplier:g} | '
             f'{self.sampling_rate:g} | {self.num_rounds} | {self.epsilon_accounted:.2f} | '
             f'{_num(self.epsilon_clopper_pearson)} | {gdp} | {_num(self.epsilon_one_run)} | '
@@ -439,7 +442,8 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
       gdp_mu_upper=gdp.mu_upper if gdp else nan,
       confidence=1.0 - alpha, num_trials=settings.num_trials,
       num_canaries=settings.num_canaries, seconds=time.perf_counter() - start,
-      along_run=along_run, noise_mechanism=config.dp.noise_mechanism)
+      along_run=along_run, noise_mechanism=config.dp.noise_mechanism,
+      clipping=config.dp.get('clipping', 'fixed'))
 
 
 def _split_by_inclusion(scores, included):

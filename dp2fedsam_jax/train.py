@@ -171,6 +171,15 @@ def _adaptive_clipping(mechanism: DPMechanism) -> dict:
           'effective_noise_multiplier': mechanism.effective_noise_multiplier}
 
 
+def _adaptive_header(mechanism: DPMechanism) -> str:
+  """The run header's words for adaptive clipping (empty for a fixed C)."""
+  if not mechanism.adaptive:
+    return ''
+  return (f' (adaptive clipping from C_0={mechanism.clip_norm:g}: count noise '
+          f's_b={mechanism.clipping.count_noise_std:.4g}, accounted together as '
+          f'sigma_eff={mechanism.effective_noise_multiplier:.4f})')
+
+
 def _json_number(value) -> float | None:
   """A float for metrics.jsonl; None where it is undefined (NaN: strict JSON has no NaN)."""
   value = float(value)
@@ -352,10 +361,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     return records[-1]
   if exp.privacy_caveat:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
-  logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds; '
+  logging.info('%s on %s: %d clients, sigma=%.4f%s, eps=%.3f at delta=%.2g after %d rounds; '
                'executor %s%s.', config.method, config.dataset, data.num_clients,
-               exp.mechanism.noise_multiplier, exp.epsilon, exp.mechanism.delta,
-               config.num_rounds, config.executor,
+               exp.mechanism.noise_multiplier, _adaptive_header(exp.mechanism), exp.epsilon,
+               exp.mechanism.delta, config.num_rounds, config.executor,
                f' ({executor_choice})' if executor_choice else '')
 
   # sharded: state, data and keys whole on every device of the mesh (of every process).

@@ -17,7 +17,7 @@ import pytest
 from scipy import optimize, stats
 
 from conftest import tiny_config
-from dp2fedsam_jax import checkpoint, keys, train
+from dp2fedsam_jax import canaries, checkpoint, keys, train
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
@@ -193,3 +193,21 @@ def test_dry_run_shows_both_noise_parts_and_the_one_they_make():
   assert info['clipping'] == 'adaptive' and info['count_noise_multiplier'] == 0.75
   np.testing.assert_allclose(info['effective_noise_multiplier'], (1.0 + 1.5 ** -2) ** -0.5)
   assert 'clipping' not in train.describe(tiny_config())
+
+
+def test_the_audit_with_adaptive_clipping_stays_below_the_pairs_accounted_epsilon():
+  """Canaries through the real round step with C moving (every canary is clipped, so C grows): at
+  q = 1 the white-box score (each round's projection over its own C_t) sees the update's Gaussian,
+  mu = sqrt(T) / sigma, below the pair's accounted sqrt(T) / sigma_eff; no bound exceeds the
+  accounted epsilon, and the GDP mu interval meets the update's mu."""
+  sigma, rounds = 1.0, 2
+  exp = train.build_experiment(_adaptive(**{
+      'dp.noise_multiplier': sigma, 'dp.count_noise_multiplier': 0.5, 'dp.delta': 1e-5,
+      'sampling_rate': 1.0, 'num_rounds': rounds, 'local.batch_size': 256}))
+  result = canaries.run_audit(exp, canaries.AuditSettings(num_trials=2, num_canaries=500,
+                                                          num_rounds=rounds))
+  assert result.epsilon_accounted == pytest.approx(
+      dp_accounting.get_epsilon_gaussian(1 / (math.sqrt(rounds) / 0.5 ** 0.5), 1e-5), rel=1e-2)
+  assert not result.exceeded(), result
+  assert result.gdp_mu_lower < math.sqrt(rounds) / sigma < result.gdp_mu_upper, result
+  assert 'adaptive' in result.row()
