@@ -10,6 +10,7 @@ import math
 
 import chex
 import dp_accounting
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -211,3 +212,27 @@ def test_the_audit_with_adaptive_clipping_stays_below_the_pairs_accounted_epsilo
   assert not result.exceeded(), result
   assert result.gdp_mu_lower < math.sqrt(rounds) / sigma < result.gdp_mu_upper, result
   assert 'adaptive' in result.row()
+
+
+@flax.struct.dataclass
+class _StateBeforeClipState:
+  """ServerState as checkpoints written before adaptive clipping hold it (no clip_state)."""
+  round: jax.Array
+  shared: object
+  personal: object
+  times_sampled: jax.Array
+  noise_state: object = ()
+  server_opt_state: object = ()
+
+
+def test_a_checkpoint_written_before_clip_state_existed_resumes_with_a_fixed_c(tmp_path):
+  exp = train.build_experiment(tiny_config())
+  state = exp.init_state().replace(round=jnp.int32(3))
+  old = _StateBeforeClipState(state.round, state.shared, state.personal, state.times_sampled)
+  checkpoint.save(str(tmp_path), old, [{'round': 3}])
+  restored = checkpoint.restore_run(str(tmp_path), exp.init_state())
+  chex.assert_trees_all_equal(restored.state, state)
+  assert restored.records == [{'round': 3}] and restored.state.clip_state == ()
+  adaptive = train.build_experiment(_adaptive()).init_state()  # C_t cannot be made up: refused
+  with pytest.raises(checkpoint.CheckpointError, match='clip_state'):
+    checkpoint.restore_run(str(tmp_path), adaptive)
