@@ -110,7 +110,7 @@ class DPMechanism:
     delta = dp.delta if dp.delta is not None else 1.0 / num_clients
     common = dict(clip_norm=dp.clip_norm, noise_placement=dp.noise_placement, delta=delta,
                   accountant=dp.accountant)
-    if not private:  # no clipping at all: the clip rule does not apply
+    if not private:
       return cls(Independent(num_clients, config.sampling_rate, dp.sampling), noise_multiplier=0.0,
                  private=False, **common)
     sigma, target = dp.noise_multiplier, dp.target_epsilon
