@@ -44,6 +44,11 @@ directions stay independent (the noise is isotropic in every round), so every bo
 meaning; the GDP ones are computed where the accountant claims a Gaussian (gaussian_claim). The
 white-box noise-multiplier estimate assumes fresh noise every round and is not computed (NaN) for
 these mechanisms.
+
+Adaptive clipping (dp.clipping=adaptive): each canary's raw norm is canary_norm * C_0, so it is
+clipped to C_t while C_t < canary_norm * C_0, and its bit b_i = 0 moves C_t like any clipped
+client's; the white-box score divides round t's projection by that round's C_t. The accounted epsilon
+is the pair's (sum and count as one Gaussian, privacy/clip_rules.py).
 """
 
 from __future__ import annotations
@@ -158,6 +163,7 @@ class AuditResult:
   # gives the one-run bound and estimates of the table (the properties below).
   along_run: tuple[OneRunEstimates, ...]
   noise_mechanism: str = 'independent'  # config.dp.noise_mechanism
+  clipping: str = 'fixed'               # config.dp.clipping
 
   epsilon_one_run = _after_all_rounds('epsilon_one_run')
   epsilon_gaussian_fit = _after_all_rounds('epsilon_gaussian_fit')
@@ -195,6 +201,8 @@ class AuditResult:
                       self.epsilon_noise_estimate_high)
     noise += f' (σ̂ {self.noise_multiplier_estimate:.3g})'
     sampler = self.sampling if self.noise_mechanism == 'independent' else self.noise_mechanism
+    if self.clipping != 'fixed':
+      sampler += f' {self.clipping}-clip'
     return (f'| {self.method} {sampler} {self.noise_placement} | {self.noise_multiplier:g} | '
             f'{self.sampling_rate:g} | {self.num_rounds} | {self.epsilon_accounted:.2f} | '
             f'{_num(self.epsilon_clopper_pearson)} | {gdp} | {_num(self.epsilon_one_run)} | '
@@ -319,11 +327,12 @@ def make_trial_scores(exp, settings: AuditSettings):
       denominator = mech.denominator(metrics['cohort_size'])  # what the round divided by
       flat_new = _flat(new.shared)
       released = (flat_new - _flat(state.shared)) * (denominator / rc.server_lr)
+      clip_t = metrics.get('clip_norm', clip)  # adaptive clipping: the C this round clipped to
       moved = flat_new - flat0
       cosine = directions @ moved / jnp.maximum(jnp.linalg.norm(moved), 1e-30)
       sampled = (new.times_sampled - state.times_sampled)[first_canary:] > 0
       scheduled = mech.schedule(state.round, run_key)[first_canary:]
-      return new, (directions @ released / clip, cosine, sampled, scheduled)
+      return new, (directions @ released / clip_t, cosine, sampled, scheduled)
 
     _, per_round = jax.lax.scan(body, state0, None, length=settings.num_rounds)
     return per_round
@@ -433,7 +442,8 @@ def run_audit(exp, settings: AuditSettings = AuditSettings()) -> AuditResult:
       gdp_mu_upper=gdp.mu_upper if gdp else nan,
       confidence=1.0 - alpha, num_trials=settings.num_trials,
       num_canaries=settings.num_canaries, seconds=time.perf_counter() - start,
-      along_run=along_run, noise_mechanism=config.dp.noise_mechanism)
+      along_run=along_run, noise_mechanism=config.dp.noise_mechanism,
+      clipping=config.dp.get('clipping', 'fixed'))
 
 
 def _split_by_inclusion(scores, included):

@@ -116,11 +116,33 @@ def latest_round(workdir: str) -> int:
   return max(_steps(workdir), default=0)
 
 
+def _missing_fields(manager: ocp.CheckpointManager, step: int, initial_state) -> set[str]:
+  """The state's fields a checkpoint written before they existed lacks. Only a field that is empty
+  in this run's initial state (no arrays: e.g. clip_state under fixed clipping) may be missing;
+  the run then resumes with it as initialised."""
+  if not dataclasses.is_dataclass(initial_state):
+    return set()
+  on_disk = ocp.StandardCheckpointer().metadata(str(manager.directory / str(step) / 'state'))
+  names = set(on_disk.item_metadata.keys())
+  missing = {f.name for f in dataclasses.fields(initial_state)} - names
+  if any(jax.tree.leaves(getattr(initial_state, name)) for name in missing):
+    raise CheckpointError(f'it lacks the state field(s) {sorted(missing)} this run needs (a '
+                          'checkpoint written before they existed)')
+  return missing
+
+
 def _read(manager: ocp.CheckpointManager, step: int, initial_state) -> Restored:
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, initial_state)
+  missing = _missing_fields(manager, step, initial_state)
+  target = initial_state
+  if missing:  # restore the fields it has; the others stay as initialised
+    target = {f.name: getattr(initial_state, f.name) for f in dataclasses.fields(initial_state)
+              if f.name not in missing}
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract), records=ocp.args.JsonRestore()))
   payload, state = restored['records'], restored['state']
+  if missing:
+    state = initial_state.replace(**state)
   if isinstance(payload, list):  # written before the window and the hash were saved
     return Restored(state, payload, [])
   want = payload.get('state_sha256')

@@ -92,6 +92,15 @@ def base_config() -> ml_collections.ConfigDict:
   # (DP-FTRL tree aggregation, each client once per epoch).
   c.dp.noise_mechanism = 'independent'
   c.dp.num_bands = 4  # b of 'banded' (sampling_rate * num_bands <= 1; 1 is independent noise)
+  # The clip norm across rounds (privacy/clip_rules.py, docs/privacy.md section 8): 'fixed' (clip_norm
+  # every round) | 'adaptive' (Andrew et al. 2021: C moves towards the target_quantile of the update
+  # norms, from a noised count of unclipped clients; independent noise, central placement).
+  c.dp.clipping = 'fixed'
+  c.dp.target_quantile = 0.5  # gamma: the fraction of clients left unclipped
+  c.dp.clip_lr = 0.2          # eta: C <- C exp(-eta (noised unclipped fraction - gamma))
+  c.dp.initial_clip_norm = config_dict.placeholder(float)  # C_0; None: clip_norm
+  # s_b, the noise std on the count of unclipped clients; None: the expected cohort / 20.
+  c.dp.count_noise_multiplier = config_dict.placeholder(float)
   return c
 
 
@@ -107,7 +116,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
   from dp2fedsam_jax.models import layers, registry
-  from dp2fedsam_jax.privacy import accounting, noise, noise_mechanisms, sampling
+  from dp2fedsam_jax.privacy import accounting, clip_rules, noise, noise_mechanisms, sampling
   return {
       'method': tuple(sorted(specs.METHODS)),
       'model': tuple(registry.model_names()),
@@ -120,6 +129,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'dp.noise_placement': noise.NOISE_PLACEMENTS,
       'dp.accountant': accounting.ACCOUNTANTS,
       'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
+      'dp.clipping': tuple(clip_rules.CLIP_RULES),
   }
 
 
@@ -176,7 +186,8 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if data_dir is not None and not isinstance(data_dir, str):
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
   for field in ('model', 'partition', 'conv_impl', 'executor', 'server_optimizer', 'dp.sampling',
-                'dp.noise_placement', 'dp.accountant', 'dp.noise_mechanism', 'dp.poisson_draw'):
+                'dp.noise_placement', 'dp.accountant', 'dp.noise_mechanism', 'dp.poisson_draw',
+                'dp.clipping'):
     _choice(config, field, allowed[field])
 
   _positive(config, 'num_clients', integer=True)
@@ -240,3 +251,6 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   # What dp.noise_mechanism needs of the other fields: written once, in the mechanism's class.
   from dp2fedsam_jax.privacy import noise_mechanisms  # pylint: disable=import-outside-toplevel
   noise_mechanisms.check_config(config)
+  # Adaptive clipping's fields, and what it needs of the others (privacy/clip_rules.py).
+  from dp2fedsam_jax.privacy import clip_rules  # pylint: disable=import-outside-toplevel
+  clip_rules.check_config(config)

@@ -71,6 +71,13 @@ FIELD_HELP = {
                           'num_bands rounds, Poisson within one of num_bands client groups) | tree '
                           '(DP-FTRL, each client once per epoch); docs/privacy.md section 7',
     'dp.num_bands': 'b of the banded mechanism (sampling_rate * num_bands <= 1; T fixes the strategy)',
+    'dp.clipping': 'fixed (clip_norm every round) | adaptive (Andrew et al. 2021: C tracks the '
+                   'target_quantile of the update norms; docs/privacy.md section 8)',
+    'dp.target_quantile': 'adaptive clipping: gamma in (0, 1), the fraction of clients left unclipped',
+    'dp.clip_lr': 'adaptive clipping: eta >= 0, C <- C * exp(-eta * (noised unclipped fraction - gamma))',
+    'dp.initial_clip_norm': 'adaptive clipping: C_0 > 0; None: clip_norm',
+    'dp.count_noise_multiplier': 'adaptive clipping: s_b, noise std on the count of unclipped clients '
+                                 '(None: expected cohort / 20); eps counts (sigma^-2 + (2 s_b)^-2)^-1/2',
     'audit': 'the empirical privacy audit (experiments.audit)',
     'audit.num_trials': 'independent runs of the audited rounds (trial 0 is the one-run audit)',
     'audit.num_canaries': 'canary clients per run, each included with probability 1/2',

@@ -6,7 +6,8 @@ the noise would then be a function of public data and epsilon void). The rule he
 either *folded* with the distinct constants below, or *split* into a fresh array of keys, never both.
 
     root = key(seed)                                  folded: round r, INIT, EVAL, SCHEDULE, TREE_NOISE
-      round key = fold_in(root, r)                    folded: SAMPLE, CLIENTS, NOISE, PUBLIC_MASK
+      round key = fold_in(root, r)                    folded: SAMPLE, CLIENTS, NOISE, PUBLIC_MASK,
+                                                      COUNT_NOISE
         clients key                                   folded with the client id (only ever folded)
           client key                                  folded: TRAIN, UPLOAD, EXAMPLES
             train key                                 folded: HEAD, BODY (each split per epoch)
@@ -14,6 +15,7 @@ either *folded* with the distinct constants below, or *split* into a fresh array
             examples key                              folded: example j -> its sort key (the round's
                                                       subset when a client exceeds its budget)
         noise key                                     split per array (the server's noise)
+        count noise key                               one draw: the noise on adaptive clipping's count
       eval key = fold_in(fold_in(root, EVAL), r)      folded with the client id (fine-tuning order)
       init key = fold_in(root, INIT)                  the model's initialiser
       schedule key = fold_in(root, SCHEDULE)          folded: GROUPS, EPOCHS (correlated noise's samplers)
@@ -51,6 +53,7 @@ SAMPLE = 1        # who takes part
 CLIENTS = 2       # parent of the per-client keys (split by client id)
 NOISE = 3         # the server's Gaussian noise (split per array)
 PUBLIC_MASK = 4   # rand-k's public mask, the same for every client
+COUNT_NOISE = 5   # the server's noise on the count of unclipped clients (adaptive clipping)
 
 # Children of a client key.
 TRAIN = 1         # local training (parent of HEAD and BODY)
@@ -72,12 +75,14 @@ class RoundKeys(NamedTuple):
   clients: jax.Array
   noise: jax.Array
   public_mask: jax.Array
+  count_noise: jax.Array
 
 
 def round_keys(root: jax.Array, round_index) -> RoundKeys:
-  """The four streams of round `round_index` (0-based) of the run whose root key is `root`."""
+  """The streams of round `round_index` (0-based) of the run whose root key is `root`."""
   round_key = jax.random.fold_in(root, round_index)
-  return RoundKeys(*(jax.random.fold_in(round_key, s) for s in (SAMPLE, CLIENTS, NOISE, PUBLIC_MASK)))
+  return RoundKeys(*(jax.random.fold_in(round_key, s)
+                     for s in (SAMPLE, CLIENTS, NOISE, PUBLIC_MASK, COUNT_NOISE)))
 
 
 def client_key(clients_key: jax.Array, client_id) -> jax.Array:

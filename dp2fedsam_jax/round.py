@@ -12,6 +12,8 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
     [central] + N(0, s^2 C^2) on the sum
     phi <- phi + server_lr * sum / m         line 25 (m = expected cohort size for Poisson);
                                              or another server optimizer (server_optimizer.py)
+    [adaptive clipping] C <- C exp(-eta (b~ - gamma)), b~ the noised fraction of clients with
+                        ||Delta_i|| <= C (privacy/clip_rules.py); C is ServerState.clip_state
 
 Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (privacy/mechanism.py),
 the same object whose `dp_event` the accountant composes.
@@ -245,7 +247,9 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
   def round_step(state: ServerState, data, key):
-    client_update = make_client_update(spec, model, local_config, data.normalize, params,
+    mech = rc.mechanism.at_clip_state(state.clip_state)  # the round's C (traced if adaptive)
+    client_update = make_client_update(spec, model, local_config, data.normalize,
+                                       dataclasses.replace(params, clip_norm=mech.clip_norm),
                                        target_mask=data.loss_mask)
     budget = local_config.budget(data.max_train)  # examples per client slot (static)
     streams = keys.round_keys(key, state.round)
@@ -306,13 +310,17 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
           'loss_sum': jnp.sum(jnp.where(counted, losses, 0.0)),
           'nonfinite': jnp.sum(valid & ~finite, dtype=jnp.int32),
           'clipped_sum': _masked_sum(clipped_uploads, valid),
+          # Adaptive clipping's bits b_i = 1[||Delta_i|| <= C]: a diverged client's zero counts.
+          'unclipped': (jnp.sum(valid & (norms <= mech.clip_norm), dtype=jnp.int32)
+                        if mech.adaptive else None),
       })
       return k + 1, upload_sum, support, personal, stats
 
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
     stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
               'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32),
-              'clipped_sum': zeros if mech.distributed else None}
+              'clipped_sum': zeros if mech.distributed else None,
+              'unclipped': jnp.zeros((), jnp.int32) if mech.adaptive else None}
     support0 = None
     if spec.noise_on_mask:
       # A public mask is noised even when nobody was sampled: an exact zero would reveal an empty
@@ -335,6 +343,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
       upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
     shared, server_opt_state = rc.server_optimizer.apply(                       # line 25
         state.shared, upload_sum, denominator, rc.server_lr, state.server_opt_state)
+    clip_state = mech.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
+                                      cohort)
 
     n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
     metrics = {
@@ -344,11 +354,13 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         'clipped_fraction': stats['clipped'] / n,
         'nonfinite_clients': stats['nonfinite'],
         **diagnostics,
+        **({'clip_norm': mech.clip_norm} if mech.adaptive else {}),  # the C this round clipped to
         'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
     }
     new_state = ServerState(round=state.round + 1, shared=shared, personal=personal,
                             times_sampled=state.times_sampled + sampled.astype(jnp.int32),
-                            noise_state=noise_state, server_opt_state=server_opt_state)
+                            noise_state=noise_state, server_opt_state=server_opt_state,
+                            clip_state=clip_state)
     if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
       new_state, metrics = jax.lax.with_sharding_constraint(
           (new_state, metrics), sharding.replicated(sharding.client_mesh()))

@@ -22,6 +22,9 @@ class ServerState:
   noise_state: Any = ()
   # The server optimizer's state (server_optimizer.py: momentum, Adam's moments); () for sgd.
   server_opt_state: Any = ()
+  # The clip rule's state (privacy/clip_rules.py): adaptive clipping's C_t, a float32 scalar; () for
+  # a fixed clip norm.
+  clip_state: Any = ()
 
 
 def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:

@@ -66,7 +66,8 @@ class Experiment:
       model = CheckpointInit(model, self.config.init_checkpoint)
     state = init_state(self.spec, model, self.init_key, self.data.num_clients)
     return state.replace(noise_state=self.mechanism.init_noise_state(state.shared),
-                         server_opt_state=self.round_config.server_optimizer.init(state.shared))
+                         server_opt_state=self.round_config.server_optimizer.init(state.shared),
+                         clip_state=self.mechanism.init_clip_state())
 
   @property
   def root_key(self) -> jax.Array:
@@ -156,8 +157,27 @@ def describe(config: ml_collections.ConfigDict) -> dict:
           'noise_mechanism': config.dp.noise_mechanism, 'neighbours': mechanism.noise.neighbours,
           **({'num_bands': config.dp.num_bands} if config.dp.noise_mechanism == 'banded' else {}),
           'noise_multiplier': mechanism.noise_multiplier,
+          **_adaptive_clipping(mechanism),
           'epsilon': mechanism.epsilon(config.num_rounds), 'delta': mechanism.delta,
           **({'epsilon_caveat': caveat} if caveat else {})}
+
+
+def _adaptive_clipping(mechanism: DPMechanism) -> dict:
+  """--dry_run's lines for adaptive clipping: the rule, both noise parts and the one they make."""
+  if not mechanism.adaptive:
+    return {}
+  return {'clipping': 'adaptive', 'initial_clip_norm': mechanism.clip_norm,
+          **mechanism.clipping.describe(),
+          'effective_noise_multiplier': mechanism.effective_noise_multiplier}
+
+
+def _adaptive_header(mechanism: DPMechanism) -> str:
+  """The run header's words for adaptive clipping (empty for a fixed C)."""
+  if not mechanism.adaptive:
+    return ''
+  return (f' (adaptive clipping from C_0={mechanism.clip_norm:g}: count noise '
+          f's_b={mechanism.clipping.count_noise_std:.4g}, accounted together as '
+          f'sigma_eff={mechanism.effective_noise_multiplier:.4f})')
 
 
 def _json_number(value) -> float | None:
@@ -169,6 +189,8 @@ def _json_number(value) -> float | None:
 # The per-round training scalars of the round step's metrics (train_metrics.jsonl).
 TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size',
                  'nonfinite_clients', 'noise_std', 'signal_to_noise')
+# Only under adaptive clipping: the clip norm C_t the round clipped to.
+ADAPTIVE_SCALARS = ('clip_norm',)
 # The executors 'auto' chooses from (round.resolve_executor).
 _AUTO_CHOICES = ('sequential', 'vmap')
 
@@ -253,7 +275,7 @@ def _hint_on_oom(config, where: str, workdir: str):
 
 def _train_scalars(metrics: dict, seconds: float) -> dict:
   """One round's line of train_metrics.jsonl (NaN becomes null there)."""
-  scalars = {k: float(metrics[k]) for k in TRAIN_SCALARS}
+  scalars = {k: float(metrics[k]) for k in TRAIN_SCALARS + ADAPTIVE_SCALARS if k in metrics}
   for k in ('cohort_size', 'nonfinite_clients'):
     scalars[k] = int(metrics[k])
   scalars['seconds'] = seconds
@@ -316,6 +338,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     if config.dp.noise_multiplier is not None:
       resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
     resolved['dp'].update(noise_multiplier=exp.mechanism.noise_multiplier)
+    if exp.mechanism.adaptive:  # the count's noise as run (unset: the expected cohort / 20)
+      resolved['dp'].update(count_noise_multiplier=exp.mechanism.clipping.count_noise_std)
   resolved['dp'].update(delta=exp.mechanism.delta)
   run_files.check_same_run(workdir, resolved)
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
@@ -337,10 +361,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     return records[-1]
   if exp.privacy_caveat:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
-  logging.info('%s on %s: %d clients, sigma=%.4f, eps=%.3f at delta=%.2g after %d rounds; '
+  logging.info('%s on %s: %d clients, sigma=%.4f%s, eps=%.3f at delta=%.2g after %d rounds; '
                'executor %s%s.', config.method, config.dataset, data.num_clients,
-               exp.mechanism.noise_multiplier, exp.epsilon, exp.mechanism.delta,
-               config.num_rounds, config.executor,
+               exp.mechanism.noise_multiplier, _adaptive_header(exp.mechanism), exp.epsilon,
+               exp.mechanism.delta, config.num_rounds, config.executor,
                f' ({executor_choice})' if executor_choice else '')
 
   # sharded: state, data and keys whole on every device of the mesh (of every process).

@@ -5,7 +5,7 @@ test (conftest.py); a mutant that survives fails the run.
 A mutant is a monkeypatch of a name the engine looks up while a round step is traced: a method of
 DPMechanism, or an attribute of `keys`, `noise`, `round` or `state`. The patches so survive
 refactors that keep these seams, and every killer builds and jits a fresh round step, so no jit
-cache hides a patch.
+cache hides a patch. Adaptive clipping's mutants patch its clip rule (clip_rules.AdaptiveClip).
 
 A kill is an AssertionError from a killer that passes on the real code (it passed earlier in the
 session, or it is run unpatched here first); any other exception means the patch is broken and fails
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import pytest
 
 import conftest
+import test_adaptive_clipping
 import test_correlated
 import test_engine
 import test_keys
@@ -35,6 +36,7 @@ from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
+from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.trees import global_norm
 
@@ -67,6 +69,9 @@ TREE_SAMPLER = _killer(test_correlated.test_tree_cohorts_hold_every_client_exact
 BANDED_EPSILON = _killer(test_correlated.test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant)
 TREE_CALIBRATION = _killer(
     test_correlated.test_calibrated_sigma_meets_the_target_under_the_libraries_accountants, 'tree')
+COUNT_NOISE = _killer(test_adaptive_clipping.test_the_clip_norm_moves_by_the_noised_count_with_std_s_b_over_m)
+PAIR_EPSILON = _killer(
+    test_adaptive_clipping.test_one_round_of_the_pair_is_the_two_dimensional_gaussian_computed_by_hand)
 
 
 def _banded_resume():
@@ -79,7 +84,8 @@ BANDED_RESUME = Killer(
 
 # Cheapest first: the order in which a mutant's fallbacks are tried.
 KILLERS = {k.name: k.run for k in
-           (CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL, NOISE_DISTRIBUTED, DRAWS,
+           (COUNT_NOISE, PAIR_EPSILON, CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL,
+            NOISE_DISTRIBUTED, DRAWS,
             BANDED_EPSILON, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS, BANDED_ROWS,
             BANDED_RESUME)}
 
@@ -267,6 +273,31 @@ def _banded_accounted_as_independent(mp):
 @mutant('tree: noise scaled for sensitivity C, not C sqrt(levels)', TREE_CALIBRATION)
 def _tree_sensitivity_one(mp):
   mp.setattr(correlated, 'tree_sensitivity_squared', lambda rounds: 1)
+
+
+# ---------------------------------------------------------------- adaptive clipping (issue 35)
+@mutant('adaptive clipping: the count of unclipped clients not noised', COUNT_NOISE)
+def _count_not_noised(mp):
+  def noiseless(self, key, unclipped, cohort, divisor):
+    del key
+    return (unclipped.astype(jnp.float32) - 0.5 * cohort.astype(jnp.float32)) / divisor + 0.5
+  mp.setattr(AdaptiveClip, 'noised_unclipped_fraction', noiseless)
+
+
+@mutant("adaptive clipping: the count's noise left out of the accounting", PAIR_EPSILON)
+def _count_not_accounted(mp):
+  mp.setattr(DPMechanism, 'effective_noise_multiplier', property(lambda self: self.noise_multiplier))
+
+
+@mutant('adaptive clipping: C moved by the un-noised count', COUNT_NOISE)
+def _clip_norm_from_the_exact_count(mp):
+  real = AdaptiveClip.noised_unclipped_fraction
+
+  def next_state(self, key, state, unclipped, cohort, divisor):
+    real(self, key, unclipped, cohort, divisor)  # released, but not what C moves by
+    exact = unclipped.astype(jnp.float32) / cohort.astype(jnp.float32)
+    return state * jnp.exp(-self.clip_lr * (exact - self.target_quantile))
+  mp.setattr(AdaptiveClip, 'next_state', next_state)
 
 
 _PASSED_HERE = set()

@@ -20,9 +20,18 @@ and the accountant's facade over them (dp_event, epsilon, calibrate). The round 
     init_noise_state(shared)       what the server carries between rounds (ServerState.noise_state)
     denominator(|S|)               the public divisor of the released sum
 
-A clip norm that changes from round to round (adaptive clipping) would be a fourth piece beside
-`noise`: an object with its own server state and its own part of `dp_event`, called from `clip`
-and `dp_event` here -- no other module changes shape.
+and a fourth, beside `noise`, for a clip norm that moves between rounds (`dp.clipping`):
+
+    clip rule   clip_rules.py: FixedClip (C every round) | AdaptiveClip (Andrew et al.: C_t in
+                ServerState.clip_state, moved by the noised count of unclipped clients)
+
+whose part of the accounting is `effective_noise_multiplier`: the sum at sigma and the count at
+s_b are one Gaussian of multiplier (sigma^-2 + (2 s_b)^-2)^(-1/2). The round step also calls
+
+    at_clip_state(clip_state)      this mechanism at the round's C_t (itself for FixedClip)
+    init_clip_state()              C_0 (ServerState.clip_state; () for FixedClip)
+    next_clip_state(key, clip_state, unclipped, |S|)
+                                   C_{t+1} from the noised count of the |S| clients' bits
 
 A non-private method runs the same object with `private=False`: no clipping, no noise, the actual
 cohort as the divisor, and epsilon = inf.
@@ -38,11 +47,13 @@ import jax.numpy as jnp
 from absl import logging
 
 from dp2fedsam_jax.errors import ConfigError
-from dp2fedsam_jax.privacy import clipping, noise, noise_mechanisms
+from dp2fedsam_jax.privacy import clip_rules, clipping, noise, noise_mechanisms
+from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip, FixedClip
 from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS
 from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, TreeAggregation
 
 NoiseMechanism = Independent | BandMF | TreeAggregation
+ClipRule = FixedClip | AdaptiveClip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +65,15 @@ class DPMechanism:
 
   Attributes:
     noise: the noise mechanism (noise_mechanisms.py), which also holds the sampler's N and q.
-    clip_norm: C, the bound on each client's whole shared update (global L2 norm).
+    clip_norm: C, the bound on each client's whole shared update (global L2 norm); under adaptive
+      clipping C_0, and inside a round step (at_clip_state) the round's C_t, a traced scalar.
     noise_multiplier: sigma; the noise on the sum of clipped updates has std sigma C.
     noise_placement: 'central' (the server adds it) | 'distributed' (each sampled client adds a
       share of std sigma C / sqrt(|S|)); correlated noise is central only.
     private: False for the non-private methods: no clipping, no noise, divide by the cohort.
     delta: the delta epsilon is reported at (config.dp.delta, or 1/N).
     accountant: 'pld' | 'rdp' (config.dp.accountant).
+    clipping: the clip rule (clip_rules.py): FixedClip, or AdaptiveClip with its count's noise.
   """
   noise: NoiseMechanism
   clip_norm: float         # C
@@ -69,12 +82,14 @@ class DPMechanism:
   private: bool = True
   delta: float | None = None
   accountant: str = 'pld'
+  clipping: ClipRule = FixedClip()
 
   def __post_init__(self):
     if self.noise_placement not in NOISE_PLACEMENTS:
       raise ConfigError(f'config.dp.noise_placement={self.noise_placement!r}: unknown; choose one '
                         f'of {list(NOISE_PLACEMENTS)}.')
     self.noise.check(noise_placement=self.noise_placement, sampling=self.noise.sampling)
+    self.clipping.check(noise_mechanism=self.noise.name, noise_placement=self.noise_placement)
 
   @classmethod
   def from_config(cls, config, num_clients: int, method=None) -> 'DPMechanism':
@@ -84,6 +99,8 @@ class DPMechanism:
     `method` (an algorithms.MethodSpec) decides `private` and checks that the method can run the
     configured placement and noise mechanism. When both sigma and a target are set, sigma wins (a
     command-line `--config.dp.noise_multiplier=1.0` on top of a config file that targets an epsilon).
+    Adaptive clipping (dp.clipping): C_0 = dp.initial_clip_norm or dp.clip_norm, and a target
+    epsilon calibrates the pair's combined multiplier, from which the update's sigma is derived.
     """
     dp = config.dp
     private = True if method is None else method.private
@@ -104,8 +121,10 @@ class DPMechanism:
     if sigma is not None and target is not None:
       logging.warning('dp.noise_multiplier=%s is set, so dp.target_epsilon=%s is ignored.', sigma,
                       target)
-    mechanism = cls(noise_mechanisms.from_config(config, num_clients),
-                    noise_multiplier=float(sigma or 0.0), **common)
+    noise_mechanism = noise_mechanisms.from_config(config, num_clients)
+    common.update(clip_norm=clip_rules.initial_clip_norm(config),
+                  clipping=clip_rules.from_config(config, noise_mechanism.divisor()))
+    mechanism = cls(noise_mechanism, noise_multiplier=float(sigma or 0.0), **common)
     if sigma is None:
       mechanism = mechanism.with_noise(mechanism.calibrate(target, config.num_rounds))
     return mechanism
@@ -148,6 +167,17 @@ class DPMechanism:
   def distributed(self) -> bool:
     return self.noise_placement == 'distributed'
 
+  @property
+  def adaptive(self) -> bool:
+    """A private run whose clip norm moves between rounds (dp.clipping='adaptive')."""
+    return self.private and self.clipping.adaptive
+
+  @property
+  def effective_noise_multiplier(self) -> float:
+    """The multiplier of the one Gaussian a round releases: sigma, or with adaptive clipping the
+    pair's (sigma^-2 + (2 s_b)^-2)^(-1/2) (clip_rules.py). What the accountant composes."""
+    return self.clipping.effective_noise_multiplier(self.noise_multiplier)
+
   def with_noise(self, noise_multiplier: float) -> 'DPMechanism':
     return dataclasses.replace(self, noise_multiplier=float(noise_multiplier))
 
@@ -156,6 +186,23 @@ class DPMechanism:
     return dataclasses.replace(self, noise=dataclasses.replace(self.noise, num_clients=num_clients))
 
   # ------------------------------------------------------------------------- what the round executes
+  def init_clip_state(self):
+    """What the server carries for the clip rule: C_0 under adaptive clipping, () otherwise."""
+    return self.clipping.init_state(self.clip_norm) if self.private else ()
+
+  def at_clip_state(self, clip_state) -> 'DPMechanism':
+    """This mechanism at the round's clip norm (inside a round step; itself for a fixed C)."""
+    if not self.adaptive:
+      return self
+    return dataclasses.replace(self, clip_norm=self.clipping.clip_norm(clip_state, self.clip_norm))
+
+  def next_clip_state(self, key: jax.Array, clip_state, unclipped: jax.Array, cohort: jax.Array):
+    """C_{t+1} from the noised count of the `unclipped` of the `cohort` sampled clients, over the
+    update's public divisor (adaptive clipping; the state unchanged otherwise)."""
+    if not self.adaptive:
+      return clip_state
+    return self.clipping.next_state(key, clip_state, unclipped, cohort, self.denominator(cohort))
+
   def sample(self, key: jax.Array, round_index=0, root: jax.Array | None = None) -> jax.Array:
     """bool[num_clients]: the cohort of round `round_index` (`root`: the run's key, whose public
     schedule the correlated mechanisms' samplers follow)."""
@@ -225,23 +272,26 @@ class DPMechanism:
     """The dp_accounting event of `rounds` rounds of this mechanism (None if not private)."""
     if not self.private:
       return None
-    return self.noise.dp_event(self.noise_multiplier, rounds)
+    return self.noise.dp_event(self.effective_noise_multiplier, rounds)
 
   def epsilon(self, rounds: int, delta: float | None = None, accountant: str | None = None) -> float:
     """Client-level epsilon at `delta` (default: the run's) after `rounds` rounds (inf if not
     private)."""
     if not self.private:
       return math.inf
-    return self.noise.epsilon(self.noise_multiplier, rounds, self._delta(delta),
+    # The correlated mechanisms take fixed clipping only, where the two multipliers are one.
+    return self.noise.epsilon(self.effective_noise_multiplier, rounds, self._delta(delta),
                               accountant or self.accountant,
                               lambda s: self.with_noise(s).dp_event(rounds))
 
   def calibrate(self, target_epsilon: float, rounds: int, delta: float | None = None,
                 accountant: str | None = None) -> float:
-    """The smallest sigma (to ~1e-3 relative) whose epsilon after `rounds` rounds is <= target."""
-    return self.noise.calibrate(target_epsilon, rounds, self._delta(delta),
-                                accountant or self.accountant,
-                                lambda s: self.with_noise(s).dp_event(rounds))
+    """The smallest sigma (to ~1e-3 relative) whose epsilon after `rounds` rounds is <= target:
+    under adaptive clipping the update's sigma that leaves the calibrated combined multiplier."""
+    effective = self.noise.calibrate(target_epsilon, rounds, self._delta(delta),
+                                     accountant or self.accountant,
+                                     lambda s: self.with_noise(s).dp_event(rounds))
+    return self.clipping.update_noise_multiplier(effective)
 
   def _delta(self, delta: float | None) -> float:
     delta = self.delta if delta is None else delta
