@@ -32,7 +32,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 69, 'shakespeare': 30}
+              'fmnist_paper_regime': 93, 'shakespeare': 30}
 
 
 def _module(name):
@@ -132,10 +132,39 @@ def test_paper_regime_grid_keeps_its_first_runs_then_issues_26_and_24_in_priorit
   independent = {(e['method'], e['eps'], e['seed']) for e in grid if 'noise' not in e}
   assert {(e['method'], e['eps'], e['seed']) for e in banded} <= independent
   # (b), (c), (d): the curve at seed 0, 1, 2, less the runs (e) made; no run twice.
-  rest = grid[39:]
+  rest = grid[39:69]
   assert [e['seed'] for e in rest] == [0] * 10 + [1] * 10 + [2] * 10
-  assert len({sweep.arg_string(e) for e in grid}) == len(grid) == 69
+  assert len({sweep.arg_string(e) for e in grid}) == len(grid) == 93
   assert all(e['eps'] in (0.25, 0.5, 2.0) for e in rest)
+  # (f) issue 35: adaptive clipping and server momentum, seed by seed, each beside a fixed-C,
+  # server-SGD run of the same method, eps and seed among (a)-(d)'s.
+  toolkit = grid[69:]
+  assert [e['seed'] for e in toolkit] == [0] * 8 + [1] * 8 + [2] * 8
+  assert all(('clip' in e) != ('server' in e) for e in toolkit)
+  plain = {(e['method'], e['eps'], e['seed']) for e in grid[:69] if 'noise' not in e}
+  assert {(e['method'], e['eps'], e['seed']) for e in toolkit} <= plain
+
+
+def test_paper_regime_toolkit_variants():
+  module = _module('fmnist_paper_regime')
+  adaptive = module.get_config('method=dp2fedsam,eps=0.25,clip=adaptive')
+  assert (adaptive.dp.clipping, adaptive.dp.initial_clip_norm) == ('adaptive', 1.0)
+  assert adaptive.dp.count_noise_multiplier == pytest.approx(1.2 * 5.924, abs=1e-3)
+  momentum = module.get_config('method=dp_fedavg_ft,eps=1,server=momentum')
+  assert (momentum.server_optimizer, momentum.server_lr, momentum.dp.clipping) == ('momentum', 0.1,
+                                                                                   'fixed')
+  with pytest.raises(ValueError, match='clip is fixed | adaptive'):
+    module.get_config('clip=quantile')
+
+
+@pytest.mark.parametrize('eps', [1.0, 0.25])
+def test_paper_regime_fixed_clip_sigmas_are_the_accountants(eps):
+  from dp2fedsam_jax.privacy import accounting
+  module = _module('fmnist_paper_regime')
+  c = module.get_config(f'eps={eps}')
+  sigma = accounting.calibrate_noise_multiplier(eps, c.sampling_rate, c.num_rounds, 1 / c.num_clients,
+                                                accountant='pld')
+  assert sigma == pytest.approx(module.FIXED_CLIP_SIGMA[eps], abs=2e-3)
 
 
 def test_paper_regime_committed_runs_seed_a_fresh_root(tmp_path):
@@ -150,7 +179,7 @@ def test_paper_regime_committed_runs_seed_a_fresh_root(tmp_path):
   assert sorted(os.path.relpath(w, os.path.join(root, 'fmnist_paper_regime'))
                 for w, _ in seeded) == found and len(found) >= 14
   runs = sweep.plan(config, root, [], [])
-  assert sweep.plan_summary(runs).startswith(f'69 runs: {len(found)} finished')
+  assert sweep.plan_summary(runs).startswith(f'93 runs: {len(found)} finished')
   assert sweep.seed_from(runs, root, committed) == []  # never twice, never over a workdir
 
 

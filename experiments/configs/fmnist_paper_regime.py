@@ -13,7 +13,7 @@ Learning rates: the head 0.005 as §5.1 assigns it (by role: see _dp2fedsam.py);
 their first local round from a random init (`python -m experiments.local_stability`), while 0.05
 keeps every client of every method finite. The same rates for every method; no per-method tuning.
 
-Grid (`sweep_grid()`), 69 runs in this order (launch/sweep.py runs them in grid order, so an
+Grid (`sweep_grid()`), 93 runs in this order (launch/sweep.py runs them in grid order, so an
 interrupted sweep has done the first blocks):
   the first 15 (issue 14; their workdirs must not change, so the committed runs count as finished):
     dp2fedsam, centaur, dp_fedavg, dp_fedsam, dp_fedavg_ft, dp_fedsam_ft and the non-private
@@ -31,10 +31,20 @@ interrupted sweep has done the first blocks):
   (b) 10 runs: the privacy-utility curve, eps in {0.5, 0.25, 2} x CURVE (dp2fedsam, centaur,
     dp_fedsam_ft, dp_fedavg_ft) at seed 0, less the two eps = 0.5 runs (e) made; (c) the same
     at seed 1; (d) at seed 2. With the eps = 1 runs these give accuracy against eps at eps in
-    {0.25, 0.5, 1, 2}.
+    {0.25, 0.5, 1, 2};
+  (f) 24 runs (issue 35), seed by seed, eps = 1 then 0.25, for dp2fedsam and dp_fedavg_ft (their
+    fixed-C, server-SGD runs are (a)-(d)'s): `clip=adaptive`, adaptive clipping (Andrew et al.
+    2021; docs/privacy.md section 8) with gamma = 0.5, eta = 0.2 and an untuned C_0 = 1.0, ten
+    times the hand-tuned C = 0.1; and `server=momentum`, server momentum 0.9 at server_lr 0.1,
+    whose steady step lr / (1 - 0.9) = 1 is plain SGD's server_lr.
+    The count's noise s_b = 1.2 sigma(eps), sigma(eps) the fixed-C multiplier below: then the
+    update's multiplier is 1.1 sigma(eps) (sigma = (sigma_eff^-2 - (2 s_b)^-2)^-1/2 with sigma_eff
+    = sigma(eps)), the count's noise on the unclipped fraction s_b / 50 = 0.048 at eps = 1 (the
+    paper's 0.05) and 0.14 at eps = 0.25, where the default s_b = 50 / 20 would leave nothing for
+    the update (2 s_b = 5 < 5.924).
 Time, 2 cores, quiet machine: ~13-25 min a run (dp_fedavg and centaur the fastest), ~45 min an -FT
 run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h, (e) ~9 h; each of (b), (c), (d)
-~5.5 h (10 runs, four of them -FT). The runs from dp_fedavg at eps = inf on ran with
+~5.5 h (10 runs, four of them -FT); (f) ~4.7 h a seed (8 runs, four -FT), ~14 h. The runs from dp_fedavg at eps = inf on ran with
 `--parallel=2` (two at a time on the 2 cores: DP-FedAvg 2.8 s/round, DP-FedSAM 4.9 s/round while
 sharing them; not a controlled comparison with one at a time). Only the sweep's arguments name a
 workdir, so the (e) runs' `noise` and `bands` do not rename the others.
@@ -42,7 +52,7 @@ Calibrated sigma at delta = 1e-3 (PLD): 5.924 / 3.401 / 2.014 / 1.280 for eps = 
 
 Seeding a fresh root with the committed runs (so that the sweep skips them; only finished runs are
 copied, only into workdirs that hold no metrics or checkpoints, never over anything; the plan then
-says how many of the 69 are finished and how many are left):
+says how many of the 93 are finished and how many are left):
 
   python -m launch.sweep --config=experiments/configs/fmnist_paper_regime.py --root=$HOME/sweeps \
       --seed_from=experiments/results/fmnist_paper_regime/runs --plan
@@ -58,8 +68,9 @@ The report draws final accuracy against eps (log axis, seed-std error bars, the 
 as horizontal lines) and tabulates DP2-FedSAM's gap to every other method at each eps, in points
 and in pooled seed stds.
 
-Arguments: `:method=dp2fedsam,S=2,eps=1,seed=0,noise=independent,bands=2` (`noise` = independent |
-banded | tree, `bands`: BandMF's b).
+Arguments: `:method=dp2fedsam,S=2,eps=1,seed=0,noise=independent,bands=2,clip=fixed,server=sgd`
+(`noise` = independent | banded | tree, `bands`: BandMF's b, `clip` = fixed | adaptive, `server` =
+sgd | momentum).
 """
 
 from __future__ import annotations
@@ -70,7 +81,8 @@ from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.config import base_config
 from experiments.configs import _common
 
-DEFAULTS = dict(method='dp2fedsam', N=1000, S=2, eps=1.0, seed=0, noise='independent', bands=2)
+DEFAULTS = dict(method='dp2fedsam', N=1000, S=2, eps=1.0, seed=0, noise='independent', bands=2,
+                clip='fixed', server='sgd')
 TABLE_METHODS = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft', 'dp_fedsam_ft')
 CEILINGS = ('p_fedsam', 'fedavg')  # non-private: eps = inf
 SEEDED = ('dp2fedsam', 'centaur', 'dp_fedsam_ft')
@@ -82,6 +94,14 @@ CURVE_EPS = (0.5, 0.25, 2.0)  # in the order they run: the small eps, where meth
 # regime, docs/privacy.md section 7), at eps = 1 and the lower eps = 0.5.
 BANDED = ('dp2fedsam', 'dp_fedavg_ft')
 BANDED_EPS = (1.0, 0.5)
+# Issue 35: adaptive clipping and server momentum against the fixed C and server SGD runs above.
+TOOLKIT = ('dp2fedsam', 'dp_fedavg_ft')
+TOOLKIT_EPS = (1.0, 0.25)
+TOOLKIT_VARIANTS = (dict(clip='adaptive'), dict(server='momentum'))
+# sigma calibrated for eps at delta = 1e-3 with a fixed C (PLD; tests/test_configs.py checks them).
+FIXED_CLIP_SIGMA = {0.25: 5.924, 0.5: 3.401, 1.0: 2.014, 2.0: 1.280}
+COUNT_NOISE_PER_SIGMA = 1.2  # s_b / sigma(eps): the update's multiplier becomes 1.1 sigma(eps)
+INITIAL_CLIP_NORM = 1.0      # adaptive clipping's C_0: untuned, 10x the hand-tuned dp.clip_norm
 
 
 def get_config(arg: str | None = None):
@@ -105,6 +125,15 @@ def get_config(arg: str | None = None):
     c.dp.noise_multiplier = 0.0  # a private method at eps = inf: clipped, no noise
   c.dp.delta = None  # 1 / N
   c.dp.noise_mechanism, c.dp.num_bands = args['noise'], args['bands']
+  if args['clip'] not in ('fixed', 'adaptive') or args['server'] not in ('sgd', 'momentum'):
+    raise ValueError(f"clip={args['clip']!r}, server={args['server']!r}: clip is fixed | adaptive, "
+                     'server is sgd | momentum.')
+  if args['clip'] == 'adaptive':
+    c.dp.clipping, c.dp.initial_clip_norm = 'adaptive', INITIAL_CLIP_NORM
+    c.dp.target_quantile, c.dp.clip_lr = 0.5, 0.2
+    c.dp.count_noise_multiplier = round(COUNT_NOISE_PER_SIGMA * FIXED_CLIP_SIGMA[args['eps']], 3)
+  if args['server'] == 'momentum':
+    c.server_optimizer, c.server_momentum, c.server_lr = 'momentum', 0.9, 0.1
   return c
 
 
@@ -124,4 +153,6 @@ def sweep_grid() -> list[dict]:
     for s in (0, 1, 2):
       compared += banded(e, s) + [dict(method=m, eps=e, seed=s) for m in BANDED]
   curve = [dict(method=m, eps=e, seed=s) for s in (0, 1, 2) for e in CURVE_EPS for m in CURVE]
-  return issue14 + seeds_at_eps1 + compared + [e for e in curve if e not in compared]
+  toolkit = [dict(method=m, eps=e, seed=s, **variant) for s in (0, 1, 2) for e in TOOLKIT_EPS
+             for variant in TOOLKIT_VARIANTS for m in TOOLKIT]
+  return issue14 + seeds_at_eps1 + compared + [e for e in curve if e not in compared] + toolkit
