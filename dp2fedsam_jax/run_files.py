@@ -135,7 +135,7 @@ RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'dp.target_
 ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_clients': None,
                 'local.max_examples': None, 'server_optimizer': 'sgd', 'server_momentum': 0.9,
                 'server_beta1': 0.9, 'server_beta2': 0.99, 'server_eps': 1e-3,
-                'dp.poisson_draw': 'per_client'}
+                'dp.poisson_draw': 'per_client', 'local.subset_draw': 'argsort'}
 
 
 def write_json_atomic(path: str, obj) -> None:
