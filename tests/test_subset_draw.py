@@ -9,10 +9,15 @@ import pytest
 from scipy import stats
 
 from conftest import tiny_config
-from dp2fedsam_jax import local, run_files
+from dp2fedsam_jax import evaluation, local, run_files
+from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.config import ConfigError, base_config, validate_config
-from dp2fedsam_jax.data import from_flat_arrays
+from dp2fedsam_jax.data import FederatedData, from_flat_arrays
 from dp2fedsam_jax.data.federated import SUBSET_DRAWS
+from dp2fedsam_jax.models import get_model
+from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.round import make_round_step, round_config_from
+from dp2fedsam_jax.state import init_state
 
 KEYS = 20_000
 # Five chi-square tests per case, each at this level: at most 1e-4 false alarms in all (Bonferroni).
@@ -104,3 +109,31 @@ def test_the_draw_is_a_validated_config_field():
     validate_config(tiny_config(**{'local.subset_draw': 'shuffle'}))
   with pytest.raises(ValueError, match='config.local.subset_draw'):
     _federation([30, 40]).train_examples(0, 8, jax.random.key(0), 'shuffle')
+
+
+def test_the_round_step_and_fine_tuning_draw_as_configured(monkeypatch):
+  """Both places a client's training examples are gathered pass local.subset_draw on (the one
+  that is not the default)."""
+  subset_draw = 'floyd'
+  drawn = []
+  gather = FederatedData.train_examples
+
+  def recording(self, client_id, budget, key=None, draw='argsort'):
+    drawn.append(draw)
+    return gather(self, client_id, budget, key, draw)
+
+  monkeypatch.setattr(FederatedData, 'train_examples', recording)
+  c = tiny_config(method='dp_fedavg_ft', num_clients=3, sampling_rate=1.0,
+                  **{'local.max_examples': 8, 'local.subset_draw': subset_draw})
+  c.dp.noise_multiplier, c.dp.target_epsilon = 0.0, None
+  spec, local_config = get_method(c.method), local.LocalConfig.from_config(c)
+  data = _federation([30, 40, 5])
+  model = get_model('mlp', data.num_classes, (1, 1, 1), hidden=4)
+  state = init_state(spec, model, jax.random.key(0), data.num_clients)
+  step = make_round_step(spec, model, local_config,
+                         round_config_from(c, DPMechanism.from_config(c, data.num_clients, spec)))
+  jax.eval_shape(step, state, data, jax.random.key(1))
+  assert drawn and set(drawn) == {subset_draw}
+  drawn.clear()
+  jax.eval_shape(evaluation.make_evaluate(spec, model, local_config), state, data, jax.random.key(2))
+  assert drawn and set(drawn) == {subset_draw}
