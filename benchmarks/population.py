@@ -9,7 +9,9 @@ sizes are log-normal (mean `--mean_examples`, sigma `--size_sigma`; at least 1 t
 out for testing, an expected cohort of `--cohort` clients (Poisson, q = cohort / N, drawn by
 `--poisson_draw`: 'gaps' by default, O(cohort) random numbers a round, not one per client), DP2-FedSAM
 (personal heads for every client: N x the head's parameters) on the `mlp` model, a local budget of
-`--max_examples` examples per client and an evaluation of a fixed sample of `--eval_clients`.
+`--max_examples` examples per client (a larger client's random subset drawn by `--subset_draw`:
+'floyd' by default, O(max_examples) work per client, not O(largest client)) and an evaluation of a
+fixed sample of `--eval_clients`.
 
 Records num_clients, total_examples, data_bytes (the ragged arrays), padded_data_bytes (what the
 stacked [N, max, ...] layout needed), peak_rss_mib, setup_seconds (data + state), compile_seconds,
@@ -44,6 +46,8 @@ _EVAL_CLIENTS = flags.DEFINE_integer('eval_clients', 1000, 'config.eval_clients.
 _ROUNDS = flags.DEFINE_integer('rounds', 6, 'Rounds timed (the first is dropped from the median).')
 _POISSON_DRAW = flags.DEFINE_enum('poisson_draw', 'gaps', ['gaps', 'per_client'],
                                   'config.dp.poisson_draw: how the Poisson cohort is drawn.')
+_SUBSET_DRAW = flags.DEFINE_enum('subset_draw', 'floyd', ['floyd', 'argsort'],
+                                 'config.local.subset_draw: how a client over the budget picks.')
 _OUT = flags.DEFINE_string('out', None, 'Directory for population.json and .png.')
 _ONE = flags.DEFINE_integer('one', None, 'Internal: run a single N and write --json_out.')
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Internal: where --one writes its record.')
@@ -94,6 +98,7 @@ def run_one(num_clients: int) -> dict:
   c.sampling_rate = min(1.0, _COHORT.value / num_clients)
   c.local.head_epochs = c.local.body_epochs = 1
   c.local.max_examples, c.eval_clients = _MAX_EXAMPLES.value, _EVAL_CLIENTS.value
+  c.local.subset_draw = _SUBSET_DRAW.value
   c.dp.noise_multiplier, c.dp.poisson_draw = 1.0, _POISSON_DRAW.value
   spec = get_method(c.method)
 
@@ -141,7 +146,8 @@ def run_one(num_clients: int) -> dict:
       'eval_seconds': eval_seconds, 'eval_clients': _EVAL_CLIENTS.value, 'test_accuracy': accuracy,
       'method': c.method, 'model': 'mlp(hidden=16)', 'max_examples': _MAX_EXAMPLES.value,
       'mean_examples': _MEAN.value, 'size_sigma': _SIGMA.value, 'expected_cohort': _COHORT.value,
-      'executor': c.executor, 'poisson_draw': c.dp.poisson_draw, 'jax': jax.__version__,
+      'executor': c.executor, 'poisson_draw': c.dp.poisson_draw,
+      'subset_draw': c.local.subset_draw, 'jax': jax.__version__,
   }
 
 
@@ -176,7 +182,7 @@ def main(argv):
   passthrough = [f'--mean_examples={_MEAN.value}', f'--size_sigma={_SIGMA.value}',
                  f'--cohort={_COHORT.value}', f'--max_examples={_MAX_EXAMPLES.value}',
                  f'--eval_clients={_EVAL_CLIENTS.value}', f'--rounds={_ROUNDS.value}',
-                 f'--poisson_draw={_POISSON_DRAW.value}']
+                 f'--poisson_draw={_POISSON_DRAW.value}', f'--subset_draw={_SUBSET_DRAW.value}']
   for n in (int(v) for v in _NUM_CLIENTS.value):
     with tempfile.TemporaryDirectory() as tmp:
       out = os.path.join(tmp, 'one.json')

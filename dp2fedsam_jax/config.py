@@ -75,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Examples a client trains on per round; None = all (the largest client sets the buffer). A client
   # with more trains on a fresh random subset of this many each round (TFF's shuffle + take).
   c.local.max_examples = config_dict.placeholder(int)
+  # How that subset is drawn: 'argsort' (sorts a uniform per example, O(largest client)) | 'floyd'
+  # (Floyd's algorithm + a shuffle, O(max_examples)); the same distribution, other random numbers.
+  c.local.subset_draw = 'argsort'
 
   c.dp = ml_collections.ConfigDict()
   c.dp.clip_norm = 0.1
@@ -114,6 +117,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   from dp2fedsam_jax import round as round_lib
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
+  from dp2fedsam_jax.data.federated import SUBSET_DRAWS
   from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
   from dp2fedsam_jax.models import layers, registry
   from dp2fedsam_jax.privacy import accounting, clip_rules, noise, noise_mechanisms, sampling
@@ -126,6 +130,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'server_optimizer': server_optimizer.SERVER_OPTIMIZERS,
       'dp.sampling': sampling.SAMPLINGS,
       'dp.poisson_draw': sampling.POISSON_DRAWS,
+      'local.subset_draw': SUBSET_DRAWS,
       'dp.noise_placement': noise.NOISE_PLACEMENTS,
       'dp.accountant': accounting.ACCOUNTANTS,
       'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
@@ -187,7 +192,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")
   for field in ('model', 'partition', 'conv_impl', 'executor', 'server_optimizer', 'dp.sampling',
                 'dp.noise_placement', 'dp.accountant', 'dp.noise_mechanism', 'dp.poisson_draw',
-                'dp.clipping'):
+                'dp.clipping', 'local.subset_draw'):
     _choice(config, field, allowed[field])
 
   _positive(config, 'num_clients', integer=True)

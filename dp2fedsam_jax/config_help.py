@@ -56,6 +56,9 @@ FIELD_HELP = {
     'local.sam_rho': 'SAM / ASAM perturbation radius rho (0: plain SGD steps)',
     'local.max_examples': 'examples a client trains on per round (None: all); a larger client uses '
                           'a fresh random subset of this many each round',
+    'local.subset_draw': 'how that subset is drawn: argsort (a uniform per example, sorted, O(largest '
+                         "client)) | floyd (Floyd's algorithm + a shuffle, O(max_examples)); same "
+                         'distribution',
     'local.finetune_epochs': 'epochs of fine-tuning before testing (-FT / -fb evaluation)',
     'dp': 'differential privacy',
     'dp.clip_norm': 'C, clip of the global L2 norm of each client update',

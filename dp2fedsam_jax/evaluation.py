@@ -92,7 +92,7 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
     # random subset needs a second key; without one, the key is the one runs used before).
     budget = local_config.budget(data.max_train)
     ft_key, examples_key = jax.random.split(key) if budget < data.max_train else (key, None)
-    train_x, y, count = data.train_examples(client_id, budget, examples_key)
+    train_x, y, count = data.train_examples(client_id, budget, examples_key, local_config.subset_draw)
     x = data.normalize(train_x)
     if spec.evaluation == 'finetune':
       loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y,

@@ -94,6 +94,8 @@ class LocalConfig:
   # Examples a client trains on per round (None: all); a larger client uses a fresh random subset
   # of this many each round (data.FederatedData.train_examples). A constant: sensitivity unchanged.
   max_examples: int | None = None
+  # How that subset is drawn (data.federated.SUBSET_DRAWS): 'argsort' O(max_train), 'floyd' O(budget).
+  subset_draw: str = 'argsort'
 
   def budget(self, max_train: int) -> int:
     """The [budget] buffer a client's training examples are gathered into: never above max_train."""
@@ -108,8 +110,8 @@ class LocalConfig:
       raise ValueError(f'config.local has fields {sorted(block)}; LocalConfig needs {sorted(names)}.')
     def value(field):
       v = block[field.name]
-      if v is None:
-        return None
+      if v is None or field.type == 'str':
+        return v
       return operator.index(v) if field.type.startswith('int') else float(v)
     return cls(**{f.name: value(f) for f in dataclasses.fields(cls)})
 

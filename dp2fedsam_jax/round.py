@@ -265,7 +265,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
       # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
       # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
       client_key = keys.client_key(streams.clients, client_id)
-      x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key))
+      x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key),
+                                         local_config.subset_draw)
       train_key, upload_key = keys.train_and_upload(client_key)
       result = client_update(state.shared, personal, x, y, count, train_key, state.round)
       # A diverged client is a failed client: it uploads zero and keeps its old head.

@@ -137,7 +137,8 @@ ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_cl
                 'server_beta1': 0.9, 'server_beta2': 0.99, 'server_eps': 1e-3,
                 'dp.poisson_draw': 'per_client',
                 'dp.clipping': 'fixed', 'dp.target_quantile': 0.5, 'dp.clip_lr': 0.2,
-                'dp.initial_clip_norm': None, 'dp.count_noise_multiplier': None}
+                'dp.initial_clip_norm': None, 'dp.count_noise_multiplier': None,
+                'local.subset_draw': 'argsort'}
 
 
 def write_json_atomic(path: str, obj) -> None:

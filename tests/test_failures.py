@@ -69,6 +69,7 @@ INVALID = {
     'cohort_capacity': NON_POSITIVE_INT,
     'eval_clients': NON_POSITIVE_INT,
     'local.max_examples': NON_POSITIVE_INT,
+    'local.subset_draw': _other_text(CHOICES['local.subset_draw']),
     'dp.num_bands': NON_POSITIVE_INT,
     'num_rounds': NEGATIVE_INT,
     'seed': NEGATIVE_INT,

@@ -61,14 +61,14 @@ def _alone(spec, model, data, local_config, state, client_id, x, y, root):
   return update(state.shared, personal, x, y, len(y), train_key, 0)
 
 
-@pytest.mark.parametrize('max_examples', [None, 8])
-def test_unequal_clients_train_as_if_alone(max_examples):
+@pytest.mark.parametrize('max_examples,subset_draw', [(None, 'argsort'), (8, 'argsort'), (8, 'floyd')])
+def test_unequal_clients_train_as_if_alone(max_examples, subset_draw):
   """Sizes 1, 3, 500 in one round (q = 1, no noise, no clipping bite): each client's new head and
   the summed update equal those of the clients trained alone on their own examples, unpadded; with
-  a budget of 8 the large client trains on the 8 examples its own key chooses."""
+  a budget of 8 the large client trains on the 8 examples its own key chooses (by either draw)."""
   data = _unequal_images()
   model = get_model('mlp', 3, SHAPE, hidden=8)
-  local_config = _local(max_examples=max_examples)
+  local_config = _local(max_examples=max_examples, subset_draw=subset_draw)
   spec, step = _round('fedrep', model, data, local_config)
   root = jax.random.key(5)
   state = init_state(spec, model, jax.random.key(1), data.num_clients)
@@ -83,7 +83,8 @@ def test_unequal_clients_train_as_if_alone(max_examples):
     rows = np.arange(start, start + n)
     if n > budget:  # (c) truncation: the subset the client's examples key picks, fresh per round
       client_key = keys.client_key(keys.round_keys(root, 0).clients, i)
-      gather = jax.jit(lambda d, k, i=i: d.train_examples(i, budget, keys.examples_key(k)))
+      gather = jax.jit(lambda d, k, i=i: d.train_examples(i, budget, keys.examples_key(k),
+                                                          subset_draw))
       x, _, count = gather(data, client_key)
       assert int(count) == budget
       chosen = [int(np.flatnonzero((np.asarray(data.train_x[rows]) == np.asarray(xj)).all((1, 2, 3)))[0])

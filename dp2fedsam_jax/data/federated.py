@@ -28,6 +28,10 @@ from dp2fedsam_jax.data.partition import natural as _natural
 from dp2fedsam_jax.data.partition import partition as _partition
 
 INPUT_KINDS = ('image', 'tokens')
+# How a client over its budget draws the random subset it trains on (config.local.subset_draw): the
+# same distribution, other random numbers. 'argsort': a uniform per example, sorted, O(max_train) per
+# client; 'floyd': Floyd's subset then a shuffle of it, O(budget^2) compares, independent of max_train.
+SUBSET_DRAWS = ('argsort', 'floyd')
 
 
 @flax.struct.dataclass
@@ -99,16 +103,19 @@ class FederatedData:
       mask = mask & (y != token)
     return mask
 
-  def train_examples(self, client_id, budget: int, key=None):
+  def train_examples(self, client_id, budget: int, key=None, draw: str = 'argsort'):
     """Client `client_id`'s training examples in a [budget] buffer: (x, y int32, count).
 
     A client with at most `budget` examples gets all of them, in stored order, zero-padded. One
-    with more trains on a uniformly random `budget` of them, fresh each round from `key` (its own
-    examples stream): a shuffle then the first `budget`, as TFF's shuffle + take. `count` is the
-    number of real slots, min(n_i, budget); `budget` is a constant, so sensitivity is unchanged.
+    with more trains on a uniformly random `budget` of them in uniformly random order, fresh each
+    round from `key` (its own examples stream), as TFF's shuffle + take; `draw` (SUBSET_DRAWS) says
+    how. `count` is the number of real slots, min(n_i, budget); `budget` is a constant, so
+    sensitivity is unchanged.
     """
+    if draw not in SUBSET_DRAWS:
+      raise ValueError(f'subset draw {draw!r}: choose one of {SUBSET_DRAWS} (config.local.subset_draw).')
     return _gather(self.train_x, self.train_y, self.train_offsets, client_id, budget,
-                   self.max_train, key)
+                   self.max_train, key, draw)
 
   def test_examples(self, client_id, buffer: int | None = None):
     """Client `client_id`'s test examples in a [buffer] buffer (default max_test): (x, y, count).
@@ -125,7 +132,25 @@ class FederatedData:
     return self.train_examples(client_id, self.max_train)
 
 
-def _gather(x, y, offsets, client_id, budget: int, max_count: int, key):
+def _floyd_subset(key, n, budget: int) -> jax.Array:
+  """int32[budget]: a uniformly random `budget` of range(n) (n >= budget) in uniformly random order.
+
+  Floyd's algorithm: for j = n - budget, ..., n - 1 take a uniform t in [0, j], or j itself if t is
+  already taken; every budget-subset comes out equally likely. Its order is not uniform (j lands
+  late), so the chosen positions are shuffled. Nothing depends on max_train, only on n and key.
+  """
+  subset_key, order_key = jax.random.split(key)
+
+  def take(i, chosen):
+    j = n - budget + i
+    t = jax.random.randint(jax.random.fold_in(subset_key, i), (), 0, j + 1)
+    return chosen.at[i].set(jnp.where(jnp.any(chosen == t), j, t))
+
+  chosen = jax.lax.fori_loop(0, budget, take, jnp.full((budget,), -1, jnp.int32))
+  return jax.random.permutation(order_key, chosen)
+
+
+def _gather(x, y, offsets, client_id, budget: int, max_count: int, key, draw: str = 'argsort'):
   """Rows offsets[id]:offsets[id+1] of (x, y) into a [budget] buffer; see train_examples."""
   start = offsets[client_id]
   n = offsets[client_id + 1] - start
@@ -134,11 +159,14 @@ def _gather(x, y, offsets, client_id, budget: int, max_count: int, key):
   if budget < max_count:  # some client may hold more than the budget: a random subset of them
     if key is None:
       raise ValueError(f'a budget of {budget} < {max_count} examples needs a key to choose them.')
-    # Each example's sort key comes from fold_in(key, j), so the subset of a client does not
-    # depend on max_count (padding); a client within the budget keeps all its examples in order.
-    every = jnp.arange(max_count)
-    u = jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(key, j)))(every)
-    chosen = jnp.argsort(jnp.where(every < n, u, 2.0))[:budget]
+    # Either draw depends on key and n only, never on max_count (padding: another federation's
+    # largest client), so a client's subset is its own; one within the budget keeps its order.
+    if draw == 'floyd':
+      chosen = _floyd_subset(key, n.astype(jnp.int32), budget)
+    else:  # each example's sort key comes from fold_in(key, j)
+      every = jnp.arange(max_count)
+      u = jax.vmap(lambda j: jax.random.uniform(jax.random.fold_in(key, j)))(every)
+      chosen = jnp.argsort(jnp.where(every < n, u, 2.0))[:budget]
     positions = jnp.where(n > budget, chosen, slots)
   count = jnp.minimum(n, budget).astype(jnp.int32)
   real = slots < count
