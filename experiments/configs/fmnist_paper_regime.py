@@ -46,8 +46,9 @@ Time, 2 cores, quiet machine: ~13-25 min a run (dp_fedavg and centaur the fastes
 run (the fine-tuning evaluation every 20 rounds). Block (a) ~3 h, (e) ~9 h; each of (b), (c), (d)
 ~5.5 h (10 runs, four of them -FT); (f) ~4.7 h a seed (8 runs, four -FT), ~14 h. The runs from
 dp_fedavg at eps = inf on ran with `--parallel=2` (two at a time on the 2 cores: DP-FedAvg 2.8
-s/round, DP-FedSAM 4.9 s/round while sharing them; not a controlled comparison with one at a time). Only the sweep's arguments name a
-workdir, so the (e) runs' `noise` and `bands` do not rename the others.
+s/round, DP-FedSAM 4.9 s/round while sharing them; not a controlled comparison with one at a time).
+Only the sweep's arguments name a workdir, so the (e) runs' `noise` and `bands` do not rename the
+others.
 Calibrated sigma at delta = 1e-3 (PLD): 5.924 / 3.401 / 2.014 / 1.280 for eps = 0.25 / 0.5 / 1 / 2.
 
 Seeding a fresh root with the committed runs (so that the sweep skips them; only finished runs are
