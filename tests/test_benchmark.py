@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_client_throughput_binary_writes_positive_numbers(tmp_path):
   out = tmp_path / 'bench.json'
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]),
@@ -30,6 +33,7 @@ def test_client_throughput_binary_writes_positive_numbers(tmp_path):
       assert row[field] > 0, (field, row)
 
 
+@pytest.mark.slow
 def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
   """benchmarks/accelerator.sh, the README's one command for a GPU/TPU machine, on this CPU."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]),
@@ -72,6 +76,7 @@ def test_executor_agreement_is_relative_and_catches_a_perturbed_round():
                                        close[1]))['agree']
 
 
+@pytest.mark.slow
 def test_sequence_flops_matches_a_direct_count_of_the_unrolled_lstm():
   """The length-2/length-3 extrapolation is XLA's count of the model unrolled over all T steps, up to
   the zero-carry simplifications of the unrolled first steps (1-3 % at T = 5, measured)."""
