@@ -19,6 +19,7 @@ if 'DP2FEDSAM_COMPILATION_CACHE' not in os.environ:
   os.environ['DP2FEDSAM_COMPILATION_CACHE'] = _CACHE
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
+import numpy as np
 import pytest
 
 from dp2fedsam_jax import compilation_cache
@@ -41,6 +42,26 @@ TINY_FLAGS = ['--config.dataset=synthetic', '--config.model=mlp', '--config.num_
               '--config.local.body_epochs=1', '--config.local.batch_size=16',
               '--config.dp.clip_norm=1.0', '--config.dp.target_epsilon=None',
               '--config.dp.noise_multiplier=1.0']
+
+def token_federation(train_sizes, test_sizes, *, vocab: int, length: int, pad: int, eos: int,
+                     seed: int):
+  """A ragged token federation: client i holds train_sizes[i] / test_sizes[i] sequences over ids
+  1..eos-1, each ending in an EOS then pads; y is x shifted by one."""
+  from dp2fedsam_jax.data import from_flat_arrays
+  rng = np.random.default_rng(seed)
+
+  def split(sizes):
+    total = sum(sizes)
+    seq = rng.integers(1, eos, (total, length + 1))
+    for row, n in zip(seq, rng.integers(2, length + 1, total)):
+      row[n - 1], row[n:] = eos, pad
+    return seq[:, :-1].astype(np.uint8), seq[:, 1:].astype(np.uint8), np.r_[0, np.cumsum(sizes)]
+
+  (tx, ty, to), (ex, ey, eo) = split(train_sizes), split(test_sizes)
+  return from_flat_arrays(train_x=tx, train_y=ty, train_offsets=to, test_x=ex, test_y=ey,
+                          test_offsets=eo, num_classes=vocab, input_kind='tokens', pad_id=pad,
+                          accuracy_ignore_ids=(eos,))
+
 
 def tiny_config(**overrides):
   """A synthetic-data, MLP config that trains in about a second per round."""

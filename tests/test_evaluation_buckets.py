@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import token_federation
 from dp2fedsam_jax import evaluation, local
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.data import from_flat_arrays
@@ -35,19 +36,8 @@ def _images():
 
 
 def _tokens():
-  """Sequences over ids 1..5, an EOS, then pads; y is x shifted by one."""
-  rng = np.random.default_rng(1)
-
-  def split(sizes):
-    seq = rng.integers(1, EOS, (sum(sizes), LENGTH + 1))
-    for row, n in zip(seq, rng.integers(2, LENGTH + 1, sum(sizes))):
-      row[n - 1], row[n:] = EOS, PAD
-    return seq[:, :-1].astype(np.uint8), seq[:, 1:].astype(np.uint8), np.r_[0, np.cumsum(sizes)]
-
-  (tx, ty, to), (ex, ey, eo) = split(TRAIN_SIZES), split(TEST_SIZES)
-  return from_flat_arrays(train_x=tx, train_y=ty, train_offsets=to, test_x=ex, test_y=ey,
-                          test_offsets=eo, num_classes=VOCAB, input_kind='tokens', pad_id=PAD,
-                          accuracy_ignore_ids=(EOS,))
+  return token_federation(TRAIN_SIZES, TEST_SIZES, vocab=VOCAB, length=LENGTH, pad=PAD, eos=EOS,
+                          seed=1)
 
 
 class _TokenExtractor(nn.Module):

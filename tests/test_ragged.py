@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_config, token_federation
 from dp2fedsam_jax import evaluation, keys, local
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.client import make_client_update
@@ -148,21 +148,8 @@ def _token_model():
 
 
 def _token_data(train_sizes=(2, 5, 1, 9), test_sizes=(1, 2, 0, 3)):
-  """Sequences over ids 1..5, an EOS, then pads; y is x shifted by one."""
-  rng = np.random.default_rng(3)
-
-  def split(sizes):
-    total = sum(sizes)
-    seq = rng.integers(1, EOS, (total, LENGTH + 1))
-    length = rng.integers(2, LENGTH + 1, total)
-    for row, n in zip(seq, length):
-      row[n - 1], row[n:] = EOS, PAD
-    return seq[:, :-1].astype(np.uint8), seq[:, 1:].astype(np.uint8), np.r_[0, np.cumsum(sizes)]
-
-  (tx, ty, to), (ex, ey, eo) = split(train_sizes), split(test_sizes)
-  return from_flat_arrays(train_x=tx, train_y=ty, train_offsets=to, test_x=ex, test_y=ey,
-                          test_offsets=eo, num_classes=VOCAB, input_kind='tokens', pad_id=PAD,
-                          accuracy_ignore_ids=(EOS,))
+  return token_federation(train_sizes, test_sizes, vocab=VOCAB, length=LENGTH, pad=PAD, eos=EOS,
+                          seed=3)
 
 
 def test_token_targets_pad_out_of_loss_and_eos_out_of_accuracy():
