@@ -1,4 +1,5 @@
-r"""What correlated noise buys, from accounting alone: `python -m experiments.noise_mechanisms`.
+r"""What correlated noise buys, from accounting alone: `python -m experiments.noise_mechanisms`
+(`--search`: the longer regimes searched for one where BandMF clearly wins, ~15 min on 2 cores).
 
 For each regime (N, q, T, target eps; delta = 1/N) and each dp.noise_mechanism (banded for several
 band counts), prints sigma calibrated for the target, eps at sigma = 1, and the root mean square
@@ -8,6 +9,7 @@ mechanisms are DPMechanism objects as the round step runs them (docs/privacy.md,
 """
 
 import math
+import sys
 
 import numpy as np
 from jax_privacy.matrix_factorization import toeplitz
@@ -19,6 +21,13 @@ from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, TreeAggr
 REGIMES = (('default (configs/default.py)', 1000, 0.02, 40, 2.0, (2, 4, 8)),
            ('paper regime, eps 1', 1000, 0.05, 200, 1.0, (2, 4, 8, 16)),
            ('paper regime, eps 0.5', 1000, 0.05, 200, 0.5, (2, 4, 8, 16)))
+
+# Issue 35: longer runs and more bands (docs/privacy.md section 7, "Where BandMF wins").
+SEARCH_REGIMES = (('T=500, q=0.02', 1000, 0.02, 500, 1.0, (2, 5, 10, 25, 50)),
+                  ('T=1000, q=0.01', 1000, 0.01, 1000, 1.0, (4, 10, 25, 50, 100)),
+                  ('T=500, q=0.1', 1000, 0.1, 500, 1.0, (2, 5, 10)),
+                  ('T=1000, q=0.05', 1000, 0.05, 1000, 1.0, (2, 5, 10, 20)),
+                  ('T=1000, q=0.01, eps=8', 1000, 0.01, 1000, 8.0, (4, 10, 25, 50, 100)))
 
 
 def prefix_noise_variance(mechanism: DPMechanism, rounds: int) -> float:
@@ -37,8 +46,8 @@ def prefix_noise_variance(mechanism: DPMechanism, rounds: int) -> float:
                         for t in range(1, rounds + 1)]))
 
 
-def main():
-  for label, n, q, rounds, eps, bands in REGIMES:
+def main(regimes=REGIMES):
+  for label, n, q, rounds, eps, bands in regimes:
     delta = 1.0 / n
     base = dict(clip_norm=1.0, noise_multiplier=1.0)
     mechanisms = [('independent', DPMechanism(Independent(n, q), **base))]
@@ -58,4 +67,4 @@ def main():
 
 
 if __name__ == '__main__':
-  main()
+  main(SEARCH_REGIMES if '--search' in sys.argv[1:] else REGIMES)
