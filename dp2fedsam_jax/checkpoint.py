@@ -122,8 +122,10 @@ def _missing_fields(manager: ocp.CheckpointManager, step: int, initial_state) ->
   the run then resumes with it as initialised."""
   if not dataclasses.is_dataclass(initial_state):
     return set()
-  on_disk = ocp.StandardCheckpointer().metadata(str(manager.directory / str(step) / 'state'))
-  names = set(on_disk.item_metadata.keys())
+  # The item's own metadata, through its handler: the Checkpointer would also look for a step's
+  # metadata file inside the item and warn on the console that it is missing.
+  on_disk = ocp.StandardCheckpointHandler().metadata(manager.directory / str(step) / 'state')
+  names = set(on_disk.tree.keys())
   missing = {f.name for f in dataclasses.fields(initial_state)} - names
   if any(jax.tree.leaves(getattr(initial_state, name)) for name in missing):
     raise CheckpointError(f'it lacks the state field(s) {sorted(missing)} this run needs (a '

@@ -160,8 +160,8 @@ def _count_weighting(mp):
   real_gather, real_clip = FederatedData.train_examples, DPMechanism.clip
   traced = {}
 
-  def train_examples(self, client_id, budget, key=None):
-    x, y, count = real_gather(self, client_id, budget, key)
+  def train_examples(self, client_id, budget, key=None, *args, **kwargs):
+    x, y, count = real_gather(self, client_id, budget, key, *args, **kwargs)
     traced['weight'] = count / (self.train_offsets[-1] / self.num_clients)  # n_i / mean n
     return x, y, count
 
