@@ -263,3 +263,24 @@ def test_fixed_sampling_at_poissons_sigma_is_far_looser():
   assert fixed == pytest.approx(120.7, abs=0.05) and poisson == pytest.approx(2.97, abs=0.01)
   assert fixed > 40 * poisson
   assert compute_epsilon(0.634 / math.sqrt(20), 1.0, 1, 1e-3) == pytest.approx(45.8, abs=0.05)
+
+
+def test_accounting_is_memoized_per_process_by_everything_it_depends_on(monkeypatch):
+  """A repeated epsilon or calibration is not accounted again, and no memoized result answers a
+  question that differs in sigma, rounds, delta, accountant, sampling or grid."""
+  built = []
+  real = accounting._make_accountant
+  monkeypatch.setattr(accounting, '_make_accountant', lambda *a: built.append(a) or real(*a))
+  monkeypatch.setattr(accounting, '_MEMO', {})
+  args = (1.3, 0.07, 9, DELTA)
+  first = compute_epsilon(*args)
+  assert len(built) == 1 and compute_epsilon(*args) == first and len(built) == 1
+  sigma = calibrate_noise_multiplier(first, *args[1:])
+  n = len(built)
+  assert calibrate_noise_multiplier(first, *args[1:]) == sigma and len(built) == n
+  others = [compute_epsilon(1.4, 0.07, 9, DELTA), compute_epsilon(1.3, 0.07, 10, DELTA),
+            compute_epsilon(1.3, 0.07, 9, DELTA / 2), compute_epsilon(*args, accountant='rdp'),
+            compute_epsilon(*args, sampling='fixed', accountant='rdp', num_clients=100)]
+  assert len(set(others + [first])) == 6
+  monkeypatch.setattr(accounting, 'PLD_VALUE_DISCRETIZATION_INTERVAL', 1e-2)
+  assert compute_epsilon(*args) != first  # another grid, another answer

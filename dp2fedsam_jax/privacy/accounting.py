@@ -182,14 +182,37 @@ def _make_accountant(sampling: str, accountant: str) -> dp_accounting.PrivacyAcc
                             value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL)
 
 
+# Results already computed in this process, by everything they depend on: a run asks for the same
+# epsilon in its header and at each evaluation, a test suite for the same small mechanism many times,
+# and one PLD accounting takes 0.5-2 s (a calibration ~10 of them). attrs reprs of events are exact.
+_MEMO: dict[tuple, float] = {}
+_MEMO_MAX = 4096
+
+
+def _memoized(key: tuple, compute: Callable[[], float]) -> float:
+  if key not in _MEMO:
+    if len(_MEMO) >= _MEMO_MAX:
+      _MEMO.clear()
+    _MEMO[key] = float(compute())
+  return _MEMO[key]
+
+
+def _accounted_epsilon(event: dp_accounting.DpEvent, sampling: str, accountant: str,
+                       d: float) -> float:
+  """epsilon at d of `event` under _make_accountant(sampling, accountant), memoized per process."""
+  return _memoized(
+      ('epsilon', repr(event), sampling, accountant, PLD_VALUE_DISCRETIZATION_INTERVAL, d),
+      lambda: _make_accountant(sampling, accountant).compose(event).get_epsilon(d))
+
+
 def _epsilon(s, q, t, d, sampling, accountant, n) -> float:
   """compute_epsilon on validated arguments."""
   if t == 0:
     return 0.0
   if s == 0:
     return math.inf  # No noise: no privacy; the library is not needed.
-  event = dp_event(s, q, t, sampling=sampling, num_clients=n)
-  return float(_make_accountant(sampling, accountant).compose(event).get_epsilon(d))
+  return _accounted_epsilon(dp_event(s, q, t, sampling=sampling, num_clients=n), sampling,
+                            accountant, d)
 
 
 def compute_epsilon(noise_multiplier, sampling_rate, num_rounds, delta, *, sampling='poisson',
@@ -311,8 +334,13 @@ def calibrate_noise_multiplier(target_epsilon, sampling_rate, num_rounds, delta,
     The smallest sigma (to ~1e-3 relative) with compute_epsilon(sigma, ...) <= target_epsilon.
   """
   target = _check_target_epsilon(target_epsilon)
-  q, t, d, sampling, accountant, n = _validate(sampling_rate, num_rounds, delta, sampling,
-                                               accountant, num_clients)
+  args = _validate(sampling_rate, num_rounds, delta, sampling, accountant, num_clients)
+  return _memoized(('calibrate', target, *args, PLD_VALUE_DISCRETIZATION_INTERVAL,
+                    _PLD_COARSE_INTERVAL, _CALIBRATION_RTOL), lambda: _calibrate(target, *args))
+
+
+def _calibrate(target, q, t, d, sampling, accountant, n) -> float:
+  """calibrate_noise_multiplier on validated arguments."""
   if t == 0:
     return 0.0  # Zero rounds cost nothing at any sigma.
 
@@ -363,7 +391,7 @@ def epsilon_of_event(make_event: Callable[[float], dp_accounting.DpEvent], noise
     return 0.0
   if s == 0:
     return math.inf
-  return float(_make_accountant('poisson', accountant).compose(make_event(s)).get_epsilon(d))
+  return _accounted_epsilon(make_event(s), 'poisson', accountant, d)
 
 
 def calibrate_event(make_event: Callable[[float], dp_accounting.DpEvent], target_epsilon,
