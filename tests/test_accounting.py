@@ -33,13 +33,18 @@ def _rdp_wor_eps(n, m, lib_multiplier, rounds, delta):
 
 # -- Agreement with a direct dp_accounting computation ---------------------------------------------
 
-def test_poisson_pld_matches_direct():
-  sigma, q, rounds = 1.1, 0.05, 100
-  expected = PLDAccountant(value_discretization_interval=1e-4).compose(
-      _poisson_event(sigma, q, rounds)).get_epsilon(DELTA)
-  got = compute_epsilon(sigma, q, rounds, DELTA)  # PLD is the default.
-  assert got == pytest.approx(expected, rel=1e-12)
-  assert 0 < got < 10
+@pytest.mark.parametrize('sigma, q, rounds', [(1.1, 0.05, 100), (0.8, 1.0, 3), (2.5, 0.3, 7)])
+def test_poisson_pld_matches_direct(sigma, q, rounds, monkeypatch):
+  """compute_epsilon keeps one round's PLD and self-composes it: the library's accountant's answer
+  at every round count, the first and the ones that reuse the kept round."""
+  monkeypatch.setattr(accounting, '_ONE_ROUND_PLD', {})
+  for t in (rounds, 1, 2 * rounds):
+    expected = PLDAccountant(value_discretization_interval=1e-4).compose(
+        _poisson_event(sigma, q, t)).get_epsilon(DELTA)
+    got = compute_epsilon(sigma, q, t, DELTA)  # PLD is the default.
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert 0 < got < 30
+  assert len(accounting._ONE_ROUND_PLD) == 1
 
 
 def test_poisson_rdp_matches_direct():
@@ -268,9 +273,10 @@ def test_fixed_sampling_at_poissons_sigma_is_far_looser():
 def test_accounting_is_memoized_per_process_by_everything_it_depends_on(monkeypatch):
   """A repeated epsilon or calibration is not accounted again, and no memoized result answers a
   question that differs in sigma, rounds, delta, accountant, sampling or grid."""
-  built = []
-  real = accounting._make_accountant
-  monkeypatch.setattr(accounting, '_make_accountant', lambda *a: built.append(a) or real(*a))
+  built = []  # every accounting: the PLD path for Poisson, an accountant for the rest
+  for name in ('_make_accountant', '_poisson_gaussian_pld_epsilon'):
+    real = getattr(accounting, name)
+    monkeypatch.setattr(accounting, name, lambda *a, real=real: built.append(a) or real(*a))
   monkeypatch.setattr(accounting, '_MEMO', {})
   args = (1.3, 0.07, 9, DELTA)
   first = compute_epsilon(*args)

@@ -16,7 +16,7 @@ import sys
 import chex
 import pytest
 
-from conftest import tiny_config
+from conftest import TINY_FLAGS, tiny_config
 from dp2fedsam_jax import checkpoint, cli, train
 from launch import sweep
 
@@ -24,11 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = 'experiments/configs/default.py'
 # conftest.tiny_config() on top of the default config file; 6 rounds, evaluated at 3 and 6,
 # checkpointed every 2 rounds besides: kills land between checkpoints and between evaluations.
-FLAGS = ['--config.dataset=synthetic', '--config.model=mlp', '--config.num_clients=6',
-         '--config.partition=iid', '--config.sampling_rate=0.5', '--config.local.head_epochs=1',
-         '--config.local.body_epochs=1', '--config.local.batch_size=16', '--config.dp.clip_norm=1.0',
-         '--config.dp.target_epsilon=None', '--config.dp.noise_multiplier=1.0',
-         '--config.num_rounds=6', '--config.eval_every=3', '--config.checkpoint_every=2']
+FLAGS = TINY_FLAGS + ['--config.num_rounds=6', '--config.eval_every=3', '--config.checkpoint_every=2']
 
 
 def _run(workdir, fault=None, seed=0):
@@ -57,8 +53,9 @@ def _final_state(workdir):
 def test_sigkill_anywhere_then_a_full_disk_end_as_an_uninterrupted_run(tmp_path):
   full, workdir = tmp_path / 'full', tmp_path / 'faulty'
   assert _run(full)[0] == 0
-  for seed, fault in enumerate(['kill_in_compile', 'kill_mid_round:2', 'kill_in_checkpoint:4',
-                                'kill_mid_round:5']):
+  # A kill inside the checkpoint write of round 4 leaves it unfinished: the full-disk run below then
+  # resumes from round 2.
+  for seed, fault in enumerate(['kill_in_compile', 'kill_mid_round:2', 'kill_in_checkpoint:4']):
     before = checkpoint.latest_round(str(workdir)) if workdir.exists() else 0
     rc, stderr = _run(workdir, fault, seed)
     assert rc == -signal.SIGKILL, (fault, stderr[-3000:])
