@@ -2,15 +2,42 @@
 
 import atexit
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 
-# Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices; LLVM's
-# optimisations off halve the CPU time of the suite (it is compile-bound: tests/test_engine.py 227 s
-# -> 110 s of CPU), and every program a test compares is compiled the same way.
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8 '
-                                   '--xla_backend_optimization_level=0')
+import numpy as np
+import pytest
+
+# Must precede JAX's initialisation: the sharding tests need several (virtual) CPU devices. The suite
+# is compile-bound, so the rest trades the compiled code's speed for compile time: LLVM's
+# optimisations off halve its CPU time (tests/test_engine.py 227 s -> 110 s of CPU); XLA:CPU's older
+# loop emitters instead of its fusion emitters, and no expensive LLVM passes, take another third off
+# the compile of a round step (3 tiny runs: 21.1 -> 12.9 s of CPU). Every program a test compares is
+# compiled the same way. A JAX that no longer knows a flag dies on it, so they are tried first (~2 s).
+_XLA_BASE = '--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0'
+_XLA_FAST_COMPILE = ('--xla_cpu_use_fusion_emitters=false --xla_llvm_disable_expensive_passes=true '
+                     '--xla_cpu_opt_preset=FAST_COMPILE')
+
+
+def _xla_accepts(flags: str) -> bool:
+  probe = subprocess.run([sys.executable, '-c', 'import jax; jax.numpy.zeros(1).block_until_ready()'],
+                         env={**os.environ, 'XLA_FLAGS': flags}, capture_output=True, timeout=300)
+  return probe.returncode == 0
+
+
+if 'XLA_FLAGS' not in os.environ:  # set here once; pytest-xdist's workers inherit it
+  _fast = f'{_XLA_BASE} {_XLA_FAST_COMPILE}'
+  os.environ['XLA_FLAGS'] = _fast if _xla_accepts(_fast) else _XLA_BASE
+
+
+def xla_flags(devices: int) -> str:
+  """This session's XLA_FLAGS for a process with `devices` virtual CPU devices."""
+  return re.sub(r'--xla_force_host_platform_device_count=\d+',
+                f'--xla_force_host_platform_device_count={devices}', os.environ['XLA_FLAGS'])
 
 # The binaries the tests start keep their compiled programs in a cache of this session, never in the
 # user's (dp2fedsam_jax/compilation_cache.py).
@@ -19,11 +46,8 @@ if 'DP2FEDSAM_COMPILATION_CACHE' not in os.environ:
   os.environ['DP2FEDSAM_COMPILATION_CACHE'] = _CACHE
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-import numpy as np
-import pytest
-
-from dp2fedsam_jax import compilation_cache
-from dp2fedsam_jax.config import base_config
+from dp2fedsam_jax import compilation_cache  # noqa: E402  (JAX reads XLA_FLAGS above on import)
+from dp2fedsam_jax.config import base_config  # noqa: E402
 
 # The tests' own compilations use that cache too: many tests compile the same programs (the tiny
 # config's round step, the evaluation), and a cached one loads in milliseconds (~25 % less CPU for

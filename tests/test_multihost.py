@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_config, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, 'tests')
@@ -88,11 +88,9 @@ def _child(workdir: str, report: str, argv: list[str]) -> None:
 
 
 def _spawn(tmp_path, name: str, devices: int, workdir, argv: list[str]):
-  # LLVM's optimisations off in all three processes: half the compile time, and the runs compared
-  # still execute the same programs.
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} '
-                       '--xla_backend_optimization_level=0',
+  # The suite's compile-time flags in all three processes (conftest.py): the runs compared still
+  # execute the same programs.
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(devices),
              PYTHONPATH=os.pathsep.join([ROOT, TESTS, os.environ.get('PYTHONPATH', '')]))
   log = open(tmp_path / f'{name}.log', 'w')
   proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(workdir),

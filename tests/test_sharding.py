@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_config, xla_flags
 from dp2fedsam_jax.config import ConfigError, validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,8 +67,7 @@ def _child(devices: int) -> dict:
 
 @pytest.mark.parametrize('devices', [8, 1])
 def test_sharded_executor_matches_vmap(devices):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-             JAX_PLATFORMS='cpu',
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu',
              PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, 'tests'),
                                          os.environ.get('PYTHONPATH', '')]))
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), str(devices)], env=env,
