@@ -1,5 +1,6 @@
 r"""What correlated noise buys, from accounting alone: `python -m experiments.noise_mechanisms`
-(`--search`: the longer regimes searched for one where BandMF clearly wins, ~15 min on 2 cores).
+(`--search`: the longer regimes searched for one where BandMF clearly wins, ~15 min on 2 cores;
+`--bandmf_regime`: the regime of configs/fmnist_bandmf_regime.py, also under its server momentum).
 
 For each regime (N, q, T, target eps; delta = 1/N) and each dp.noise_mechanism (banded for several
 band counts), prints sigma calibrated for the target, eps at sigma = 1, and the root mean square
@@ -28,43 +29,68 @@ SEARCH_REGIMES = (('T=500, q=0.02', 1000, 0.02, 500, 1.0, (2, 5, 10, 25, 50)),
                   ('T=500, q=0.1', 1000, 0.1, 500, 1.0, (2, 5, 10)),
                   ('T=1000, q=0.05', 1000, 0.05, 1000, 1.0, (2, 5, 10, 20)),
                   ('T=1000, q=0.01, eps=8', 1000, 0.01, 1000, 8.0, (4, 10, 25, 50, 100)))
+# The regime of experiments/configs/fmnist_bandmf_regime.py (`--bandmf_regime`), whose runs use server
+# momentum 0.9.
+BANDMF_REGIME = (('fmnist_bandmf_regime', 1000, 0.01, 1000, 1.0, (2, 4, 10)),)
+BANDMF_REGIME_MOMENTUM = 0.9
 
 
-def prefix_noise_variance(mechanism: DPMechanism, rounds: int) -> float:
-  """Mean over t = 1..T of the per-coordinate variance of the summed noise of rounds 1..t, in units
-  of (sigma C)^2."""
+def workload(rounds: int, momentum: float = 0.0) -> np.ndarray:
+  """A[t, k]: the weight of round k's release in the model after round t (k <= t). Plain SGD sums
+  them (the prefix sums BandMF is optimised for); heavy-ball momentum beta weights round k by
+  sum_{j=k..t} beta^(j-k) = (1 - beta^(t-k+1)) / (1 - beta)."""
+  lag = np.subtract.outer(np.arange(rounds), np.arange(rounds))
+  if momentum == 0.0:
+    return (lag >= 0).astype(np.float64)
+  return np.where(lag >= 0, (1.0 - momentum ** (np.maximum(lag, 0) + 1)) / (1.0 - momentum), 0.0)
+
+
+def model_noise_variance(mechanism: DPMechanism, rounds: int, momentum: float = 0.0) -> float:
+  """Mean over t = 1..T of the per-coordinate variance of the noise in the model after round t
+  (workload(rounds, momentum) applied to the noise of the releases), in units of (sigma C)^2."""
   if mechanism.noise_mechanism == 'independent':
-    return float(np.mean(np.arange(1, rounds + 1)))
+    return float(np.mean((workload(rounds, momentum) ** 2).sum(axis=1)))
   if mechanism.noise_mechanism == 'banded':
     c = np.asarray(toeplitz.materialize_lower_triangular(np.asarray(mechanism.noise.strategy), rounds),
                    np.float64)
-    b = np.tril(np.ones((rounds, rounds))) @ np.linalg.inv(c)
+    b = workload(rounds, momentum) @ np.linalg.inv(c)
     return float(np.mean((b ** 2).sum(axis=1)))
+  if momentum:
+    raise ValueError('the tree is accounted for its prefix sums only; pass momentum=0.')
   # A finished epoch's sum holds popcount(E) nodes, a prefix s popcount(s).
   epoch = mechanism.noise.epoch_length
   return float(np.mean([(t // epoch) * bin(epoch).count('1') + bin(t % epoch).count('1')
                         for t in range(1, rounds + 1)]))
 
 
-def main(regimes=REGIMES):
+def main(regimes=REGIMES, momentum: float = 0.0):
+  """Prints each regime's table; with `momentum`, one more column: the ratio under heavy-ball
+  momentum's workload, which BandMF's strategy is not optimised for."""
   for label, n, q, rounds, eps, bands in regimes:
     delta = 1.0 / n
     base = dict(clip_norm=1.0, noise_multiplier=1.0)
     mechanisms = [('independent', DPMechanism(Independent(n, q), **base))]
     mechanisms += [(f'banded b={b}', DPMechanism(BandMF.for_run(n, q, rounds, b), **base))
                    for b in bands if q * b <= 1]
-    mechanisms += [('tree', DPMechanism(TreeAggregation(n, q), **base))]
+    if not momentum:
+      mechanisms += [('tree', DPMechanism(TreeAggregation(n, q), **base))]
     print(f'\n{label}: N={n} q={q} T={rounds} eps={eps} delta={delta:g}\n')
-    print('| mechanism | sigma for the target | eps at sigma = 1 | RMS noise on the model / independent |')
-    print('|---|---|---|---|')
+    extra = f' ... under server momentum {momentum} |' if momentum else ''
+    print(f'| mechanism | sigma for the target | eps at sigma = 1 | RMS noise on the model / '
+          f'independent |{extra}')
+    print('|---|---|---|---|' + ('---|' if momentum else ''))
     reference = None
     for name, mechanism in mechanisms:
       sigma = mechanism.calibrate(eps, rounds, delta)
-      rms = sigma * math.sqrt(prefix_noise_variance(mechanism, rounds))
+      rms = [sigma * math.sqrt(model_noise_variance(mechanism, rounds, beta))
+             for beta in ((0.0, momentum) if momentum else (0.0,))]
       reference = reference or rms
-      print(f'| {name} | {sigma:.3f} | {mechanism.epsilon(rounds, delta):.3f} | {rms / reference:.3f} |',
-            flush=True)
+      ratios = ' | '.join(f'{r / ref:.3f}' for r, ref in zip(rms, reference))
+      print(f'| {name} | {sigma:.3f} | {mechanism.epsilon(rounds, delta):.3f} | {ratios} |', flush=True)
 
 
 if __name__ == '__main__':
-  main(SEARCH_REGIMES if '--search' in sys.argv[1:] else REGIMES)
+  if '--bandmf_regime' in sys.argv[1:]:
+    main(BANDMF_REGIME, momentum=BANDMF_REGIME_MOMENTUM)
+  else:
+    main(SEARCH_REGIMES if '--search' in sys.argv[1:] else REGIMES)

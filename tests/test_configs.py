@@ -32,7 +32,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 93, 'shakespeare': 30}
+              'fmnist_paper_regime': 93, 'shakespeare': 30, 'fmnist_bandmf_regime': 12}
 
 
 def _module(name):
@@ -310,3 +310,23 @@ def test_shakespeare_config_matches_its_dataset_and_plan():
   assert {(e['method'], e['eps']) for e in grid} == (
       {(m, e) for m in config_module.PRIVATE for e in (2.0, 8.0)}
       | {(m, math.inf) for m in config_module.CEILINGS})
+
+
+def test_bandmf_regime_pairs_each_banded_run_with_an_independent_one_under_momentum():
+  module = _module('fmnist_bandmf_regime')
+  grid = module.sweep_grid()
+  assert [e['seed'] for e in grid] == [0] * 4 + [1] * 4 + [2] * 4
+  banded = [e for e in grid if e.get('noise') == 'banded']
+  assert {(e['method'], e['seed']) for e in banded} == {
+      (e['method'], e['seed']) for e in grid if 'noise' not in e}
+  c = module.get_config('method=dp_fedavg_ft,noise=banded')
+  assert (c.num_rounds, c.sampling_rate, c.dp.noise_mechanism, c.dp.num_bands) == (
+      1000, 0.01, 'banded', 10)
+  assert (c.server_optimizer, c.server_momentum, c.server_lr) == ('momentum', 0.9, 0.1)
+  # The paper regime's lr decay over 200 rounds, spread over 1000; everything else is the paper's.
+  assert c.local.lr_decay ** 1000 == pytest.approx(0.99 ** 200)
+  paper = _module('fmnist_paper_regime').get_config('method=dp_fedavg_ft')
+  assert (c.dp.clip_norm, c.local.lr_body, c.model, c.num_clients) == (
+      paper.dp.clip_norm, paper.local.lr_body, paper.model, paper.num_clients)
+  with pytest.raises(ValueError, match='independent | banded'):
+    module.get_config('noise=tree')

@@ -388,3 +388,37 @@ def test_each_mechanism_names_the_neighbouring_relation_its_epsilon_holds_under(
   assert BandMF(10, 0.25, (1.0,)).neighbours == 'add/remove one client'
   info = train.describe(tiny_config(num_rounds=3, **{'dp.noise_mechanism': 'tree'}))
   assert info['neighbours'] == 'zero-out one client'
+
+
+# ---------------------------------------------------------------- experiments/noise_mechanisms.py
+
+
+def test_the_momentum_workload_is_the_server_optimizers_model():
+  """workload(T, beta)[t] is how the model after round t weights each round's release under the
+  server optimizer the runs use (optax momentum through server_optimizer), and beta = 0 gives the
+  prefix sums BandMF is optimised for."""
+  from experiments import noise_mechanisms as tool  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.server_optimizer import ServerOptimizer  # pylint: disable=import-outside-toplevel
+  rounds, beta = 7, 0.9
+  np.testing.assert_array_equal(tool.workload(rounds), np.tril(np.ones((rounds, rounds))))
+  # Round k releases the unit vector e_k; the model's coordinate k after round t is A[t, k].
+  server = ServerOptimizer('momentum', momentum=beta)
+  model = np.zeros(rounds, np.float32)
+  state, rows = server.init(model), []
+  for k in range(rounds):
+    model, state = server.apply(model, np.eye(rounds, dtype=np.float32)[k], 1.0, 1.0, state)
+    rows.append(np.asarray(model))
+  np.testing.assert_allclose(tool.workload(rounds, beta), np.stack(rows), rtol=1e-6)
+
+
+def test_model_noise_variance_of_independent_noise_is_the_workloads_row_norms():
+  from experiments import noise_mechanisms as tool  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
+  independent = DPMechanism(Independent(100, 0.1), clip_norm=1.0, noise_multiplier=1.0)
+  assert tool.model_noise_variance(independent, 5) == pytest.approx(3.0)  # mean of 1..5
+  a = tool.workload(5, 0.5)
+  assert tool.model_noise_variance(independent, 5, 0.5) == pytest.approx(np.mean((a ** 2).sum(1)))
+  banded = DPMechanism(BandMF.for_run(100, 0.1, 5, 2), clip_norm=1.0, noise_multiplier=1.0)
+  c = toeplitz.materialize_lower_triangular(np.asarray(banded.noise.strategy), 5)
+  assert tool.model_noise_variance(banded, 5, 0.5) == pytest.approx(
+      np.mean(((a @ np.linalg.inv(np.asarray(c, np.float64))) ** 2).sum(1)))
