@@ -190,12 +190,17 @@ _MEMO: dict[tuple, float] = {}
 _MEMO_MAX = 4096
 
 
+def _cached(cache: dict, limit: int, key: tuple, compute: Callable[[], object]):
+  """cache[key], computed on a miss; the cache is emptied when it holds `limit` entries."""
+  if key not in cache:
+    if len(cache) >= limit:
+      cache.clear()
+    cache[key] = compute()
+  return cache[key]
+
+
 def _memoized(key: tuple, compute: Callable[[], float]) -> float:
-  if key not in _MEMO:
-    if len(_MEMO) >= _MEMO_MAX:
-      _MEMO.clear()
-    _MEMO[key] = float(compute())
-  return _MEMO[key]
+  return _cached(_MEMO, _MEMO_MAX, key, lambda: float(compute()))
 
 
 def _epsilon_key(event: dp_accounting.DpEvent, sampling: str, accountant: str, d: float) -> tuple:
@@ -219,15 +224,13 @@ _ONE_ROUND_PLD_MAX = 16
 def _poisson_gaussian_pld_epsilon(s: float, q: float, t: int, d: float) -> float:
   """What PLDAccountant computes for dp_event(s, q, t) (tests/test_accounting.py checks equality),
   from a kept one-round PLD self-composed t times."""
-  key = (s, q, PLD_VALUE_DISCRETIZATION_INTERVAL)
-  if key not in _ONE_ROUND_PLD:
-    if len(_ONE_ROUND_PLD) >= _ONE_ROUND_PLD_MAX:
-      _ONE_ROUND_PLD.clear()
-    _ONE_ROUND_PLD[key] = _pld_lib.from_gaussian_mechanism(
-        standard_deviation=s, value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
-        sampling_prob=q, neighboring_relation=_ADD_OR_REMOVE)
+  one_round = _cached(_ONE_ROUND_PLD, _ONE_ROUND_PLD_MAX, (s, q, PLD_VALUE_DISCRETIZATION_INTERVAL),
+                      lambda: _pld_lib.from_gaussian_mechanism(
+                          standard_deviation=s,
+                          value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL,
+                          sampling_prob=q, neighboring_relation=_ADD_OR_REMOVE))
   identity = _pld_lib.identity(value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL)
-  return identity.compose(_ONE_ROUND_PLD[key].self_compose(t)).get_epsilon_for_delta(d)
+  return identity.compose(one_round.self_compose(t)).get_epsilon_for_delta(d)
 
 
 def _epsilon(s, q, t, d, sampling, accountant, n) -> float:
