@@ -23,6 +23,7 @@ from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
+from dp2fedsam_jax.round import make_round_step
 
 
 def _adaptive(**overrides):
@@ -163,6 +164,29 @@ def test_the_round_step_clips_to_the_state_and_moves_it_by_the_rounds_noised_cou
   np.testing.assert_allclose(new.clip_state, expected, rtol=1e-6)
   noiseless = 0.3 * math.exp(-0.2 * (unclipped / cohort - 0.5))
   assert abs(float(new.clip_state) - noiseless) > 1e-4  # the count was noised
+
+
+def test_a_diverged_client_reports_clipped_not_the_bit_of_the_zero_it_uploads():
+  """Client 2's training diverges (NaN data) under a clip norm every finite update fits: the count
+  moving C is cohort - 1. The same client uploading an honest zero instead counts as unclipped."""
+  exp = train.build_experiment(_adaptive(
+      sampling_rate=1.0, **{'dp.delta': 0.1, 'dp.initial_clip_norm': 1e6}))
+  state = exp.init_state()
+  float_data = exp.data.replace(train_x=exp.data.train_x.astype(jnp.float32))
+  rows = slice(*np.asarray(exp.data.train_offsets[2:4]))  # client 2's examples
+  poisoned = float_data.replace(train_x=float_data.train_x.at[rows].set(jnp.nan))
+  zero_hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, 0.0, x), d)
+  nan_state, nan_metrics = jax.jit(exp.round_step())(state, poisoned, exp.root_key)
+  zero_step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
+                              exp.method_params, update_hook=zero_hook)
+  zero_state, zero_metrics = jax.jit(zero_step)(state, float_data, exp.root_key)
+  assert int(nan_metrics['nonfinite_clients']) == 1 and int(zero_metrics['nonfinite_clients']) == 0
+  cohort = int(nan_metrics['cohort_size'])
+  next_clip = lambda unclipped: exp.mechanism.clipping.next_state(
+      keys.round_keys(exp.root_key, 0).count_noise, state.clip_state, jnp.int32(unclipped),
+      jnp.int32(cohort), exp.mechanism.denominator(cohort))
+  np.testing.assert_allclose(nan_state.clip_state, next_clip(cohort - 1), rtol=1e-6)
+  np.testing.assert_allclose(zero_state.clip_state, next_clip(cohort), rtol=1e-6)
 
 
 def test_the_clip_norm_is_checkpointed_and_a_resumed_run_repeats_it_bit_for_bit(tmp_path):
