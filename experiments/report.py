@@ -17,6 +17,8 @@ method and seed) and method, and writes to --out:
                             (every round from train_metrics.jsonl when all its runs have one, as
                             the papers' update-norm figures; else at the evaluated rounds;
                             values 100x above the median are drawn at the top edge, labelled)
+  <config>/<setting>_clip_norm.png     the clip norm C_t every round, ±std band over seeds, for
+                            settings whose runs all clip adaptively (train_metrics' clip_norm)
   <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when settings differ only in
                             eps: seed-std error bars, log eps axis, eps = inf as horizontal lines,
                             values far off the curves' range listed in a note, not drawn
@@ -607,6 +609,10 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
     _plot_curves(by_method, 'mean_update_norm', 'mean update norm before clipping', title, path,
                  colors, per_round=per_round, off_scale=True)
     paths.append(path)
+    if all(r.rounds and 'clip_norm' in r.rounds[0] for g in by_method.values() for r in g):
+      path = os.path.join(directory, f'{_safe(setting)}_clip_norm.png')  # adaptive clipping's C_t
+      _plot_curves(by_method, 'clip_norm', 'clip norm C', title, path, colors, per_round=True)
+      paths.append(path)
 
   # Accuracy vs epsilon: settings that differ only in eps.
   by_rest = collections.defaultdict(lambda: collections.defaultdict(list))

@@ -259,6 +259,30 @@ def test_update_norm_plot_is_per_round_when_every_run_has_train_metrics(tmp_path
   assert (copied / 'train_metrics.jsonl').exists()
 
 
+def test_adaptive_runs_get_a_clip_norm_plot_per_round_and_fixed_ones_none(tmp_path, monkeypatch):
+  root = str(tmp_path / 'runs')
+  for seed in (0, 1):
+    for clip in ('adaptive', 'fixed'):
+      workdir = make_workdir(root, 'cfg', 'dp2fedsam', seed, 1.0, 0.6, rounds=(3,),
+                             extra={'clip': clip})
+      with open(os.path.join(workdir, 'train_metrics.jsonl'), 'w') as f:
+        for r in (1, 2, 3):
+          extra = {'clip_norm': 0.5 * r + seed} if clip == 'adaptive' else {}
+          f.write(json.dumps({'round': r, 'mean_update_norm': 1.0, **extra}) + '\n')
+  axes = []
+  save = report._save
+  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  report.write_report(root, str(tmp_path / 'report'))
+  clip_axes = [ax for ax in axes if ax.get_ylabel().startswith('clip norm')]
+  assert len(clip_axes) == 1 and 'clip=adaptive' in clip_axes[0].get_title()
+  assert list(clip_axes[0].lines[0].get_xdata()) == [1, 2, 3]
+  assert list(clip_axes[0].lines[0].get_ydata()) == [1.0, 1.5, 2.0]  # the mean over the seeds
+  assert sorted(os.listdir(tmp_path / 'report' / 'cfg')) == [
+      'clip=adaptive,eps=1_accuracy.png', 'clip=adaptive,eps=1_clip_norm.png',
+      'clip=adaptive,eps=1_update_norm.png', 'clip=fixed,eps=1_accuracy.png',
+      'clip=fixed,eps=1_update_norm.png']
+
+
 def test_an_update_norm_blow_up_is_drawn_off_scale_and_labelled(tmp_path, monkeypatch):
   """One round at 1e19 (DP-FedAvg's first rounds in the paper regime) must not flatten the other
   curves: the axis stops at 3x the rest and the blow-up is a labelled marker at the top edge."""
