@@ -166,7 +166,10 @@ class Run:
     done = self.rounds_done
     if done >= self.num_rounds:
       return 'done'
-    return f'resume from round {done}' if done else 'new'
+    # The run restarts from its last checkpoint, which may be past its last evaluation.
+    from dp2fedsam_jax import checkpoint  # pylint: disable=import-outside-toplevel
+    start = checkpoint.latest_round(self.workdir)
+    return f'resume from round {start}' if start else 'new'
 
 
 def expand_grid(base: list[dict], axes: list[tuple[str, list]]) -> list[dict]:

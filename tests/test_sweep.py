@@ -63,7 +63,10 @@ def test_finished_runs_are_told_by_metrics_jsonl_and_a_torn_line_is_not_an_error
   (tmp_path / 'train_metrics.jsonl').write_text(
       ''.join(json.dumps({'round': r}) + '\n' for r in (1, 2, 3)))  # every round: not the test
   (tmp_path / 'metrics.jsonl').write_text('{"round": 2, "epsilon": 1.0}\n{"round": 4, "eps')
-  assert run.rounds_done == 2 and run.status == 'resume from round 2'
+  assert run.rounds_done == 2 and run.status == 'new'  # no checkpoint: it starts over
+  for step in (2, 3):
+    (tmp_path / 'checkpoints' / str(step)).mkdir(parents=True)
+  assert run.status == 'resume from round 3'  # the checkpoint it restarts from, not round 2
   (tmp_path / 'metrics.jsonl').write_text('{"round": 2}\n{"round": 4}\n')
   assert run.status == 'done'
 
