@@ -311,9 +311,10 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
           'loss_sum': jnp.sum(jnp.where(counted, losses, 0.0)),
           'nonfinite': jnp.sum(valid & ~finite, dtype=jnp.int32),
           'clipped_sum': _masked_sum(clipped_uploads, valid),
-          # Adaptive clipping's bits b_i = 1[||upload_i|| <= C]: a diverged client's zero counts
-          # as unclipped, as under TFF's zeroing ahead of its adaptive DP sum. So divergence
-          # shrinks C and the noise; bit 0 instead ran away (docs/privacy.md section 8).
+          # Adaptive clipping's bits b_i = 1[||Delta_i|| <= C] of the update as sent to clipping:
+          # a diverged client's zero counts as unclipped, as under TFF's zeroing ahead of its
+          # adaptive DP sum. Divergence then shrinks C and the noise; bit 0 instead ran away
+          # (docs/privacy.md section 8).
           'unclipped': (jnp.sum(valid & (norms <= mech.clip_norm), dtype=jnp.int32)
                         if mech.adaptive else None),
       })
