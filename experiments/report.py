@@ -59,6 +59,7 @@ class RunResult:
   records: list[dict]       # metrics.jsonl, one per evaluated round
   failure: dict | None = None  # failure.json of experiments.train: error, message, round
   rounds: list[dict] = dataclasses.field(default_factory=list)  # train_metrics.jsonl, every round
+  executor: str = ''  # config.json's, as resolved: 'sequential' on a CPU, 'vmap' on a GPU under auto
 
   @property
   def finished(self) -> bool:
@@ -130,7 +131,8 @@ def load_runs(root: str) -> list[RunResult]:
         os.path.dirname(os.path.dirname(directory)))
     rounds = metric_writers.read_jsonl(os.path.join(directory, metric_writers.TRAIN_FILE))
     runs.append(RunResult(directory, config_name, setting, method, int(seed),
-                          int(config.get('num_rounds', 0)), records, failure, rounds))
+                          int(config.get('num_rounds', 0)), records, failure, rounds,
+                          config.get('executor', '')))
   return runs
 
 
@@ -208,6 +210,10 @@ def summarize(runs: list[RunResult]) -> list[Row]:
       notes.append(f'unfinished seeds {unfinished}')
     if len(rounds) > 1:
       notes.append(f'seeds end at different rounds {sorted(rounds)}')
+    executors = sorted({r.executor for r in group})
+    if len(executors) > 1:  # e.g. seeds run on a CPU and on a GPU: the same run, other speeds
+      seeds = '; '.join(f'{e or "?"} {[r.seed for r in group if r.executor == e]}' for e in executors)
+      notes.append(f's/round mixes executors (seeds: {seeds})')
     nan = (float('nan'), float('nan'))
     rows.append(Row(
         config_name, setting, method,

@@ -126,6 +126,21 @@ def test_unfinished_runs_are_flagged_and_plain_workdirs_are_read(tmp_path):
   assert plain.setting == 'N=100,S=2,dataset=fashion_mnist,eps=1' and math.isinf(plain.epsilon)
 
 
+def test_seeds_run_on_different_executors_are_noted_since_their_s_per_round_mixes_machines(
+    tmp_path):
+  root = str(tmp_path / 'runs')
+  for seed, executor in enumerate(('sequential', 'sequential', 'vmap')):
+    config_path = os.path.join(make_workdir(root, 'cfg', 'centaur', seed, 1.0, 0.6), 'config.json')
+    with open(config_path) as f:
+      config = json.load(f)
+    with open(config_path, 'w') as f:
+      json.dump({**config, 'executor': executor}, f)
+  make_workdir(root, 'cfg', 'dp2fedsam', 0, 1.0, 0.6)  # one executor (none recorded): no note
+  rows = {r.method: r for r in report.summarize(report.load_runs(root))}
+  assert rows['centaur'].note == 's/round mixes executors (seeds: sequential [0, 1]; vmap [2])'
+  assert rows['dp2fedsam'].note == ''
+
+
 def test_finished_only_leaves_out_runs_under_way_and_keeps_failed_ones(tmp_path):
   root = str(tmp_path / 'runs')
   make_workdir(root, 'cfg', 'centaur', 0, 1.0, 0.6)
