@@ -124,8 +124,11 @@ class TensorBoardWriter(MetricWriter):
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     for name, value in scalars.items():
-      # Text fields (an epsilon caveat) and undefined values (None) are not scalars.
-      if isinstance(value, numbers.Real) and not isinstance(value, bool):
+      # Text fields (an epsilon caveat) and undefined values (None) are not scalars. Nor, here, are
+      # inf and NaN (epsilon = inf in every round of a non-private run): TensorBoard draws no point
+      # for them and tensorboardX logs a warning for each; the JSONL keeps them.
+      if (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value)):
         self._writer.add_scalar(name, float(value), int(step))
 
   def flush(self) -> None:

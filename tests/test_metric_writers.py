@@ -63,6 +63,17 @@ def _scalars(path: str) -> list[tuple[str, int, float]]:
   return [(v.tag, e.step, v.simple_value) for e in _events(path) for v in e.summary.value]
 
 
+def test_tensorboard_leaves_out_inf_and_nan_which_the_jsonl_keeps(tmp_path):
+  pytest.importorskip('tensorboardX', reason='the [tensorboard] extra is not installed')
+  writer = metric_writers.create_writer(str(tmp_path), 'train', 'train_metrics.jsonl')
+  writer.write_scalars(1, {'epsilon': math.inf, 'train_loss': float('nan'), 'noise_std': 0.0})
+  writer.close()
+  [events] = glob.glob(str(tmp_path / 'tensorboard' / 'train' / 'events.out.tfevents.*'))
+  assert _scalars(events) == [('noise_std', 1, 0.0)]
+  assert metric_writers.read_jsonl(str(tmp_path / 'train_metrics.jsonl')) == [
+      {'round': 1, 'epsilon': math.inf, 'train_loss': None, 'noise_std': 0.0}]
+
+
 def test_tensorboard_event_files_next_to_the_jsonl(tmp_path):
   pytest.importorskip('tensorboardX', reason='the [tensorboard] extra is not installed')
   writer = metric_writers.create_writer(str(tmp_path), 'eval', 'metrics.jsonl')
