@@ -438,6 +438,12 @@ def _run_pending(config_path, overrides, parallel, pending, running, results, en
         results[run.workdir] = f'skipped (in use by pid {held})'
         _log(f'skip    {run.workdir} (in use by pid {held}; not started)')
         continue
+      # Finished since the plan (copied in, or by another sweep): train.py would train it again
+      # from scratch when it finds no checkpoint, as in a run copied in without one.
+      if run.rounds_done >= run.num_rounds:
+        results[run.workdir] = 'skipped (done)'
+        _log(f'skip    {run.workdir} (finished since the plan: round {run.num_rounds})')
+        continue
       os.makedirs(run.workdir, exist_ok=True)
       command = _command(config_path, run, overrides)
       with open(os.path.join(run.workdir, 'sweep.json'), 'w') as f:

@@ -197,6 +197,32 @@ def test_runs_start_in_grid_order(tiny_config_path, tmp_path, monkeypatch):
   assert started == [f'--workdir={w}' for w in order] and set(results.values()) == {'ran'}
 
 
+def test_a_run_finished_elsewhere_after_the_plan_is_not_started_again(tiny_config_path, tmp_path,
+                                                                      monkeypatch):
+  """A run whose finished metrics arrive while the sweep works through its list (copied in from
+  another machine, or run by another sweep) is skipped: it has no checkpoint, and train.py would
+  train it again from scratch over its metrics."""
+  root = str(tmp_path / 'runs')
+  order = [r.workdir for r in sweep.plan(tiny_config_path, root, [], [])]
+  started = []
+
+  def popen(command, **kw):
+    started.append(command[-1])
+    if len(started) == 1:  # while the first run trains, the third one's results are copied in
+      os.makedirs(order[2])
+      with open(os.path.join(order[2], 'metrics.jsonl'), 'w') as f:
+        f.write(json.dumps({'round': 2, 'from': 'elsewhere'}) + '\n')
+    return _FinishedProcess(command)
+
+  monkeypatch.setattr(sweep.subprocess, 'Popen', popen)
+  monkeypatch.setattr(sweep.time, 'sleep', lambda _: None)
+  results = sweep.run_sweep(tiny_config_path, root, [], [], parallel=1)
+  assert started == [f'--workdir={w}' for w in order if w != order[2]]
+  assert results[order[2]] == 'skipped (done)'
+  with open(os.path.join(order[2], 'metrics.jsonl')) as f:
+    assert json.loads(f.read())['from'] == 'elsewhere'
+
+
 def test_seed_from_copies_finished_committed_runs_into_empty_workdirs_only(tiny_config_path,
                                                                            tmp_path):
   committed, root = tmp_path / 'committed', str(tmp_path / 'root')
