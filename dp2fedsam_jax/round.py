@@ -196,6 +196,12 @@ def _masked_sum(tree, valid):
   return jax.tree.map(leaf_sum, tree)
 
 
+def unclipped_count(norms, valid, clip_norm) -> jax.Array:
+  """Adaptive clipping's count of sampled clients with ||Delta_i|| <= C: over the chunk's valid
+  slots only (a padded slot is nobody; counting it would move C as if the capacity were sampled)."""
+  return jnp.sum(valid & (norms <= clip_norm), dtype=jnp.int32)
+
+
 def noise_diagnostics(clipped_sum, released_sum, denominator) -> dict:
   """The round's NON-private diagnostics (they read the un-noised sum): `noise_std`, the root mean
   square over coordinates of the noise on the average (released - clipped sum) / m, and
@@ -315,8 +321,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
           # a diverged client's zero counts as unclipped, as under TFF's zeroing ahead of its
           # adaptive DP sum. Divergence then shrinks C and the noise; bit 0 instead ran away
           # (docs/privacy.md section 8).
-          'unclipped': (jnp.sum(valid & (norms <= mech.clip_norm), dtype=jnp.int32)
-                        if mech.adaptive else None),
+          'unclipped': unclipped_count(norms, valid, mech.clip_norm) if mech.adaptive else None,
       })
       return k + 1, upload_sum, support, personal, stats
 

@@ -261,3 +261,35 @@ def test_a_checkpoint_written_before_clip_state_existed_resumes_with_a_fixed_c(t
   adaptive = train.build_experiment(_adaptive()).init_state()  # C_t cannot be made up: refused
   with pytest.raises(checkpoint.CheckpointError, match='clip_state'):
     checkpoint.restore_run(str(tmp_path), adaptive)
+
+
+def test_at_q_below_one_the_noise_is_sigma_c_t_and_the_count_is_over_valid_slots_and_the_public_m():
+  """q < 1 (padded cohort slots exist) and C_t = 4 C_0 in the state: every client uploads zero (a
+  hook), so the released change of the shared part is server_lr * noise / m, whose std over all
+  coordinates must be sigma C_t / m, with m = q N from the config (not sigma C_0, not |S|); and C
+  moves by the noised count of the |S| sampled clients' bits (all unclipped: |S|, not the capacity)
+  over m, recomputed in float64 from the round's count-noise draw."""
+  sigma, s_b, c0, lr, q, n = 1.0, 0.5, 0.2, 0.5, 0.3, 10
+  exp = train.build_experiment(_adaptive(
+      method='dp_fedavg', num_clients=n, sampling_rate=q, cohort_capacity=n, seed=3,
+      **{'dp.noise_multiplier': sigma, 'dp.count_noise_multiplier': s_b, 'dp.clip_norm': c0,
+         'dp.clip_lr': lr}))
+  c_t = 4.0 * c0
+  state = exp.init_state().replace(clip_state=jnp.float32(c_t))
+  zero_hook = lambda cid, d: jax.tree.map(jnp.zeros_like, d)
+  step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
+                         exp.method_params, update_hook=zero_hook)
+  new, metrics = jax.jit(step)(state, exp.data, exp.root_key)
+  cohort, m = int(metrics['cohort_size']), q * n
+  assert exp.config.server_lr == 1.0 and exp.config.server_optimizer == 'sgd'
+  assert 0 < cohort < exp.round_config.capacity and cohort != m  # padded slots; |S| differs from m
+  change = np.concatenate([np.ravel(np.asarray(b, np.float64) - np.asarray(a, np.float64))
+                           for a, b in zip(jax.tree.leaves(state.shared), jax.tree.leaves(new.shared))])
+  assert change.size > 2000
+  # The server step is phi + server_lr * sum / m (server_lr = 1 here); 5 std errors of a std.
+  np.testing.assert_allclose(change.std(), sigma * c_t / m, rtol=5 / math.sqrt(2 * change.size))
+  assert abs(change.mean()) < 5 * sigma * c_t / m / math.sqrt(change.size)
+  z = float(jax.random.normal(keys.round_keys(exp.root_key, 0).count_noise, (), jnp.float32))
+  fraction = (cohort - 0.5 * cohort + s_b * z) / m + 0.5  # every bit 1: zero updates are unclipped
+  expected = c_t * math.exp(-lr * (fraction - 0.5))
+  np.testing.assert_allclose(float(new.clip_state), expected, rtol=1e-5)

@@ -70,6 +70,8 @@ BANDED_EPSILON = _killer(test_correlated.test_banded_epsilon_is_jax_privacys_cyc
 TREE_CALIBRATION = _killer(
     test_correlated.test_calibrated_sigma_meets_the_target_under_the_libraries_accountants, 'tree')
 COUNT_NOISE = _killer(test_adaptive_clipping.test_the_clip_norm_moves_by_the_noised_count_with_std_s_b_over_m)
+SAMPLED_ROUND = _killer(
+    test_adaptive_clipping.test_at_q_below_one_the_noise_is_sigma_c_t_and_the_count_is_over_valid_slots_and_the_public_m)
 PAIR_EPSILON = _killer(
     test_adaptive_clipping.test_one_round_of_the_pair_is_the_two_dimensional_gaussian_computed_by_hand)
 
@@ -84,7 +86,7 @@ BANDED_RESUME = Killer(
 
 # Cheapest first: the order in which a mutant's fallbacks are tried.
 KILLERS = {k.name: k.run for k in
-           (COUNT_NOISE, PAIR_EPSILON, CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL,
+           (COUNT_NOISE, PAIR_EPSILON, SAMPLED_ROUND, CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL,
             NOISE_DISTRIBUTED, DRAWS,
             BANDED_EPSILON, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS, BANDED_ROWS,
             BANDED_RESUME)}
@@ -298,6 +300,39 @@ def _clip_norm_from_the_exact_count(mp):
     exact = unclipped.astype(jnp.float32) / cohort.astype(jnp.float32)
     return state * jnp.exp(-self.clip_lr * (exact - self.target_quantile))
   mp.setattr(AdaptiveClip, 'next_state', next_state)
+
+
+@mutant('adaptive clipping: clipped to C_t but noised at sigma C_0', SAMPLED_ROUND)
+def _noise_at_initial_clip_norm(mp):
+  # The round's mechanism is built at trace time from the state's C_t; the mutant keeps C_0 (the
+  # run's mechanism's C) for the noise and lets clipping use C_t.
+  real = DPMechanism.at_clip_state
+  initial = {}
+
+  def at_clip_state(self, clip_state):
+    initial['clip_norm'] = self.clip_norm
+    return real(self, clip_state)
+  mp.setattr(DPMechanism, 'at_clip_state', at_clip_state)
+  mp.setattr(DPMechanism, 'noise_std', property(
+      lambda self: self.noise_multiplier * initial.get('clip_norm', self.clip_norm)
+      if self.private else 0.0))
+
+
+@mutant("adaptive clipping: the padded cohort slots' bits counted", SAMPLED_ROUND)
+def _count_padded_slots(mp):
+  mp.setattr(round_module, 'unclipped_count', lambda norms, valid, clip_norm: jnp.sum(
+      norms <= clip_norm, dtype=jnp.int32))
+
+
+@mutant('adaptive clipping: the noised count over the realised |S|, not the public m',
+        SAMPLED_ROUND)
+def _count_over_realised_cohort(mp):
+  def next_clip_state(self, key, clip_state, unclipped, cohort):
+    if not self.adaptive:
+      return clip_state
+    return self.clipping.next_state(key, clip_state, unclipped, cohort,
+                                    jnp.maximum(cohort, 1).astype(jnp.float32))
+  mp.setattr(DPMechanism, 'next_clip_state', next_clip_state)
 
 
 _PASSED_HERE = set()
