@@ -50,6 +50,10 @@ def base_config() -> ml_collections.ConfigDict:
   # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.cohort_capacity = config_dict.placeholder(int)
   c.seed = 0
+  # True: the run writes only what is a function of the released models and public constants
+  # (round, epsilon, clip_norm): train_metrics.jsonl, metrics.jsonl, TensorBoard and the console
+  # leave out every metric that voids epsilon for whoever reads it (docs/privacy.md section 4).
+  c.private_metrics_only = False
   # Method pieces (used only by the methods that have them; see algorithms/specs.py).
   c.sparsity = 0.4      # p: fraction of coordinates kept by top-k / rand-k
   c.blur_lambda = 1.0   # BLUR penalty weight (dp_fedavg_blur[s])
@@ -238,6 +242,14 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   m = config.local.momentum
   if not _is_number(m) or not 0.0 <= m < 1.0:
     _fail('local.momentum', m, 'momentum must lie in [0, 1).')
+
+  only = config.get('private_metrics_only', False)
+  if not isinstance(only, bool):
+    _fail('private_metrics_only', only, 'True or False.')
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
+  if only and config.method in specs.METHODS and not specs.METHODS[config.method].private:
+    _fail('private_metrics_only', only, f'method {config.method} is not private (epsilon = inf), so '
+          'no metric of it keeps an epsilon; leave it False or choose a private method.')
 
   _positive(config, 'dp.clip_norm')
   sigma, eps = config.dp.noise_multiplier, config.dp.target_epsilon

@@ -37,6 +37,9 @@ FIELD_HELP = {
     'chunk_size': 'clients trained at once (bounds memory); None: the whole cohort',
     'cohort_capacity': 'client slots per chunk; None: mean + 1 std of the cohort (Poisson), m (fixed)',
     'seed': 'the root of every random key (data split, init, sampling, noise)',
+    'private_metrics_only': 'True: write only round, epsilon and clip_norm (functions of the '
+                            'release); every other metric is computed from raw client data and '
+                            'voids epsilon for whoever reads it (docs/privacy.md section 4)',
     'sparsity': 'p, fraction of coordinates kept by top-k / rand-k methods',
     'blur_lambda': 'BLUR penalty weight (dp_fedavg_blur, dp_fedavg_blurs)',
     'pmtl_lambda': 'proximal weight of pmtl_ft',

@@ -191,6 +191,12 @@ TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_s
                  'nonfinite_clients', 'noise_std', 'signal_to_noise')
 # Only under adaptive clipping: the clip norm C_t the round clipped to.
 ADAPTIVE_SCALARS = ('clip_norm',)
+# What a run with config.private_metrics_only writes: functions of the released models and public
+# constants only (clip_norm: C_t, moved by earlier releases). Every other metric is computed from
+# the clients' raw data without noise (docs/privacy.md section 4), and so are the seconds a round
+# takes (they grow with the cohort's size).
+PRIVATE_TRAIN_SCALARS = ('clip_norm',)
+PRIVATE_RECORD_KEYS = ('round', 'epsilon', 'epsilon_caveat')
 # The executors 'auto' chooses from (round.resolve_executor).
 _AUTO_CHOICES = ('sequential', 'vmap')
 
@@ -273,13 +279,21 @@ def _hint_on_oom(config, where: str, workdir: str):
         'last checkpoint.') from e
 
 
-def _train_scalars(metrics: dict, seconds: float) -> dict:
-  """One round's line of train_metrics.jsonl (NaN becomes null there)."""
+def _train_scalars(metrics: dict, seconds: float, private_only: bool = False) -> dict:
+  """One round's line of train_metrics.jsonl (NaN becomes null there); with `private_only`, only
+  PRIVATE_TRAIN_SCALARS."""
+  if private_only:
+    return {k: float(metrics[k]) for k in PRIVATE_TRAIN_SCALARS if k in metrics}
   scalars = {k: float(metrics[k]) for k in TRAIN_SCALARS + ADAPTIVE_SCALARS if k in metrics}
   for k in ('cohort_size', 'nonfinite_clients'):
     scalars[k] = int(metrics[k])
   scalars['seconds'] = seconds
   return scalars
+
+
+def private_record(record: dict) -> dict:
+  """An evaluation record as config.private_metrics_only writes it: PRIVATE_RECORD_KEYS only."""
+  return {k: v for k, v in record.items() if k in PRIVATE_RECORD_KEYS}
 
 
 def _stopped(config, workdir: str) -> str:
@@ -345,6 +359,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
   run_files.write_config(workdir, resolved)
 
+  private_only = bool(config.get('private_metrics_only', False))
+  if exp.spec.private and not private_only:
+    logging.info('The metrics files hold diagnostics computed from raw client data, which void '
+                 'epsilon for whoever reads them; --config.private_metrics_only=True leaves them out.')
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
   evaluate = jax.jit(exp.evaluate())
@@ -390,7 +408,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   timed = 0  # rounds of the window run by this process (a resumed window has untimed ones)
   window_start = time.perf_counter()
   record = records[-1] if records else {}
-  progress = RoundProgress(config.num_rounds)  # a line redrawn in place on a TTY, else silent
+  # A line redrawn in place on a TTY, else silent; off with private_metrics_only (accuracy, timing).
+  progress = RoundProgress(config.num_rounds, enabled=False if private_only else None)
   eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
   with run_files.metric_writers_for(workdir, start) as (train_writer, eval_writer):
     for r in range(start, config.num_rounds):
@@ -405,7 +424,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
       done = r + 1
       # Also the line of a round whose release is NaN: the last thing a diverged run tells.
-      train_writer.write_scalars(done, _train_scalars(metrics, time.perf_counter() - round_start))
+      train_writer.write_scalars(done, _train_scalars(metrics, time.perf_counter() - round_start,
+                                                      private_only))
       if not bool(metrics['finite']):
         progress.close()  # end the progress line before the error
       _check_finite(metrics, done, workdir)
@@ -435,6 +455,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       # Wall time per round of this window, its evaluation included (the checkpoint write below
       # counts in the next window).
       seconds = record['seconds'] = (time.perf_counter() - window_start) / timed
+      if private_only:
+        record = private_record(record)
       records.append(record)
       window, timed = [], 0
       window_start = time.perf_counter()
@@ -444,6 +466,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         saved = done
         eval_writer.write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
         eval_writer.flush()
+      if private_only:  # no accuracy, loss or timing: they are computed from the clients' data
+        logging.info('round %d/%d  eps %.3f', done, config.num_rounds, record['epsilon'])
+        continue
       logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
                    config.num_rounds, record['test_accuracy'], record['train_loss'],
                    record['epsilon'], seconds)

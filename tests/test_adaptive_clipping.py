@@ -293,3 +293,23 @@ def test_at_q_below_one_the_noise_is_sigma_c_t_and_the_count_is_over_valid_slots
   fraction = (cohort - 0.5 * cohort + s_b * z) / m + 0.5  # every bit 1: zero updates are unclipped
   expected = c_t * math.exp(-lr * (fraction - 0.5))
   np.testing.assert_allclose(float(new.clip_state), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize('mechanism', ['banded', 'tree'])
+def test_sigma_eff_is_applied_once_on_the_correlated_mechanisms_event_path(mechanism, monkeypatch):
+  """The correlated mechanisms account through an event function of sigma; with a clip rule whose
+  pair multiplier differs from sigma (adaptive clipping, refused with them today), epsilon must be
+  that of the event at sigma_eff, and calibration must return the update's sigma whose sigma_eff
+  meets the target -- not sigma_eff applied twice."""
+  monkeypatch.setattr(AdaptiveClip, 'check', staticmethod(lambda **unused: None))
+  config = _adaptive(num_clients=100, sampling_rate=0.1, num_rounds=20,
+                     **{'dp.noise_mechanism': mechanism, 'dp.num_bands': 2, 'dp.delta': 1e-5,
+                        'dp.noise_multiplier': 2.0, 'dp.count_noise_multiplier': 2.0})
+  mech = DPMechanism.from_config(config, config.num_clients)
+  effective = mech.effective_noise_multiplier
+  assert effective < 0.95 * mech.noise_multiplier
+  expected = mech.noise.epsilon(effective, 20, 1e-5, 'pld',
+                                lambda s: mech.noise.dp_event(s, 20))
+  np.testing.assert_allclose(mech.epsilon(20), expected, rtol=1e-9)
+  sigma = mech.calibrate(5.0, 20)
+  assert 0.98 * 5.0 < mech.with_noise(sigma).epsilon(20) <= 5.0

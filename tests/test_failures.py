@@ -104,7 +104,9 @@ INVALID = {
     'init_checkpoint': st.text(min_size=1, max_size=12).map(lambda s: '/nonexistent/' + s),
 }
 # Any string is a valid directory name here; a missing one fails at load with the dataset's hint.
-NO_INVALID_VALUE = {'data_dir'}
+# private_metrics_only is a bool (ConfigDict refuses other types); True is refused only with a
+# non-private method (tests/test_train.py::test_private_metrics_only_is_refused_for_a_non_private_method).
+NO_INVALID_VALUE = {'data_dir', 'private_metrics_only'}
 
 
 def _leaf_fields(c, prefix=''):

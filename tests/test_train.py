@@ -15,7 +15,7 @@ import pytest
 import test_metric_writers
 from conftest import tiny_config
 from dp2fedsam_jax import checkpoint, metric_writers, train
-from dp2fedsam_jax.config import ConfigError
+from dp2fedsam_jax.config import ConfigError, validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -185,3 +185,31 @@ def test_dry_run_names_the_noise_mechanism_and_its_calibrated_sigma():
   assert banded['noise_mechanism'] == 'banded' and banded['num_bands'] == 2
   assert banded['epsilon'] == pytest.approx(2.0, rel=2e-2) == independent['epsilon']
   assert banded['noise_multiplier'] != pytest.approx(independent['noise_multiplier'], rel=1e-2)
+
+
+def test_private_metrics_only_writes_nothing_that_voids_epsilon(tmp_path, caplog):
+  """train_metrics.jsonl, metrics.jsonl, TensorBoard and the log hold round, epsilon and (adaptive
+  clipping) clip_norm only: no training scalar, test metric, cohort size, noise diagnostic or time."""
+  config = tiny_config(num_rounds=2, eval_every=1, private_metrics_only=True,
+                       **{'dp.clipping': 'adaptive'})
+  with caplog.at_level('INFO'):
+    final = train.train_and_evaluate(config, str(tmp_path))
+  assert set(final) == {'round', 'epsilon'} and math.isfinite(final['epsilon'])
+  rounds = [json.loads(l) for l in (tmp_path / 'train_metrics.jsonl').read_text().splitlines()]
+  assert [set(r) for r in rounds] == [{'round', 'clip_norm'}] * 2
+  records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [set(r) for r in records] == [{'round', 'epsilon'}] * 2
+  if metric_writers.tensorboard_available():
+    tags = {tag for path in glob.glob(str(tmp_path / 'tensorboard' / '*' / 'events.*'))
+            for tag, _, _ in test_metric_writers._scalars(path)}
+    assert tags == {'clip_norm', 'epsilon'}, tags
+  logged = caplog.text
+  assert 'eps ' in logged and 'acc ' not in logged and 's/round' not in logged
+  # A resumed (finished) run returns the same record.
+  assert train.train_and_evaluate(config, str(tmp_path)) == final
+
+
+def test_private_metrics_only_is_refused_for_a_non_private_method():
+  with pytest.raises(ConfigError, match=r'^config\.private_metrics_only=True: method fedavg is not '
+                                        r'private'):
+    validate_config(tiny_config(method='fedavg', private_metrics_only=True))

@@ -279,19 +279,22 @@ class DPMechanism:
     private)."""
     if not self.private:
       return math.inf
-    # The correlated mechanisms take fixed clipping only, where the two multipliers are one.
     return self.noise.epsilon(self.effective_noise_multiplier, rounds, self._delta(delta),
-                              accountant or self.accountant,
-                              lambda s: self.with_noise(s).dp_event(rounds))
+                              accountant or self.accountant, self._event_of_effective(rounds))
 
   def calibrate(self, target_epsilon: float, rounds: int, delta: float | None = None,
                 accountant: str | None = None) -> float:
     """The smallest sigma (to ~1e-3 relative) whose epsilon after `rounds` rounds is <= target:
     under adaptive clipping the update's sigma that leaves the calibrated combined multiplier."""
     effective = self.noise.calibrate(target_epsilon, rounds, self._delta(delta),
-                                     accountant or self.accountant,
-                                     lambda s: self.with_noise(s).dp_event(rounds))
+                                     accountant or self.accountant, self._event_of_effective(rounds))
     return self.clipping.update_noise_multiplier(effective)
+
+  def _event_of_effective(self, rounds: int):
+    """sigma_eff -> the event of `rounds` rounds at that combined multiplier. The noise mechanisms
+    search over sigma_eff itself, so the clip rule's conversion must not be applied again here
+    (with_noise(s).dp_event would turn s into the pair's multiplier a second time)."""
+    return lambda effective: self.noise.dp_event(effective, rounds)
 
   def _delta(self, delta: float | None) -> float:
     delta = self.delta if delta is None else delta
