@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import keys, local
-from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.privacy import sparsify
 from dp2fedsam_jax.state import model_params
@@ -78,9 +77,8 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
   train_head = head_trainer(spec, model, local_config, target_mask)
   body_phase = local.Phase(local_config.body_epochs, local_config.batch_size, spec.body_optimizer,
                            local_config.momentum, local_config.sam_rho)
-  regularizer = pieces.Regularizer(spec.regularizer, params.regularizer_lambda(spec.regularizer),
-                                   params.clip_norm)
-  weight_mask = pieces.WeightMask.for_method(spec, model, params)
+  regularizer = spec.regularizer.bind(params, params.clip_norm)
+  weight_mask = spec.weight_mask.for_model(spec.name, model, params)
 
   def client_update(shared, personal, x, y, count, key, round_index):
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** round_index

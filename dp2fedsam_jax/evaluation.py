@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dp2fedsam_jax import local
-from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.state import model_params
 
@@ -43,7 +42,7 @@ def evaluation_batch_size(spec: MethodSpec, executor: str) -> int:
   Fine-tuning (-FT methods) gives every client its own weights, the case where the sequential
   executor loops over clients on CPU: one at a time there as well (a Fashion-MNIST paper-regime
   evaluation of 1,000 clients: 70.8 s instead of 108.5 s on 2 cores, benchmarks/README.md)."""
-  if spec.evaluation == 'finetune' and executor == 'sequential':
+  if spec.evaluation.own_weights and executor == 'sequential':
     return 1
   return CLIENTS_PER_BATCH
 
@@ -79,13 +78,13 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
   evaluations). `client_ids`: the clients tested (eval_client_ids; None: all).
   `evaluate.per_client(state, data, key)` gives the per-client arrays the means come from."""
   local.check_local_config(local_config)
-  weight_mask = pieces.WeightMask.for_method(spec, model, params)
+  weight_mask = spec.weight_mask.for_model(spec.name, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
                          local_config.momentum)
 
   def client_model(state, personal, data, client_id, key):
     params = model_params(spec, weight_mask.forward(state.shared), personal)
-    if spec.evaluation not in ('finetune', 'finetune_head'):
+    if not spec.evaluation.finetunes:
       return params
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** state.round
     # Fine-tuning is local training: on at most local.max_examples of the client's examples (a
@@ -94,19 +93,8 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
     ft_key, examples_key = jax.random.split(key) if budget < data.max_train else (key, None)
     train_x, y, count = data.train_examples(client_id, budget, examples_key, local_config.subset_draw)
     x = data.normalize(train_x)
-    if spec.evaluation == 'finetune':
-      loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y,
-                                                              data.loss_mask(y, mask))
-      params, _ = local.run_phase(finetune, loss, params, x, y, count, ft_key,
-                                  local_config.lr_body * decay)
-    else:
-      features = model.features(params['extractor'], x)
-      head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
-          model.logits_from_features(h, f), labels, data.loss_mask(labels, mask))
-      head, _ = local.run_phase(finetune, head_loss, params['head'], features, y, count, ft_key,
-                                local_config.lr_head * decay)
-      params = {**params, 'head': head}
-    return params
+    return spec.evaluation.finetune(model, finetune, params, x, y, count, ft_key, local_config,
+                                    decay, data.loss_mask)
 
   def test_one(state, data, key, client_id, params, buffer: int):
     """(accuracy, loss, targets) of one client's model on its test rows in a [buffer] buffer."""
@@ -150,7 +138,7 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
 
     def test_block(block_ids):
       finetuned = None
-      if spec.evaluation in ('finetune', 'finetune_head'):  # once, whichever buffer tests it
+      if spec.evaluation.finetunes:  # once, whichever buffer tests it
         finetuned = over_block(lambda i: client_model(
             state, jax.tree.map(lambda p: p[i], state.personal), data, i,
             jax.random.fold_in(key, i)))(block_ids)

@@ -213,17 +213,6 @@ def noise_diagnostics(clipped_sum, released_sum, denominator) -> dict:
           'signal_to_noise': trees.global_norm(clipped_sum) / noise_norm}
 
 
-def upload_mask(spec: MethodSpec, delta, client_mask, round_mask, sparsity: float):
-  """The mask a client multiplies its update with before clipping (None: no mask)."""
-  if spec.upload_mask == 'randk':
-    return round_mask                                 # public: from the round key only
-  if spec.upload_mask == 'topk':
-    return sparsify.topk_mask(delta, sparsity)        # private: from the client's own update
-  if spec.upload_mask == 'dsu':
-    return client_mask                                # private: DSU's M^tau
-  return None
-
-
 def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: RoundConfig,
                     params: MethodParams = MethodParams(), *, update_hook=None):
   """Builds one round of Algorithm 2 (sample, train the cohort, clip, noise, average, update).
@@ -264,8 +253,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
     id_blocks = sampled_id_blocks(sampled)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
-    round_mask = (sparsify.randk_mask(streams.public_mask, state.shared, params.sparsity)
-                  if spec.upload_mask == 'randk' else None)
+    round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.sparsity)
 
     def one_client(personal, client_id):
       # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
@@ -282,15 +270,14 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         delta = update_hook(client_id, delta)  # its own training diverged
       new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                                   result.personal, personal)
-      mask = upload_mask(spec, delta, result.mask, round_mask, params.sparsity)
+      mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.sparsity)
       if mask is not None:
         delta = sparsify.apply_mask(delta, mask)
       support = mask if spec.noise_on_mask else None
       upload, norm = mech.clip(delta)                                            # line 18
       clean = upload if mech.distributed else None  # for the diagnostics' un-noised sum
       upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
-      if spec.postprocess == 'topk_client':  # the paper's top-k of the client's own noised upload
-        upload = sparsify.apply_mask(upload, sparsify.topk_mask(upload, params.sparsity))
+      upload = spec.postprocess.client(upload, params.sparsity)  # e.g. top-k of its noised upload
       return (upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite,
               clean)
 
@@ -348,8 +335,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
     denominator = mech.denominator(cohort)
     diagnostics = noise_diagnostics(clipped_sum, upload_sum, denominator)
-    if spec.postprocess == 'topk_server':  # post-processing of the noised sum
-      upload_sum = sparsify.apply_mask(upload_sum, sparsify.topk_mask(upload_sum, params.sparsity))
+    upload_sum = spec.postprocess.server(upload_sum, params.sparsity)  # e.g. top-k of the noised sum
     shared, server_opt_state = rc.server_optimizer.apply(                       # line 25
         state.shared, upload_sum, denominator, rc.server_lr, state.server_opt_state)
     clip_state = mech.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],

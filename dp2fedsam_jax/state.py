@@ -29,19 +29,12 @@ class ServerState:
 
 def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:
   """{'extractor', 'head'} -> (shared part, a client's initial personal part) as the method says."""
-  shared = {k: params[k] for k in spec.shared_keys}
-  if spec.personal == 'head':
-    return shared, {'head': params['head']}
-  if spec.personal == 'head_offset':  # starts at zero: the client's model starts as the global one
-    return shared, {'head_offset': jax.tree.map(jnp.zeros_like, params['head'])}
-  return shared, {}
+  return spec.personal.split(params)
 
 
 def model_params(spec: MethodSpec, shared: dict, personal: dict) -> dict:
   """A client's full model {'extractor', 'head'} from the global part and its personal part."""
-  if spec.personal == 'head_offset':
-    return {**shared, 'head': jax.tree.map(jnp.add, shared['head'], personal['head_offset'])}
-  return {**shared, **personal}
+  return spec.personal.model_params(shared, personal)
 
 
 def init_state(spec: MethodSpec, model, key: jax.Array, num_clients: int) -> ServerState:

@@ -15,6 +15,7 @@ import pytest
 from conftest import tiny_config
 from dp2fedsam_jax import train
 from dp2fedsam_jax.algorithms import METHODS, pieces
+from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.evaluation import make_evaluate
@@ -144,7 +145,7 @@ def test_fed_smp_topk_noise_only_on_private_masks_and_the_safe_variant_everywher
 
 
 def test_blur_penalty_has_a_gradient_only_beyond_the_clip_norm():
-  reg = pieces.Regularizer('blur', lam=2.0, clip_norm=1.0)
+  reg = pieces.BLUR(lam=2.0, clip_norm=1.0)
   received = {'w': jnp.zeros(4)}
   inside = {'w': jnp.array([0.3, 0.0, 0.4, 0.0])}  # ||Delta|| = 0.5 < C
   outside = {'w': jnp.array([3.0, 0.0, 4.0, 0.0])}  # ||Delta|| = 5 > C
@@ -159,9 +160,9 @@ def test_adaptive_norm_and_proximal_penalties():
   received = {'w': jnp.zeros(2)}
   theta = {'w': jnp.array([3.0, 4.0])}
   mask = {'w': jnp.array([1.0, 0.0])}
-  dsu = pieces.Regularizer('adaptive_norm', lam=0.2, clip_norm=1.0)
+  dsu = pieces.AdaptiveNorm(lam=0.2, clip_norm=1.0)
   np.testing.assert_allclose(dsu(theta, received, mask), 0.1 * abs(3.0 - 1.0), rtol=1e-6)
-  prox = pieces.Regularizer('proximal', lam=0.2, clip_norm=1.0)
+  prox = pieces.Proximal(lam=0.2, clip_norm=1.0)
   np.testing.assert_allclose(prox(theta, received), 0.2 * 25.0, rtol=1e-6)  # lam ||.||^2
 
 
@@ -221,7 +222,7 @@ def test_ft_methods_change_only_the_evaluation():
   for base, ft in (('dp_fedavg', 'dp_fedavg_ft'), ('dp_fedsam', 'dp_fedsam_ft'),
                    ('dp_fedavg', 'dp_fedavg_fb')):
     a, b = build(method=base), build(method=ft)
-    assert dataclasses.replace(b.spec, name=base, paper='', evaluation='global') == \
+    assert dataclasses.replace(b.spec, name=base, paper='', evaluation=specs.TEST_GLOBAL) == \
         dataclasses.replace(a.spec, paper='')
     if base not in base_state:
       base_state[base] = one_round(a)[1]
@@ -244,7 +245,7 @@ def test_method_pairs_differ_only_in_their_one_piece():
   assert same_but('dp2fedsam', 'p_fedsam', private=False)
   assert same_but('fed_smp_topk', 'fed_smp_topk_safe', noise_on_mask=False)
   assert same_but('dp_pfeddsu', 'dp_pfeddsu_safe', noise_on_mask=False)
-  assert same_but('dp_fedavg_blur', 'dp_fedavg_blurs', upload_mask='topk')
+  assert same_but('dp_fedavg_blur', 'dp_fedavg_blurs', upload_mask=specs.TOPK)
 
 
 def test_ppsgd_personal_model_is_global_plus_own_offset():
@@ -271,7 +272,7 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
   exp = build(method=name, **{'dsu.masked_layers': 2, 'dsu.sparsity': 0.1})
   state = exp.init_state()
   params = MethodParams.from_config(exp.config)
-  weight_mask = pieces.WeightMask.for_method(exp.spec, exp.model, params)
+  weight_mask = exp.spec.weight_mask.for_model(exp.spec.name, exp.model, params)
   masked = state.replace(shared=weight_mask.forward(state.shared))
   # Only kernels are masked; the biases of masked layers are kept whole.
   mask = weight_mask(state.shared)
@@ -284,8 +285,9 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
   key = jax.random.key(0)
   chex.assert_trees_all_close(evaluate(state, exp.data, key), evaluate(masked, exp.data, key))
   # The dense network is a different one (so the check above is not vacuous).
-  dense = make_evaluate(dataclasses.replace(exp.spec, weight_mask='none', upload_mask='none',
-                                            noise_on_mask=False), exp.model, exp.local_config)
+  dense = make_evaluate(dataclasses.replace(exp.spec, weight_mask=specs.NO_WEIGHT_MASK,
+                                            upload_mask=specs.NO_UPLOAD_MASK, noise_on_mask=False),
+                        exp.model, exp.local_config)
   assert float(dense(state, exp.data, key)['test_loss']) != float(
       evaluate(state, exp.data, key)['test_loss'])
 

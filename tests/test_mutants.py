@@ -33,6 +33,7 @@ import test_mechanism
 from dp2fedsam_jax import checkpoint, keys
 from dp2fedsam_jax import round as round_module
 from dp2fedsam_jax import state as state_module
+from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
@@ -201,7 +202,7 @@ def _head_in_upload(mp):
 
   def split_params(spec, params):  # the server holds a head too, so the upload can carry one
     shared, personal = real_split(spec, params)
-    if spec.personal == 'head':
+    if spec.personal == specs.OWN_HEAD:
       shared = {**shared, 'head': params['head']}
     return shared, personal
 

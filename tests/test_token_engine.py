@@ -19,6 +19,7 @@ import pytest
 from conftest import tiny_config
 from dp2fedsam_jax import train
 from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data import shakespeare
 from dp2fedsam_jax.data.federated import from_flat_arrays, make_federated_data
@@ -28,7 +29,7 @@ from dp2fedsam_jax.round import make_round_step
 from experiments.configs import _common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DSU_METHODS = sorted(n for n, s in METHODS.items() if s.weight_mask == 'dsu')
+DSU_METHODS = sorted(n for n, s in METHODS.items() if s.weight_mask == specs.DSU_WEIGHTS)
 
 
 def _write_tff(directory, clients):
@@ -115,7 +116,7 @@ COVERING_METHODS = ('dp2fedsam', 'dp_fedasam', 'fed_smp_randk', 'dp_fedavg_blurs
 
 def test_covering_methods_cover_every_piece_but_dsu():
   pieces = lambda names: {(f, getattr(METHODS[n], f)) for n in names for f in (
-      'shared', 'personal', 'regularizer', 'upload_mask', 'noise_on_mask', 'body_optimizer', 'postprocess',
+      'personal', 'regularizer', 'upload_mask', 'noise_on_mask', 'body_optimizer', 'postprocess',
       'head_phase', 'private')}
   assert pieces(set(METHODS) - set(DSU_METHODS)) == pieces(COVERING_METHODS)
 

@@ -1,5 +1,14 @@
-"""Local pieces that methods compose: regularizers on the local update, and DSU's masked forward pass.
+"""The pieces methods compose, one small object per choice a MethodSpec makes (algorithms/specs.py):
 
+    regularizer    NoRegularizer | BLUR | AdaptiveNorm | Proximal   (the shared phase's penalty)
+    weight_mask    NoWeightMask | DSUWeightMask                     (the forward pass's theta * M)
+    personal       NoPersonal | OwnHead | HeadOffset                (what stays on the client)
+    upload_mask    NoUploadMask | RandKMask | TopKMask | DSUUploadMask  (Delta * mask, before clipping)
+    postprocess    NoPostprocess | TopKOfClientUpload | TopKOfNoisedSum (top-k of noised values)
+    evaluation     TestGlobal | TestPersonal | FineTune | FineTuneHead  (the model each client tests)
+
+The engine (client.py, round.py, state.py, evaluation.py) calls their methods and never asks which
+one it holds, so a new method is a row of these objects, and a new choice is one more class here.
 All functions are pure and see one client. `received` is the shared part the client got this round;
 `trainable` is its current value; the local update is trainable - received.
 """
@@ -12,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax import trees
+from dp2fedsam_jax import local, trees
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import sparsify
 
@@ -27,29 +36,72 @@ def _delta(trainable, received, mask=None):
   return delta if mask is None else trees.apply_mask(delta, mask)
 
 
+# ------------------------------------------------------------------ regularizers (shared phase)
+# Each is added to the shared phase's loss on theta - theta_received. `bind(params, clip_norm)` gives
+# the penalty with its lambda (a field of MethodParams) and the round's C.
+
+
 @dataclasses.dataclass(frozen=True)
-class Regularizer:
-  """(kind, lam, clip_norm) -> penalty(trainable, received, mask)."""
-  kind: str
-  lam: float
-  clip_norm: float
+class NoRegularizer:
+  lam: float = 0.0
+  clip_norm: float = 0.0
+  name = 'none'
+
+  def bind(self, params, clip_norm) -> 'NoRegularizer':
+    del params, clip_norm
+    return self
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
-    if self.kind == 'none':
-      return jnp.zeros((), jnp.float32)
-    if self.kind == 'blur':
-      # BLUR (Cheng et al., 2022): penalise only the part of ||Delta|| that clipping would cut off,
-      # so updates inside the ball are untouched and larger ones are pulled back to it.
-      excess = jax.nn.relu(_norm(_delta(trainable, received)) - self.clip_norm)
-      return 0.5 * self.lam * jnp.square(excess)
-    if self.kind == 'adaptive_norm':
-      # DP-pFedDSU eq. (10): (lam/2) | ||(theta - theta0) * M|| - C |.
-      return 0.5 * self.lam * jnp.abs(_norm(_delta(trainable, received, mask)) - self.clip_norm)
-    if self.kind == 'proximal':
-      # Mean-regularized multi-task learning as the CENTAUR reference code writes it:
-      # lam ||theta - theta_mean||^2 (no 1/2).
-      return self.lam * jnp.square(_norm(_delta(trainable, received)))
-    raise ValueError(f'unknown regularizer {self.kind!r}')
+    del trainable, received, mask
+    return jnp.zeros((), jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class BLUR:
+  """BLUR (Cheng et al., 2022): penalise only the part of ||Delta|| that clipping would cut off, so
+  updates inside the ball are untouched and larger ones are pulled back to it."""
+  lam: float = 0.0
+  clip_norm: float = 0.0
+  name = 'blur'
+
+  def bind(self, params, clip_norm) -> 'BLUR':
+    return dataclasses.replace(self, lam=params.blur_lambda, clip_norm=clip_norm)
+
+  def __call__(self, trainable, received, mask=None) -> jax.Array:
+    del mask
+    excess = jax.nn.relu(_norm(_delta(trainable, received)) - self.clip_norm)
+    return 0.5 * self.lam * jnp.square(excess)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveNorm:
+  """DP-pFedDSU eq. (10): (lam/2) | ||(theta - theta0) * M|| - C |."""
+  lam: float = 0.0
+  clip_norm: float = 0.0
+  name = 'adaptive_norm'
+
+  def bind(self, params, clip_norm) -> 'AdaptiveNorm':
+    return dataclasses.replace(self, lam=params.dsu_lam, clip_norm=clip_norm)
+
+  def __call__(self, trainable, received, mask=None) -> jax.Array:
+    return 0.5 * self.lam * jnp.abs(_norm(_delta(trainable, received, mask)) - self.clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class Proximal:
+  """Mean-regularized multi-task learning as the CENTAUR reference code writes it:
+  lam ||theta - theta_mean||^2 (no 1/2)."""
+  lam: float = 0.0
+  clip_norm: float = 0.0
+  name = 'proximal'
+
+  def bind(self, params, clip_norm) -> 'Proximal':
+    del clip_norm
+    return dataclasses.replace(self, lam=params.pmtl_lambda)
+
+  def __call__(self, trainable, received, mask=None) -> jax.Array:
+    del mask
+    return self.lam * jnp.square(_norm(_delta(trainable, received)))
 
 
 def kernel_layer_paths(model) -> tuple[tuple[str, ...], ...]:
@@ -93,36 +145,239 @@ def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
   return {k: (build(v, ()) if k == 'extractor' else trees.ones_like(v)) for k, v in shared.items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class WeightMask:
-  """The forward-pass mask of a method (DSU: theta * M, M from the current weights), or none.
+# ------------------------------------------------------------------ forward-pass weight masks
+# Every forward pass of a method with a weight mask goes through `forward(shared)`: the head phase,
+# the shared phase, evaluation and fine-tuning all see the same network theta * M
+# (dp-pfeddsu.txt eq. 7). `for_model` binds the mask to a model's layers.
 
-  Every forward pass of a DSU method goes through `forward(shared)`: the head phase, the shared
-  phase, evaluation and fine-tuning all see the same network theta * M (dp-pfeddsu.txt eq. 7).
-  """
-  kind: str = 'none'               # 'none' | 'dsu'
+
+@dataclasses.dataclass(frozen=True)
+class NoWeightMask:
+  name = 'none'
+
+  def for_model(self, method: str, model, params) -> 'NoWeightMask':
+    del method, model, params
+    return self
+
+  def __call__(self, shared):
+    """The 0/1 mask over `shared` (None: no mask)."""
+    del shared
+    return None
+
+  def forward(self, shared):
+    return shared
+
+
+@dataclasses.dataclass(frozen=True)
+class DSUWeightMask:
+  """DP-pFedDSU's theta * M, M from the current weights (the last kernel layers of the extractor)."""
   layer_paths: tuple = ()          # kernel layers of the extractor in forward order
   masked_layers: int = 0
-  sparsity: float = 1.0
+  keep_fraction: float = 1.0
+  name = 'dsu'
 
-  @classmethod
-  def for_method(cls, spec, model, params) -> 'WeightMask':
-    if spec.weight_mask != 'dsu':
-      return cls()
+  def for_model(self, method: str, model, params) -> 'DSUWeightMask':
     if model.input_dtype != 'float32':
       # DSU masks whole conv/dense layers; an LSTM layer is eight gate kernels, and masking the last
       # few of them (one gate's) is not the paper's method.
-      raise ConfigError(f'config.method={spec.name!r} masks the last conv/dense layers (DP-pFedDSU); '
+      raise ConfigError(f'config.method={method!r} masks the last conv/dense layers (DP-pFedDSU); '
                         f'config.model={model.name!r} is recurrent: use an image model, or another method.')
-    return cls('dsu', kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_sparsity)
+    return DSUWeightMask(kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_sparsity)
 
   def __call__(self, shared):
-    """The 0/1 mask over `shared` (None for methods without one)."""
-    if self.kind == 'none':
-      return None
-    return dsu_mask(shared, self.layer_paths, self.masked_layers, self.sparsity)
+    return dsu_mask(shared, self.layer_paths, self.masked_layers, self.keep_fraction)
 
   def forward(self, shared):
-    """The params the network computes with: theta * M, or theta itself."""
-    mask = self(shared)
-    return shared if mask is None else trees.apply_mask(shared, mask)
+    return trees.apply_mask(shared, self(shared))
+
+
+# ------------------------------------------------------------------ the personal part
+# What stays on each client, what the server aggregates (`shared_keys` of the model's
+# {'extractor', 'head'}), and how a client's model is put together from the two.
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPersonal:
+  """One global model: everything is shared."""
+  name = 'none'
+  shared_keys = ('extractor', 'head')
+
+  def split(self, params: dict) -> tuple[dict, dict]:
+    return {k: params[k] for k in self.shared_keys}, {}
+
+  def model_params(self, shared: dict, personal: dict) -> dict:
+    return {**shared, **personal}
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnHead:
+  """The extractor is shared; each client keeps its own head."""
+  name = 'head'
+  shared_keys = ('extractor',)
+
+  def split(self, params: dict) -> tuple[dict, dict]:
+    return {k: params[k] for k in self.shared_keys}, {'head': params['head']}
+
+  def model_params(self, shared: dict, personal: dict) -> dict:
+    return {**shared, **personal}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadOffset:
+  """PPSGD: the whole model is shared; each client adds its own correction to the head."""
+  name = 'head_offset'
+  shared_keys = ('extractor', 'head')
+
+  def split(self, params: dict) -> tuple[dict, dict]:
+    # Starts at zero: the client's model starts as the global one.
+    return ({k: params[k] for k in self.shared_keys},
+            {'head_offset': jax.tree.map(jnp.zeros_like, params['head'])})
+
+  def model_params(self, shared: dict, personal: dict) -> dict:
+    return {**shared, 'head': jax.tree.map(jnp.add, shared['head'], personal['head_offset'])}
+
+
+# ------------------------------------------------------------------ upload masks (before clipping)
+# `round_mask(key, shared, keep)`: a mask drawn once per round from a public key (None if none);
+# `client_mask(delta, own_mask, round_mask, keep)`: what a client multiplies its update with (None:
+# no mask); `private`: computed from the client's own data (so noise only on it leaks it).
+
+
+@dataclasses.dataclass(frozen=True)
+class NoUploadMask:
+  name = 'none'
+  private = False
+
+  def round_mask(self, key, shared, keep_fraction):
+    del key, shared, keep_fraction
+    return None
+
+  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
+    del delta, own_mask, round_mask, keep_fraction
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class RandKMask(NoUploadMask):
+  """Fed-SMP-randk: one rand-k mask per round from its own key, never from data (public)."""
+  name = 'randk'
+
+  def round_mask(self, key, shared, keep_fraction):
+    return sparsify.randk_mask(key, shared, keep_fraction)
+
+  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
+    return round_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKMask(NoUploadMask):
+  """The top-k of the client's own update (private)."""
+  name = 'topk'
+  private = True
+
+  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
+    return sparsify.topk_mask(delta, keep_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class DSUUploadMask(NoUploadMask):
+  """DSU's M^tau, the client's final weight mask (private)."""
+  name = 'dsu'
+  private = True
+
+  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
+    return own_mask
+
+
+# ------------------------------------------------------------------ post-processing of noised values
+# `client(upload, keep)`: applied to a client's own noised upload; `server(total, keep)`: to the
+# noised sum. `on_client_noise`: it sparsifies the client's own noised share (needs distributed
+# noise, and epsilon does not cover the result).
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPostprocess:
+  name = 'none'
+  on_client_noise = False
+  reads_noise = False
+
+  def client(self, upload, keep_fraction):
+    del keep_fraction
+    return upload
+
+  def server(self, total, keep_fraction):
+    del keep_fraction
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKOfClientUpload(NoPostprocess):
+  """DP-FedSAM-topk Option II: each client top-k's its own noised upload."""
+  name = 'topk_client'
+  on_client_noise = True
+  reads_noise = True
+
+  def client(self, upload, keep_fraction):
+    return sparsify.apply_mask(upload, sparsify.topk_mask(upload, keep_fraction))
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKOfNoisedSum(NoPostprocess):
+  """The server top-k's the noised sum: post-processing, covered by epsilon."""
+  name = 'topk_server'
+  reads_noise = True
+
+  def server(self, total, keep_fraction):
+    return sparsify.apply_mask(total, sparsify.topk_mask(total, keep_fraction))
+
+
+# ------------------------------------------------------------------ the model each client tests
+# `finetunes`: the evaluation trains a copy first (on the client's training data, inside the
+# evaluation, never touching the server state); `finetune(...)` does it. `own_weights`: every client
+# ends with its own whole model (the sequential executor then evaluates one client at a time).
+
+
+@dataclasses.dataclass(frozen=True)
+class TestGlobal:
+  """The global model (with the client's personal part, if the method has one)."""
+  name = 'global'
+  finetunes = False
+  own_weights = False
+
+  def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
+    del model, phase, x, y, count, key, local_config, decay, loss_mask
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class TestPersonal(TestGlobal):
+  """The global shared part with the client's own personal part (head or head offset)."""
+  name = 'personal'
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTune(TestGlobal):
+  """A copy of the global model fine-tuned on the client's training data (-FT methods)."""
+  name = 'finetune'
+  finetunes = True
+  own_weights = True
+
+  def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
+    loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y, loss_mask(y, mask))
+    params, _ = local.run_phase(phase, loss, params, x, y, count, key, local_config.lr_body * decay)
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuneHead(TestGlobal):
+  """The global model with its head fine-tuned on the client's data (DP-FedAvg-fb)."""
+  name = 'finetune_head'
+  finetunes = True
+
+  def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
+    features = model.features(params['extractor'], x)
+    head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
+        model.logits_from_features(h, f), labels, loss_mask(labels, mask))
+    head, _ = local.run_phase(phase, head_loss, params['head'], features, y, count, key,
+                              local_config.lr_head * decay)
+    return {**params, 'head': head}

@@ -1,76 +1,90 @@
 """Every method as a composition of the engine's shared pieces, side by side in one table.
 
-A method is data, not a loop. One round of any method is
+A method is data, not a loop: one row of small objects (algorithms/pieces.py), each holding the
+behaviour it selects. One round of any method is
 
     client:  [head phase: SGD on the personal part, shared part fixed]
              shared phase: `body_optimizer` on the shared part (+ `regularizer`, through `weight_mask`)
              Delta = new shared - received shared
-             Delta <- Delta * upload_mask                          (before clipping)
+             Delta <- Delta * upload_mask.client_mask(...)          (before clipping)
              clip Delta to global L2 norm C; [distributed] + noise (only on the mask if noise_on_mask)
-             [postprocess: top-k of the own noised upload]
-    server:  sum; [central] + noise; [postprocess: top-k of the noised sum]; phi += lr * sum / m
-    test:    global model | own head | fine-tuned copy | fine-tuned head
+             postprocess.client(noised upload)                       (e.g. its top-k)
+    server:  sum; [central] + noise; postprocess.server(noised sum); phi += lr * sum / m
+    test:    evaluation: global model | own personal part | fine-tuned copy | fine-tuned head
 
-`dp2fedsam_jax.round.make_round_step` turns any spec into one jitted round; the pieces live in
-`client.py`, `algorithms/pieces.py`, `privacy/sparsify.py` and `evaluation.py`.
+`personal` says what stays on each client (`shared_keys` are aggregated) and how a client's model is
+assembled. `dp2fedsam_jax.round.make_round_step` turns any spec into one jitted round; no engine
+module asks which piece a spec holds. A new method is one more `register(MethodSpec(...))` row; a
+new choice of a piece is one more class in pieces.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.local import OPTIMIZERS
 
-SHARED = ('extractor', 'full')
-PERSONAL = ('none', 'head', 'head_offset')
-REGULARIZERS = ('none', 'blur', 'adaptive_norm', 'proximal')
-WEIGHT_MASKS = ('none', 'dsu')
-UPLOAD_MASKS = ('none', 'randk', 'topk', 'dsu')
-# topk_client: each client top-k's its own noised upload (needs distributed noise);
-# topk_server: the server top-k's the noised sum (post-processing).
-POSTPROCESS = ('none', 'topk_client', 'topk_server')
-EVALUATIONS = ('personal', 'global', 'finetune', 'finetune_head')
+# One instance of each piece (algorithms/pieces.py): the rows below are made of these.
+NO_REGULARIZER, BLUR, ADAPTIVE_NORM, PROXIMAL = (
+    pieces.NoRegularizer(), pieces.BLUR(), pieces.AdaptiveNorm(), pieces.Proximal())
+NO_WEIGHT_MASK, DSU_WEIGHTS = pieces.NoWeightMask(), pieces.DSUWeightMask()
+GLOBAL_MODEL, OWN_HEAD, HEAD_OFFSET = pieces.NoPersonal(), pieces.OwnHead(), pieces.HeadOffset()
+NO_UPLOAD_MASK, RANDK, TOPK, DSU_MASK = (
+    pieces.NoUploadMask(), pieces.RandKMask(), pieces.TopKMask(), pieces.DSUUploadMask())
+# TOPK_CLIENT: each client top-k's its own noised upload (needs distributed noise);
+# TOPK_SERVER: the server top-k's the noised sum (post-processing).
+NO_POSTPROCESS, TOPK_CLIENT, TOPK_SERVER = (
+    pieces.NoPostprocess(), pieces.TopKOfClientUpload(), pieces.TopKOfNoisedSum())
+TEST_GLOBAL, TEST_PERSONAL, FINETUNE, FINETUNE_HEAD = (
+    pieces.TestGlobal(), pieces.TestPersonal(), pieces.FineTune(), pieces.FineTuneHead())
+
+_PIECE_TYPES = {
+    'personal': (pieces.NoPersonal, pieces.OwnHead, pieces.HeadOffset),
+    'regularizer': (pieces.NoRegularizer, pieces.BLUR, pieces.AdaptiveNorm, pieces.Proximal),
+    'weight_mask': (pieces.NoWeightMask, pieces.DSUWeightMask),
+    'upload_mask': (pieces.NoUploadMask,),
+    'postprocess': (pieces.NoPostprocess,),
+    'evaluation': (pieces.TestGlobal,),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
   name: str
-  shared: str = 'full'         # 'extractor': a personal head stays on each client; 'full': one global model
-  personal: str = 'none'       # 'head': own head; 'head_offset': own additive head correction (PPSGD)
+  personal: object = GLOBAL_MODEL  # what stays on each client; its shared_keys are aggregated
   head_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
   body_optimizer: str = 'sgd'  # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
-  regularizer: str = 'none'    # added to the shared phase's loss, on theta - theta_received
-  weight_mask: str = 'none'    # 'dsu': forward pass through theta * M on the last layers
-  upload_mask: str = 'none'    # multiplies Delta before clipping
+  regularizer: object = NO_REGULARIZER  # added to the shared phase's loss, on theta - theta_received
+  weight_mask: object = NO_WEIGHT_MASK  # DSU: forward pass through theta * M on the last layers
+  upload_mask: object = NO_UPLOAD_MASK  # multiplies Delta before clipping
   noise_on_mask: bool = False  # add noise only where the upload mask is 1 (safe only for public masks)
-  postprocess: str = 'none'    # applied to the noised update
+  postprocess: object = NO_POSTPROCESS  # applied to the noised update
   private: bool = True         # clip the shared update and add Gaussian noise (client-level DP)
-  evaluation: str = 'global'
+  evaluation: object = TEST_GLOBAL  # the model each client tests
   paper: str = ''
 
   def __post_init__(self):
-    for value, choices in ((self.shared, SHARED), (self.personal, PERSONAL),
-                           (self.body_optimizer, OPTIMIZERS), (self.regularizer, REGULARIZERS),
-                           (self.weight_mask, WEIGHT_MASKS), (self.upload_mask, UPLOAD_MASKS),
-                           (self.postprocess, POSTPROCESS), (self.evaluation, EVALUATIONS)):
-      if value not in choices:
-        raise ValueError(f'method {self.name!r}: {value!r} is not one of {choices}')
-    if (self.shared == 'extractor') != (self.personal == 'head'):
-      raise ValueError(f'method {self.name!r}: an extractor-only method keeps a personal head')
-    if self.head_phase and self.personal == 'none':
+    for field, types in _PIECE_TYPES.items():
+      if not isinstance(getattr(self, field), types):
+        raise ValueError(f'method {self.name!r}: {field}={getattr(self, field)!r} is not one of '
+                         f'{[t.__name__ for t in types]} (algorithms/pieces.py)')
+    if self.body_optimizer not in OPTIMIZERS:
+      raise ValueError(f'method {self.name!r}: {self.body_optimizer!r} is not one of {OPTIMIZERS}')
+    if self.head_phase and self.personal == GLOBAL_MODEL:
       raise ValueError(f'method {self.name!r}: a head phase needs a personal part')
-    if self.noise_on_mask and self.upload_mask == 'none':
+    if self.noise_on_mask and self.upload_mask == NO_UPLOAD_MASK:
       raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
-    if (self.weight_mask == 'dsu') != (self.upload_mask == 'dsu'):
+    if (self.weight_mask == DSU_WEIGHTS) != (self.upload_mask == DSU_MASK):
       raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
-    if self.postprocess != 'none' and not self.private:
+    if self.postprocess.reads_noise and not self.private:
       raise ValueError(f'method {self.name!r}: top-k of the noised update needs noise')
 
   def check_noise_placement(self, noise_placement: str) -> None:
     """Client-side top-k sparsifies the client's own *noised* upload: it needs distributed noise
     (with central noise the client would sparsify its clean update, a leak)."""
-    if self.postprocess == 'topk_client' and noise_placement != 'distributed':
+    if self.postprocess.on_client_noise and noise_placement != 'distributed':
       raise ConfigError(
           f'config.dp.noise_placement={noise_placement!r}: {self.name} sparsifies each client\'s '
           "own noised upload (dp-fedsam-topk.txt Option II), so noise must be added by the clients: "
@@ -91,19 +105,15 @@ class MethodSpec:
                         'coordinate carries the correlated rows of C^-1 Z; use '
                         '--config.dp.noise_mechanism=independent, or a method that noises every '
                         'coordinate (e.g. fed_smp_topk_safe, dp_pfeddsu_safe).')
-    if self.postprocess == 'topk_client':
+    if self.postprocess.on_client_noise:
       raise ConfigError(f"{field}: {self.name} sparsifies each client's own noised share "
                         '(distributed noise); use dp_fedsam_topk_server (top-k of the noised sum) '
                         'or --config.dp.noise_mechanism=independent.')
 
   @property
-  def shared_keys(self) -> tuple[str, ...]:
-    return ('extractor',) if self.shared == 'extractor' else ('extractor', 'head')
-
-  @property
   def mask_is_private(self) -> bool:
     """The upload mask is computed from the client's own data (not from the round key)."""
-    return self.upload_mask in ('topk', 'dsu')
+    return self.upload_mask.private
 
   def privacy_caveat(self) -> str:
     """What the accounted epsilon does not cover for this method ('' if it covers everything)."""
@@ -113,7 +123,7 @@ class MethodSpec:
       return (f'{self.name}: noise is added only where a mask computed from the client\'s own update '
               'is 1, so the mask (which coordinates changed most) is released without noise; the '
               'reported epsilon does not cover it. Use the _safe variant for a covered release.')
-    if self.postprocess == 'topk_client':
+    if self.postprocess.on_client_noise:
       return (f'{self.name}: each client keeps the top-k of its own noised upload (noise '
               'sigma/sqrt(m)), so a coordinate of the sum is noised only by the clients that kept '
               'it, and one nobody kept is released as an exact 0 whose probability depends on '
@@ -141,9 +151,6 @@ class MethodParams:
                dsu_sparsity=config.dsu.sparsity, dsu_masked_layers=config.dsu.masked_layers,
                dsu_lam=config.dsu.lam)
 
-  def regularizer_lambda(self, kind: str) -> float:
-    return {'none': 0.0, 'blur': self.blur_lambda, 'adaptive_norm': self.dsu_lam,
-            'proximal': self.pmtl_lambda}[kind]
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -162,7 +169,7 @@ def get_method(name: str) -> MethodSpec:
   return METHODS[name]
 
 
-_PERSONAL_HEAD = dict(shared='extractor', personal='head', head_phase=True, evaluation='personal')
+_PERSONAL_HEAD = dict(personal=OWN_HEAD, head_phase=True, evaluation=TEST_PERSONAL)
 
 # Non-private references.
 register(MethodSpec('fedavg', private=False, paper='FedAvg (McMahan et al., 2017)'))
@@ -173,30 +180,30 @@ register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
 
 # Global-model DP baselines (dp-fedsam-topk.txt, dp2-fedsam.txt section 5).
 register(MethodSpec('dp_fedavg', paper='DP-FedAvg, dp2-fedsam.txt Algorithm 1'))
-register(MethodSpec('dp_fedavg_ft', evaluation='finetune',
+register(MethodSpec('dp_fedavg_ft', evaluation=FINETUNE,
                     paper='DP-FedAvg; each client fine-tunes a copy of the global model to test'))
 register(MethodSpec('dp_fedsam', body_optimizer='sam',
                     paper='DP-FedSAM, dp-fedsam-topk.txt Algorithm 1 Option I'))
 register(MethodSpec('dp_fedasam', body_optimizer='asam',
                     paper='DP-FedSAM with ASAM (what the reference code runs: its --adaptive flag)'))
-register(MethodSpec('dp_fedsam_ft', body_optimizer='sam', evaluation='finetune',
+register(MethodSpec('dp_fedsam_ft', body_optimizer='sam', evaluation=FINETUNE,
                     paper='DP-FedSAM + local fine-tuning before testing'))
-register(MethodSpec('dp_fedsam_topk', body_optimizer='sam', postprocess='topk_client',
+register(MethodSpec('dp_fedsam_topk', body_optimizer='sam', postprocess=TOPK_CLIENT,
                     paper='DP-FedSAM-topk, dp-fedsam-topk.txt Algorithm 1 Option II (eq. 12): each '
                           'client top-k\'s its own noised update (distributed noise)'))
-register(MethodSpec('dp_fedsam_topk_server', body_optimizer='sam', postprocess='topk_server',
+register(MethodSpec('dp_fedsam_topk_server', body_optimizer='sam', postprocess=TOPK_SERVER,
                     paper='DP-FedSAM-topk variant: the server top-k\'s the noised sum '
                           '(post-processing, covered by epsilon)'))
-register(MethodSpec('fed_smp_randk', upload_mask='randk', noise_on_mask=True,
+register(MethodSpec('fed_smp_randk', upload_mask=RANDK, noise_on_mask=True,
                     paper='Fed-SMP-randk (Hu et al., 2023): data-independent rand-k mask, noise on it'))
-register(MethodSpec('fed_smp_topk', upload_mask='topk', noise_on_mask=True,
+register(MethodSpec('fed_smp_topk', upload_mask=TOPK, noise_on_mask=True,
                     paper='Fed-SMP-topk as written: top-k mask of the own update, noise only on it '
                           '(the mask leaks)'))
-register(MethodSpec('fed_smp_topk_safe', upload_mask='topk',
+register(MethodSpec('fed_smp_topk_safe', upload_mask=TOPK,
                     paper='Fed-SMP-topk with noise on every coordinate (covered by epsilon)'))
-register(MethodSpec('dp_fedavg_blur', regularizer='blur',
+register(MethodSpec('dp_fedavg_blur', regularizer=BLUR,
                     paper='DP-FedAvg + bounded local update regularization (Cheng et al., 2022)'))
-register(MethodSpec('dp_fedavg_blurs', regularizer='blur', upload_mask='topk',
+register(MethodSpec('dp_fedavg_blurs', regularizer=BLUR, upload_mask=TOPK,
                     paper='DP-FedAvg-blur + local update sparsification before clipping; noise on '
                           'every coordinate'))
 
@@ -207,19 +214,19 @@ register(MethodSpec('centaur', **_PERSONAL_HEAD,
                     paper='CENTAUR at client level: DP²-FedSAM with SGD instead of SAM'))
 register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, body_optimizer='sam', private=False,
                     paper='DP²-FedSAM without clipping or noise (epsilon = inf)'))
-register(MethodSpec('dp_pfeddsu', **_PERSONAL_HEAD, regularizer='adaptive_norm', weight_mask='dsu',
-                    upload_mask='dsu', noise_on_mask=True,
+register(MethodSpec('dp_pfeddsu', **_PERSONAL_HEAD, regularizer=ADAPTIVE_NORM, weight_mask=DSU_WEIGHTS,
+                    upload_mask=DSU_MASK, noise_on_mask=True,
                     paper='DP-pFedDSU as written (dp-pfeddsu.txt Algorithm 1): noise only on the '
                           'private mask M (the mask leaks)'))
-register(MethodSpec('dp_pfeddsu_safe', **_PERSONAL_HEAD, regularizer='adaptive_norm',
-                    weight_mask='dsu', upload_mask='dsu',
+register(MethodSpec('dp_pfeddsu_safe', **_PERSONAL_HEAD, regularizer=ADAPTIVE_NORM,
+                    weight_mask=DSU_WEIGHTS, upload_mask=DSU_MASK,
                     paper='DP-pFedDSU with noise on every coordinate (covered by epsilon)'))
-register(MethodSpec('dp_fedavg_fb', evaluation='finetune_head',
+register(MethodSpec('dp_fedavg_fb', evaluation=FINETUNE_HEAD,
                     paper='DP-FedAvg; each client fine-tunes its classifier head to test'))
-register(MethodSpec('ppsgd', personal='head_offset', head_phase=True, evaluation='personal',
+register(MethodSpec('ppsgd', personal=HEAD_OFFSET, head_phase=True, evaluation=TEST_PERSONAL,
                     paper='PPSGD (Bietti et al., 2022): global model + own additive head, '
                           'alternating local steps'))
-register(MethodSpec('pmtl_ft', regularizer='proximal', evaluation='finetune_head',
+register(MethodSpec('pmtl_ft', regularizer=PROXIMAL, evaluation=FINETUNE_HEAD,
                     paper='Private mean-regularized multi-task learning (Hu et al., 2021) as the '
                           'CENTAUR reference runs it: lam ||theta - theta_mean||^2, the head '
                           'fine-tuned to test'))

@@ -82,4 +82,4 @@ def set_fields(config, values: dict[str, Any]) -> None:
 def noise_placement_for(method: str) -> str:
   """'distributed' for methods that sparsify each client's own noised upload (DP-FedSAM-topk
   Option II), else 'central' (the same total noise, covered by epsilon without secure aggregation)."""
-  return 'distributed' if METHODS[method].postprocess == 'topk_client' else 'central'
+  return 'distributed' if METHODS[method].postprocess.on_client_noise else 'central'
