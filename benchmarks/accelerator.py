@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from dp2fedsam_jax import cli
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 from dp2fedsam_jax.train import build_experiment
 from experiments.configs import default
 

@@ -43,7 +43,7 @@ from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
-from dp2fedsam_jax.round import make_round_step, RoundConfig
+from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
 from dp2fedsam_jax.state import init_state
 
 INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3), 'resnet18_gn': (32, 32, 3),

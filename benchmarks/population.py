@@ -90,7 +90,7 @@ def run_one(num_clients: int) -> dict:
   from dp2fedsam_jax.local import LocalConfig
   from dp2fedsam_jax.models import get_model
   from dp2fedsam_jax.privacy.mechanism import DPMechanism
-  from dp2fedsam_jax.round import make_round_step, round_config_from
+  from dp2fedsam_jax.federated_round import make_round_step, round_config_from
   from dp2fedsam_jax.state import init_state
 
   c = base_config()

@@ -67,7 +67,7 @@ from scipy import linalg
 from dp2fedsam_jax import keys
 from dp2fedsam_jax.data.federated import select_clients
 from dp2fedsam_jax.privacy import auditing
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,7 +53,8 @@ def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, targe
 
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
-                       params: MethodParams = MethodParams(), target_mask=_example_mask):
+                       params: MethodParams = MethodParams(), target_mask=_example_mask,
+                       clip_norm=None):
   """Builds one client's local training: the head phase (Algorithm 2, lines 6-9), then the shared
   phase (lines 10-15) and the update Delta_i (line 17).
 
@@ -65,6 +66,8 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     params: method-specific hyperparameters.
     target_mask: `(y, example_mask) -> mask` of the targets the loss counts (FederatedData.loss_mask:
       token sequences drop the pad id); default: every real example.
+    clip_norm: the round's C (the DPMechanism's, traced under adaptive clipping), which BLUR and
+      DSU's adaptive norm penalise against; other methods leave it None.
 
   Returns:
     `client_update(shared, personal, x, y, count, key, round_index) -> ClientResult` for one
@@ -77,7 +80,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
   train_head = head_trainer(spec, model, local_config, target_mask)
   body_phase = local.Phase(local_config.body_epochs, local_config.batch_size, spec.body_optimizer,
                            local_config.momentum, local_config.sam_rho)
-  regularizer = spec.regularizer.bind(params, params.clip_norm)
+  regularizer = spec.regularizer.bind(params, clip_norm)
   weight_mask = spec.weight_mask.for_model(spec.name, model, params)
 
   def client_update(shared, personal, x, y, count, key, round_index):

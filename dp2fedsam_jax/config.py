@@ -43,7 +43,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_beta1 = 0.9
   c.server_beta2 = 0.99
   c.server_eps = 1e-3
-  # 'auto' (sequential on CPU, vmap on GPU/TPU; round.resolve_executor) | 'vmap' | 'sequential' |
+  # 'auto' (sequential on CPU, vmap on GPU/TPU; federated_round.resolve_executor) | 'vmap' | 'sequential' |
   # 'sharded' (cohort split over jax.devices()).
   c.executor = 'auto'
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
@@ -118,7 +118,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   and the sweep launcher (tests/test_layers.py checks it).
   """
   # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax import round as round_lib
+  from dp2fedsam_jax import federated_round as round_lib
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.federated import SUBSET_DRAWS

@@ -32,8 +32,7 @@ from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.progress import RoundProgress
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
-from dp2fedsam_jax import round as round_lib
-from dp2fedsam_jax.round import make_round_step, resolve_executor, round_config_from, RoundConfig
+from dp2fedsam_jax import federated_round
 from dp2fedsam_jax.state import init_state, ServerState, split_params
 
 
@@ -44,7 +43,7 @@ class Experiment:
   spec: MethodSpec
   model: Any
   data: FederatedData
-  round_config: RoundConfig
+  round_config: federated_round.RoundConfig
 
   @property
   def mechanism(self) -> DPMechanism:
@@ -92,28 +91,33 @@ class Experiment:
   def local_config(self) -> LocalConfig:
     return LocalConfig.from_config(self.config)
 
-  def round_step(self):
-    return make_round_step(self.spec, self.model, self.local_config, self.round_config,
-                           self.method_params)
+  def make_round_step(self):
+    """The run's round step, a pure function to jit (federated_round.make_round_step)."""
+    return federated_round.make_round_step(self.spec, self.model, self.local_config,
+                                           self.round_config, self.method_params)
 
-  def evaluate(self):
+  def make_evaluate(self):
+    """The run's evaluation, a pure function to jit (evaluation.make_evaluate)."""
     return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
                          evaluation_batch_size(self.spec, self.round_config.executor),
                          eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
                                          self.config.seed))
 
 
-def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
+def build_experiment(config: ml_collections.ConfigDict, *, validated: bool = False) -> Experiment:
   """Validates the config, loads and partitions the data, builds the model, resolves privacy.
 
   Args:
     config: the experiment config.
+    validated: the caller has just run validate_config on it (train_and_evaluate, the binary): the
+      config is checked once per run.
 
   Returns:
     An Experiment: data, model, method spec, the DPMechanism (sigma calibrated if a target epsilon
-    is set), the RoundConfig and LocalConfig, with `round_step()`, `evaluate()`, `init_state()`.
+    is set), the RoundConfig and LocalConfig, with `make_round_step()`, `make_evaluate()`, `init_state()`.
   """
-  validate_config(config, METHODS)
+  if not validated:
+    validate_config(config, METHODS)
   spec = get_method(config.method)
   # Before loading data, so that a bad dp field fails fast; sigma calibrated here, once.
   mechanism = DPMechanism.from_config(config, config.num_clients, spec)
@@ -125,7 +129,7 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
   if data.num_clients != mechanism.num_clients:
     raise ValueError(f'the data holds {data.num_clients} clients, config.num_clients is '
                      f'{mechanism.num_clients}: the partition must make one client per slot.')
-  return Experiment(config, spec, model, data, round_config_from(config, mechanism))
+  return Experiment(config, spec, model, data, federated_round.round_config_from(config, mechanism))
 
 
 def describe(config: ml_collections.ConfigDict) -> dict:
@@ -197,7 +201,7 @@ ADAPTIVE_SCALARS = ('clip_norm',)
 # takes (they grow with the cohort's size).
 PRIVATE_TRAIN_SCALARS = ('clip_norm',)
 PRIVATE_RECORD_KEYS = ('round', 'epsilon', 'epsilon_caveat')
-# The executors 'auto' chooses from (round.resolve_executor).
+# The executors 'auto' chooses from (federated_round.resolve_executor).
 _AUTO_CHOICES = ('sequential', 'vmap')
 
 
@@ -216,7 +220,7 @@ def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str
     if config.chunk_size is None:
       config.chunk_size = recorded.get('chunk_size')
   else:
-    config.executor, how = resolve_executor('auto'), f'auto on {jax.default_backend()}'
+    config.executor, how = federated_round.resolve_executor('auto'), f'auto on {jax.default_backend()}'
   return config, how
 
 
@@ -231,7 +235,7 @@ def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
   """The chunk size that keeps a vmapped round within `headroom` of the device's memory (None: the
   whole cohort fits, or the device does not report its memory). From XLA's memory analysis of the
   compiled round step: once at the full capacity, and only if that does not fit, at chunk sizes 1
-  and 2 (round.fitting_chunk_size extrapolates)."""
+  and 2 (federated_round.fitting_chunk_size extrapolates)."""
   memory_bytes = memory_bytes or device_memory_bytes()
   if memory_bytes is None:
     return None
@@ -239,14 +243,15 @@ def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
 
   def program_bytes(chunk_size):
     rc = dataclasses.replace(exp.round_config, chunk_size=chunk_size)
-    step = make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params)
-    return round_lib.program_bytes(
+    step = federated_round.make_round_step(exp.spec, exp.model, exp.local_config, rc,
+                                           exp.method_params)
+    return federated_round.program_bytes(
         jax.jit(step, donate_argnums=0).lower(state, exp.data, exp.root_key).compile())
 
   capacity = exp.round_config.capacity
   if program_bytes(None) <= headroom * memory_bytes:
     return None
-  return round_lib.fitting_chunk_size(capacity, program_bytes(1), program_bytes(2), memory_bytes,
+  return federated_round.fitting_chunk_size(capacity, program_bytes(1), program_bytes(2), memory_bytes,
                                       headroom)
 
 
@@ -296,17 +301,19 @@ def private_record(record: dict) -> dict:
   return {k: v for k, v in record.items() if k in PRIVATE_RECORD_KEYS}
 
 
-def _stopped(config, workdir: str) -> str:
-  del config
+def _stopped(config, workdir: str, **unused) -> str:
+  del config, unused
   return run_files.stop_message(workdir)
 
 
 @stopping.interruptible(_stopped)
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       validated: bool = False) -> dict:
   """Runs (or resumes) the experiment in `workdir`; returns the last metrics record.
 
   Args:
-    config: the experiment (base_config() fields; validated here, before any data is loaded).
+    config: the experiment (base_config() fields; validated here before anything is written or
+      loaded, unless `validated`: the caller (experiments/train.py) has just done it).
     workdir: where the run's files go; a workdir of a finished run returns its last record at once,
       one with a checkpoint resumes from it (bit-identical to an uninterrupted run), one of another
       config is refused.
@@ -327,6 +334,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     written (full disk, read-only workdir) or none can be read; stopping.Interrupted on Ctrl-C or
     SIGTERM, at the next round boundary, after checkpointing that round; the same call resumes.
   """
+  if not validated:
+    validate_config(config, METHODS)
   with run_files.hold(workdir):  # one writer per workdir, before anything is written there
     return _train_and_evaluate(config, workdir)
 
@@ -338,7 +347,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir,
                  finished['round'])
     return finished
-  exp = build_experiment(config)
+  exp = build_experiment(config, validated=True)
   if executor_choice and config.executor == 'vmap' and config.chunk_size is None:
     chunk_size = fit_chunk_size(exp)  # 'auto' on an accelerator fits the cohort to its memory
     if chunk_size is not None:
@@ -364,8 +373,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     logging.info('The metrics files hold diagnostics computed from raw client data, which void '
                  'epsilon for whoever reads them; --config.private_metrics_only=True leaves them out.')
   data = exp.data
-  round_step = jax.jit(exp.round_step(), donate_argnums=0)
-  evaluate = jax.jit(exp.evaluate())
+  round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
+  evaluate = jax.jit(exp.make_evaluate())
   # The training scalars of the rounds since the last evaluation come back with the state: the
   # next record of a resumed run averages the same rounds as an uninterrupted run's.
   restored = checkpoint.restore_run(workdir, exp.init_state())

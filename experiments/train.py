@@ -122,7 +122,7 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
     logging.info('Persistent compilation cache: %s',
                  compilation_cache.enable(f.compilation_cache) or 'off')
     try:
-      final = train.train_and_evaluate(config, workdir)
+      final = train.train_and_evaluate(config, workdir, validated=True)
     except Exception as e:  # pylint: disable=broad-except
       _write_failure(workdir, e)
       raise

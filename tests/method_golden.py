@@ -69,8 +69,8 @@ def run_case(method: str, overrides: dict) -> dict:
   """ROUNDS rounds' train metrics, the final state's digest and one evaluation's metrics."""
   exp = train.build_experiment(conftest.tiny_config(method=method, num_clients=6,
                                                     sampling_rate=0.5, **CLIP, **overrides))
-  step = jax.jit(exp.round_step())
-  evaluate = jax.jit(exp.evaluate())
+  step = jax.jit(exp.make_round_step())
+  evaluate = jax.jit(exp.make_evaluate())
   state = exp.init_state()
   rounds = []
   for _ in range(ROUNDS):

@@ -23,7 +23,7 @@ from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 
 
 def _adaptive(**overrides):
@@ -153,7 +153,7 @@ def test_the_round_step_clips_to_the_state_and_moves_it_by_the_rounds_noised_cou
       sampling_rate=1.0, **{'dp.initial_clip_norm': 0.3, 'dp.count_noise_multiplier': 1.5}))
   state = exp.init_state()
   np.testing.assert_array_equal(state.clip_state, np.float32(0.3))
-  new, metrics = jax.jit(exp.round_step())(state, exp.data, exp.root_key)
+  new, metrics = jax.jit(exp.make_round_step())(state, exp.data, exp.root_key)
   assert float(metrics['clip_norm']) == pytest.approx(0.3)
   cohort = int(metrics['cohort_size'])
   unclipped = round(cohort * (1.0 - float(metrics['clipped_fraction'])))  # no client diverged
@@ -178,7 +178,7 @@ def test_a_diverged_client_reports_the_bit_of_the_zero_it_uploads():
   zero_hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, 0.0, x), d)
   zero_step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
                               exp.method_params, update_hook=zero_hook)
-  nan_state, nan_metrics = jax.jit(exp.round_step())(state, poisoned, exp.root_key)
+  nan_state, nan_metrics = jax.jit(exp.make_round_step())(state, poisoned, exp.root_key)
   zero_state, zero_metrics = jax.jit(zero_step)(state, float_data, exp.root_key)
   assert int(nan_metrics['nonfinite_clients']) == 1 and int(zero_metrics['nonfinite_clients']) == 0
   cohort = int(nan_metrics['cohort_size'])
@@ -192,7 +192,7 @@ def test_a_diverged_client_reports_the_bit_of_the_zero_it_uploads():
 
 def test_the_clip_norm_is_checkpointed_and_a_resumed_run_repeats_it_bit_for_bit(tmp_path):
   exp = train.build_experiment(_adaptive(**{'dp.count_noise_multiplier': 0.5}))
-  step = jax.jit(exp.round_step())
+  step = jax.jit(exp.make_round_step())
   state, resumed = exp.init_state(), None
   for r in range(4):
     if r == 2:

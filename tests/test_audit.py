@@ -342,7 +342,7 @@ def test_private_mask_methods_release_exactly_zero_for_an_empty_cohort():
   public rand-k mask is noised even then (tests/test_methods.py)."""
   exp = train.build_experiment(tiny_config(method='fed_smp_topk', sampling_rate=1e-9))
   state0 = exp.init_state()
-  state, metrics = jax.jit(exp.round_step())(state0, exp.data, exp.root_key)
+  state, metrics = jax.jit(exp.make_round_step())(state0, exp.data, exp.root_key)
   assert int(metrics['cohort_size']) == 0
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                state.shared, state0.shared)

@@ -265,7 +265,7 @@ def test_choice_lists_are_defined_once_by_their_implementations():
   import jax
   import numpy as np
 
-  from dp2fedsam_jax import round as round_lib
+  from dp2fedsam_jax import federated_round as round_lib
   from dp2fedsam_jax.data import partition as partition_fn
   from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS
   from dp2fedsam_jax.models import layers

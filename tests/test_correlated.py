@@ -48,7 +48,7 @@ def _released_noise(exp, rounds):
   c = exp.config
   m = max(1, round(c.sampling_rate * c.num_clients))
   denominator = m if c.dp.noise_mechanism == 'tree' else c.sampling_rate * c.num_clients
-  step = jax.jit(exp.round_step())
+  step = jax.jit(exp.make_round_step())
   state, out = exp.init_state(), []
   for _ in range(rounds):
     new, _ = step(state, exp.data, exp.root_key)
@@ -234,7 +234,7 @@ def test_calibrated_sigma_meets_the_target_under_the_libraries_accountants(mecha
 
 # --------------------------------------------------------------------------------------- samplers
 def _cohorts(exp, rounds):
-  step = jax.jit(exp.round_step())
+  step = jax.jit(exp.make_round_step())
   state, sampled = exp.init_state(), []
   for _ in range(rounds):
     new, _ = step(state, exp.data, exp.root_key)

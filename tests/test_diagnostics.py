@@ -11,7 +11,7 @@ import pytest
 from conftest import tiny_config
 from dp2fedsam_jax import train
 from dp2fedsam_jax.evaluation import accuracy_spread
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 
 SPREAD_KEYS = ('test_accuracy_std', 'test_accuracy_p10', 'test_accuracy_p50', 'test_accuracy_p90',
                'test_accuracy_worst10')

@@ -13,7 +13,7 @@ from dp2fedsam_jax import train
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 
 
 def build(**overrides):
@@ -232,7 +232,7 @@ def test_unsampled_clients_keep_their_heads():
 def test_round_step_traces_once_over_rounds():
   exp = build(**{'num_rounds': 4})
   traces = []
-  inner = exp.round_step()
+  inner = exp.make_round_step()
 
   def counted(state, data, key):
     traces.append(1)
@@ -295,7 +295,7 @@ def test_evaluation_is_the_mean_own_head_accuracy_over_clients_with_test_data():
                       test_offsets=jnp.asarray(np.r_[0, np.cumsum(counts)], jnp.int32))
   tested = counts > 0
   accuracies = np.array(accuracies)
-  result = jax.jit(exp.evaluate())(state, data, exp.eval_key(1))
+  result = jax.jit(exp.make_evaluate())(state, data, exp.eval_key(1))
   np.testing.assert_allclose(float(result['participation']), took_part.mean(), rtol=1e-6)
   np.testing.assert_allclose(float(result['test_accuracy']), accuracies[tested].mean(), rtol=1e-5)
   np.testing.assert_allclose(float(result['test_accuracy_participated']),
@@ -348,7 +348,7 @@ def test_local_config_is_frozen_and_the_engine_refuses_the_configdict():
 
 
 def test_fitting_chunk_size_extrapolates_the_affine_memory_of_a_round():
-  from dp2fedsam_jax.round import fitting_chunk_size
+  from dp2fedsam_jax.federated_round import fitting_chunk_size
   # 100 fixed + 10 per client; a budget of 0.8 * 1000 = 800 holds 70 clients.
   assert fitting_chunk_size(64, 110, 120, memory_bytes=1000) is None  # 740 fits
   assert fitting_chunk_size(256, 110, 120, memory_bytes=1000) == 70
@@ -358,7 +358,7 @@ def test_fitting_chunk_size_extrapolates_the_affine_memory_of_a_round():
 
 
 def test_fit_chunk_size_keeps_the_compiled_round_within_a_fake_device_memory():
-  from dp2fedsam_jax.round import program_bytes
+  from dp2fedsam_jax.federated_round import program_bytes
   exp = build(**{'sampling_rate': 1.0, 'num_clients': 8, 'executor': 'vmap'})
 
   def bytes_at(chunk_size):

@@ -21,7 +21,7 @@ from dp2fedsam_jax.config import ConfigError, base_config, choices, validate_con
 from dp2fedsam_jax.models.registry import model_names
 from dp2fedsam_jax.privacy import accounting, clipping
 from dp2fedsam_jax.algorithms.specs import MethodParams
-from dp2fedsam_jax.round import _masked_sum, make_round_step
+from dp2fedsam_jax.federated_round import _masked_sum, make_round_step
 
 QUICK = settings(max_examples=40, deadline=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -52,8 +52,8 @@ def test_no_key_is_both_split_and_folded_in_a_round_or_an_evaluation(monkeypatch
                                                                      placement):
   exp = train.build_experiment(tiny_config(method=method, **{'dp.noise_placement': placement}))
   state = exp.init_state()
-  for fn, args in ((exp.round_step(), (state, exp.data, exp.root_key)),
-                   (exp.evaluate(), (state, exp.data, exp.eval_key(1)))):
+  for fn, args in ((exp.make_round_step(), (state, exp.data, exp.root_key)),
+                   (exp.make_evaluate(), (state, exp.data, exp.eval_key(1)))):
     ops = _trace_key_ops(monkeypatch, fn, *args)
     both = [parent for parent, kinds in ops.items() if kinds == {'split', 'fold_in'}]
     assert not both, f'{len(both)} key(s) both split and folded while tracing {fn}'
@@ -106,7 +106,7 @@ def test_every_random_draw_of_two_rounds_uses_its_own_key():
   with pytest.MonkeyPatch.context() as mp:
     for name in _DRAWS:
       mp.setattr(jax.random, name, recording(name, getattr(jax.random, name)))
-    step = jax.jit(exp.round_step())
+    step = jax.jit(exp.make_round_step())
     state = exp.init_state()
     for _ in range(2):
       state, _ = step(state, exp.data, exp.root_key)
@@ -131,7 +131,7 @@ def test_released_noise_is_independent_of_the_public_randk_mask():
                        **{'local.lr_body': 0.0, 'dp.noise_multiplier': 1.0, 'dp.clip_norm': 1.0,
                           'dp.delta': 0.1})
   exp = train.build_experiment(config)
-  step = jax.jit(exp.round_step())
+  step = jax.jit(exp.make_round_step())
   state0 = exp.init_state()
   by_array = collections.defaultdict(lambda: ([], []))  # array -> (values, mask bit at same index)
   for seed in range(4):

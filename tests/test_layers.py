@@ -26,7 +26,7 @@ LAYERS = (
     ('algorithms',),             # MethodSpec registry and the pieces methods compose
     ('state',),                  # ServerState, split/merge of shared and personal params
     ('client', 'evaluation'),    # one client's round; per-client test accuracy
-    ('round',),                  # the jitted round step and its executors
+    ('federated_round',),        # the jitted round step and its executors
     ('config',),                 # validate_config checks against the choice lists of the layers below
     ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
 )
@@ -140,7 +140,7 @@ def test_the_import_reader_sees_every_kind_of_import():
       'import dp2fedsam_jax.privacy.clipping',               # 2
       'from dp2fedsam_jax.privacy import sparsify, noise',   # 3: two submodules
       'from dp2fedsam_jax.algorithms import METHODS',        # 4: a name -> the package __init__
-      'from ..round import make_round_step',                 # 5: relative
+      'from ..federated_round import make_round_step',       # 5: relative
       'from . import clipping',                              # 6: relative, same package
       'def f():',
       '  from dp2fedsam_jax import train',                   # 8: inside a function
@@ -148,14 +148,14 @@ def test_the_import_reader_sees_every_kind_of_import():
   found = _imports(f'{PACKAGE}.privacy.noise', source)
   p = PACKAGE
   assert found == [(2, f'{p}.privacy.clipping'), (3, f'{p}.privacy.sparsify'),
-                   (4, f'{p}.algorithms'), (5, f'{p}.round'), (6, f'{p}.privacy.clipping'),
+                   (4, f'{p}.algorithms'), (5, f'{p}.federated_round'), (6, f'{p}.privacy.clipping'),
                    (8, f'{p}.train')], found  # the module's own import of noise is dropped
 
 
 def test_the_layer_order_forbids_what_issue_15_removed():
   # local.py reaching into privacy/ (before issue 15) and a privacy module running the round step.
   assert _layer('privacy') == _layer('local')
-  assert _layer('privacy') < _layer('algorithms') < _layer('round') < _layer('train')
+  assert _layer('privacy') < _layer('algorithms') < _layer('federated_round') < _layer('train')
   assert _layer('trees') < _layer('privacy')
 
 

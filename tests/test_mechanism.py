@@ -93,7 +93,7 @@ def test_released_noise_is_the_calibrated_sigma_c_on_every_array_and_fresh_each_
       dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(exp.mechanism.delta)
   assert 0.98 * target <= epsilon <= target * (1 + 1e-6), (sigma, epsilon)
 
-  step = jax.jit(exp.round_step())
+  step = jax.jit(exp.make_round_step())
   state = exp.init_state()
   noise_by_round, cohorts = [], []
   for _ in range(rounds):
@@ -127,7 +127,7 @@ def test_the_rounds_cohorts_are_the_accounted_sampler(sampling):
   rc = exp.round_config
   n = rc.num_clients
   q, expected_cohort = _accounted_cohort(rc.mechanism)
-  step = jax.jit(exp.round_step())
+  step = jax.jit(exp.make_round_step())
   state = exp.init_state()
   sampled = []
   for _ in range(rounds):

@@ -22,7 +22,7 @@ from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.models.registry import SplitModel
 from dp2fedsam_jax.privacy import sparsify
 from dp2fedsam_jax.config import ConfigError
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 from experiments.configs import _common
 
 ISSUE_METHODS = ('fedavg', 'fedsam', 'fedrep', 'dp_fedavg', 'dp_fedavg_ft', 'dp_fedsam',
@@ -209,7 +209,7 @@ def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
 
   # One local step: `high` moves only inside its mask; the layer below moves everywhere.
   client = make_client_update(exp.spec, model, exp.local_config, data.normalize,
-                              MethodParams.from_config(exp.config))
+                              MethodParams.from_config(exp.config), clip_norm=exp.mechanism.clip_norm)
   personal = jax.tree.map(lambda h: h[0], state.personal)
   result = jax.jit(client)(shared, personal, *data.client_train(0), jax.random.key(0), 0)
   high_moved = np.asarray(result.delta['extractor']['high']['kernel']) != 0
@@ -281,7 +281,7 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
       assert np.all(np.asarray(m) == 1), path
   assert min(float(np.mean(np.asarray(m))) for m in jax.tree.leaves(mask)) < 0.11
 
-  evaluate = jax.jit(exp.evaluate())
+  evaluate = jax.jit(exp.make_evaluate())
   key = jax.random.key(0)
   chex.assert_trees_all_close(evaluate(state, exp.data, key), evaluate(masked, exp.data, key))
   # The dense network is a different one (so the check above is not vacuous).
@@ -293,7 +293,7 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
 
   # The head phase learns on the masked features: the new head is the same from theta * M.
   client = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
-                                      params))
+                                      params, clip_norm=exp.mechanism.clip_norm))
   personal = jax.tree.map(lambda h: h[0], state.personal)
   args = (*exp.data.client_train(0), jax.random.key(1), 0)
   chex.assert_trees_all_close(client(state.shared, personal, *args).personal,

@@ -31,7 +31,7 @@ import test_engine
 import test_keys
 import test_mechanism
 from dp2fedsam_jax import checkpoint, keys
-from dp2fedsam_jax import round as round_module
+from dp2fedsam_jax import federated_round as round_module
 from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.algorithms.specs import MethodParams

@@ -19,7 +19,7 @@ from dp2fedsam_jax.data import from_flat_arrays, padded_bytes
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.models.registry import SplitModel
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
-from dp2fedsam_jax.round import RoundConfig, chunk_ids, make_round_step, sampled_id_blocks
+from dp2fedsam_jax.federated_round import RoundConfig, chunk_ids, make_round_step, sampled_id_blocks
 from dp2fedsam_jax.state import init_state
 
 TRAIN_SIZES = (1, 3, 500)

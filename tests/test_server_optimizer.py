@@ -79,8 +79,8 @@ def test_momentum_state_in_the_round_step_holds_the_released_mean():
   sgd = train.build_experiment(tiny_config(method='dp_fedavg'))
   state = exp.init_state()
   assert sgd.init_state().server_opt_state == ()
-  new, _ = jax.jit(exp.round_step())(state, exp.data, exp.root_key)
-  plain, _ = jax.jit(sgd.round_step())(sgd.init_state(), sgd.data, sgd.root_key)
+  new, _ = jax.jit(exp.make_round_step())(state, exp.data, exp.root_key)
+  plain, _ = jax.jit(sgd.make_round_step())(sgd.init_state(), sgd.data, sgd.root_key)
   chex.assert_trees_all_close(new.shared, plain.shared, rtol=1e-6)
   trace = new.server_opt_state[0].trace
   chex.assert_trees_all_close(trace, jax.tree.map(lambda a, b: (b - a) / exp.config.server_lr,

@@ -25,7 +25,7 @@ def _child(devices: int) -> dict:
   import numpy as np
 
   from dp2fedsam_jax import sharding, train
-  from dp2fedsam_jax.round import make_round_step
+  from dp2fedsam_jax.federated_round import make_round_step
 
   assert jax.device_count() == devices, jax.devices()
   # 12 clients, q = 0.7: the cohort spans several slots per device; chunk_size=4 forces 2 chunks.

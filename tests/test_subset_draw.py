@@ -16,7 +16,7 @@ from dp2fedsam_jax.data import FederatedData, from_flat_arrays
 from dp2fedsam_jax.data.federated import SUBSET_DRAWS
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
-from dp2fedsam_jax.round import make_round_step, round_config_from
+from dp2fedsam_jax.federated_round import make_round_step, round_config_from
 from dp2fedsam_jax.state import init_state
 
 KEYS = 20_000

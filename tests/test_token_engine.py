@@ -25,7 +25,7 @@ from dp2fedsam_jax.data import shakespeare
 from dp2fedsam_jax.data.federated import from_flat_arrays, make_federated_data
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.models import get_model
-from dp2fedsam_jax.round import make_round_step
+from dp2fedsam_jax.federated_round import make_round_step
 from experiments.configs import _common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

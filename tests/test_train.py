@@ -113,7 +113,7 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
 
 
 def test_auto_executor_is_resolved_per_backend_and_a_resume_keeps_the_recorded_one(tmp_path):
-  from dp2fedsam_jax.round import resolve_executor
+  from dp2fedsam_jax.federated_round import resolve_executor
   assert [resolve_executor('auto', b) for b in ('cpu', 'gpu', 'tpu')] == [
       'sequential', 'vmap', 'vmap']
   assert resolve_executor('sharded', 'cpu') == 'sharded'

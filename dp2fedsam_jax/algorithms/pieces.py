@@ -7,7 +7,7 @@
     postprocess    NoPostprocess | TopKOfClientUpload | TopKOfNoisedSum (top-k of noised values)
     evaluation     TestGlobal | TestPersonal | FineTune | FineTuneHead  (the model each client tests)
 
-The engine (client.py, round.py, state.py, evaluation.py) calls their methods and never asks which
+The engine (client.py, federated_round.py, state.py, evaluation.py) calls their methods and never asks which
 one it holds, so a new method is a row of these objects, and a new choice is one more class here.
 All functions are pure and see one client. `received` is the shared part the client got this round;
 `trainable` is its current value; the local update is trainable - received.
@@ -41,6 +41,13 @@ def _delta(trainable, received, mask=None):
 # the penalty with its lambda (a field of MethodParams) and the round's C.
 
 
+def _needed(clip_norm, regularizer):
+  if clip_norm is None:
+    raise ValueError(f'the {regularizer.name} regularizer penalises against the clip norm: pass the '
+                     "round's C (make_client_update(..., clip_norm=mechanism.clip_norm)).")
+  return clip_norm
+
+
 @dataclasses.dataclass(frozen=True)
 class NoRegularizer:
   lam: float = 0.0
@@ -65,7 +72,7 @@ class BLUR:
   name = 'blur'
 
   def bind(self, params, clip_norm) -> 'BLUR':
-    return dataclasses.replace(self, lam=params.blur_lambda, clip_norm=clip_norm)
+    return dataclasses.replace(self, lam=params.blur_lambda, clip_norm=_needed(clip_norm, self))
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
     del mask
@@ -81,7 +88,7 @@ class AdaptiveNorm:
   name = 'adaptive_norm'
 
   def bind(self, params, clip_norm) -> 'AdaptiveNorm':
-    return dataclasses.replace(self, lam=params.dsu_lam, clip_norm=clip_norm)
+    return dataclasses.replace(self, lam=params.dsu_lam, clip_norm=_needed(clip_norm, self))
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
     return 0.5 * self.lam * jnp.abs(_norm(_delta(trainable, received, mask)) - self.clip_norm)

@@ -13,7 +13,7 @@ behaviour it selects. One round of any method is
     test:    evaluation: global model | own personal part | fine-tuned copy | fine-tuned head
 
 `personal` says what stays on each client (`shared_keys` are aggregated) and how a client's model is
-assembled. `dp2fedsam_jax.round.make_round_step` turns any spec into one jitted round; no engine
+assembled. `dp2fedsam_jax.federated_round.make_round_step` turns any spec into one jitted round; no engine
 module asks which piece a spec holds. A new method is one more `register(MethodSpec(...))` row; a
 new choice of a piece is one more class in pieces.py.
 """
@@ -135,8 +135,8 @@ class MethodSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MethodParams:
-  """The numbers the pieces need beyond `config.local` (fields of the experiment config)."""
-  clip_norm: float = 0.1
+  """The numbers the pieces need beyond `config.local` (fields of the experiment config). The clip
+  norm is not one of them: it is the DPMechanism's (the round passes its C_t to the client)."""
   sparsity: float = 0.4         # p: fraction kept by top-k / rand-k (config.sparsity)
   blur_lambda: float = 1.0      # config.blur_lambda
   pmtl_lambda: float = 0.1      # config.pmtl_lambda
@@ -146,7 +146,7 @@ class MethodParams:
 
   @classmethod
   def from_config(cls, config) -> 'MethodParams':
-    return cls(clip_norm=config.dp.clip_norm, sparsity=config.sparsity,
+    return cls(sparsity=config.sparsity,
                blur_lambda=config.blur_lambda, pmtl_lambda=config.pmtl_lambda,
                dsu_sparsity=config.dsu.sparsity, dsu_masked_layers=config.dsu.masked_layers,
                dsu_lam=config.dsu.lam)

@@ -15,8 +15,9 @@ and the accountant's facade over them (dp_event, epsilon, calibrate). The round 
     sample(key, round, root)       who takes part
     clip(delta)                    -> (upload, pre-clip norm)
     privatize_upload(key, u, |S|)  [distributed] the client's share
-    privatize_sum(key, sum, |S|, support, noise_state, round, root)
-                                   -> (released sum, new noise_state)
+    privatize_sum(ctx, sum, |S|, support, noise_state)
+                                   -> (released sum, new noise_state); ctx: NoiseContext (the
+                                   round's noise key, round index, root key)
     init_noise_state(shared)       what the server carries between rounds (ServerState.noise_state)
     denominator(|S|)               the public divisor of the released sum
 
@@ -50,7 +51,7 @@ from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import clip_rules, clipping, noise, noise_mechanisms
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip, FixedClip
 from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS
-from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, TreeAggregation
+from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, NoiseContext, TreeAggregation
 
 NoiseMechanism = Independent | BandMF | TreeAggregation
 ClipRule = FixedClip | AdaptiveClip
@@ -58,7 +59,8 @@ ClipRule = FixedClip | AdaptiveClip
 
 @dataclasses.dataclass(frozen=True)
 class DPMechanism:
-  """Sampling, clipping, noise and accounting of one run (all static: hashable, jit-friendly).
+  """Sampling, clipping, noise and accounting of one run (static as from_config builds it: hashable,
+  jit-friendly; inside a round step `at_clip_state` gives a copy whose clip_norm is the traced C_t).
 
   The round step executes exactly this object and the accountant composes its `dp_event`, so the
   accounted mechanism cannot drift from the executed one. Built once per run by `from_config`.
@@ -244,18 +246,17 @@ class DPMechanism:
     """The noise state a run starts with (BandMF: a buffer of b-1 zero draws; () otherwise)."""
     return self.noise.init_state(shared) if self.private else ()
 
-  def privatize_sum(self, key: jax.Array, total, cohort: jax.Array, support=None, noise_state=(),
-                    round_index=0, root: jax.Array | None = None):
+  def privatize_sum(self, ctx: NoiseContext, total, cohort: jax.Array, support=None,
+                    noise_state=()):
     """(the sum of the clipped uploads plus the server's noise, the new noise state). `support`:
     a 0/1 mask where noise goes (a public rand-k mask; the union of private masks for the leaky
-    methods; never with correlated noise). The noise mechanism draws w_t of std sigma C (key:
-    the round's noise stream; root: the run's key, for the tree's node keys)."""
+    methods; never with correlated noise). The noise mechanism draws w_t of std sigma C from
+    `ctx` (the round's noise stream; the run's root key, for the tree's node keys)."""
     if not self.private:
       return total, noise_state
     if support is not None and self.noise.correlated:
       raise ValueError('correlated noise goes on every coordinate; a noise support is refused.')
-    w, noise_state = self.noise.draw(key, total, self.server_noise_std(cohort), noise_state,
-                                     round_index, root)
+    w, noise_state = self.noise.draw(ctx, total, self.server_noise_std(cohort), noise_state)
     if support is not None:
       w = jax.tree.map(lambda z, m: z * m.astype(z.dtype), w, support)
     return jax.tree.map(jnp.add, total, w), noise_state

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
 import dp_accounting
 import jax
@@ -30,6 +31,15 @@ import jax.numpy as jnp
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import accounting, correlated, noise
 from dp2fedsam_jax.privacy import sampling as sampling_lib
+
+
+class NoiseContext(NamedTuple):
+  """Where a round's server noise comes from: the round's noise stream, the round's index and the
+  run's root key (the tree folds its node keys from the root; BandMF and independent noise draw
+  from `key`)."""
+  key: jax.Array
+  round_index: Any = 0
+  root: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +82,7 @@ class Independent:
 
   @property
   def cohort_shape(self) -> str:
-    """'fixed' (exactly m) or 'poisson': how round.py sizes a chunk of client slots."""
+    """'fixed' (exactly m) or 'poisson': how federated_round.py sizes a chunk of client slots."""
     return self.sampling
 
   def sample(self, key: jax.Array, round_index, root) -> jax.Array:
@@ -89,10 +99,9 @@ class Independent:
     del shared
     return ()
 
-  def draw(self, key: jax.Array, like, stddev, state, round_index, root):
+  def draw(self, ctx: NoiseContext, like, stddev, state):
     """(w_t, state): N(0, stddev^2) on every coordinate of `like`."""
-    del round_index, root
-    return noise.gaussian_like(key, like, stddev), state
+    return noise.gaussian_like(ctx.key, like, stddev), state
 
   def divisor(self) -> float:
     """The expected cohort size q N (Poisson) or m (fixed): public."""
@@ -205,9 +214,8 @@ class BandMF(_Correlated):
     """The last b-1 draws w_{t-1}..w_{t-b+1}, zero before round 0."""
     return correlated.init_banded_buffer(self.strategy, shared)
 
-  def draw(self, key: jax.Array, like, stddev, state, round_index, root):
-    del round_index, root  # the buffer in `state` is all the history it needs
-    z = noise.gaussian_like(key, like, stddev)
+  def draw(self, ctx: NoiseContext, like, stddev, state):
+    z = noise.gaussian_like(ctx.key, like, stddev)  # the buffer in `state` is all the history
     return correlated.banded_noise(z, state, self.strategy)
 
   def divisor(self) -> float:
@@ -262,9 +270,8 @@ class TreeAggregation(_Correlated):
     del shared  # stateless: a node's noise comes from its own key
     return ()
 
-  def draw(self, key: jax.Array, like, stddev, state, round_index, root):
-    del key
-    return correlated.tree_noise(root, round_index, like, stddev, self.epoch_length), state
+  def draw(self, ctx: NoiseContext, like, stddev, state):
+    return correlated.tree_noise(ctx.root, ctx.round_index, like, stddev, self.epoch_length), state
 
   def divisor(self) -> float:
     """m, the cohort of every full round."""

@@ -43,6 +43,7 @@ from dp2fedsam_jax import keys, sharding, trees
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
 from dp2fedsam_jax.server_optimizer import ServerOptimizer
 from dp2fedsam_jax.state import ServerState
 
@@ -237,15 +238,13 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   if mech.private != spec.private:
     raise ValueError(f'method {spec.name!r} is {"" if spec.private else "not "}private but its '
                      f'round mechanism is {"" if mech.private else "not "}: build both from one config.')
-  params = dataclasses.replace(params, clip_norm=mech.clip_norm)  # one C for clipping and regularizers
   capacity = rc.capacity
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
   def round_step(state: ServerState, data, key):
     mech = rc.mechanism.at_clip_state(state.clip_state)  # the round's C (traced if adaptive)
-    client_update = make_client_update(spec, model, local_config, data.normalize,
-                                       dataclasses.replace(params, clip_norm=mech.clip_norm),
-                                       target_mask=data.loss_mask)
+    client_update = make_client_update(spec, model, local_config, data.normalize, params,
+                                       target_mask=data.loss_mask, clip_norm=mech.clip_norm)
     budget = local_config.budget(data.max_train)  # examples per client slot (static)
     streams = keys.round_keys(key, state.round)
     sampled = mech.sample(streams.sample, state.round, key)                      # line 2
@@ -330,8 +329,8 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     clipped_sum = stats['clipped_sum'] if mech.distributed else upload_sum
     # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
     # if nobody was sampled, so the release is the mechanism the accountant assumed).
-    upload_sum, noise_state = mech.privatize_sum(streams.noise, upload_sum, cohort, support,
-                                                 state.noise_state, state.round, key)
+    upload_sum, noise_state = mech.privatize_sum(NoiseContext(streams.noise, state.round, key),
+                                                 upload_sum, cohort, support, state.noise_state)
     # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
     denominator = mech.denominator(cohort)
     diagnostics = noise_diagnostics(clipped_sum, upload_sum, denominator)
