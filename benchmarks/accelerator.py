@@ -130,7 +130,7 @@ def scaling(out: str, smoke: bool) -> dict:
 
 def speedups(out: str, smoke: bool) -> dict:
   sizes = (['--model=mlp', '--clients=2', '--samples_per_client=8', '--batch_size=4',
-            '--head_epochs=1', '--body_epochs=1', '--matmul_size=64'] if smoke else
+            '--personal_epochs=1', '--shared_epochs=1', '--matmul_size=64'] if smoke else
            ['--model=cifar_cnn', '--clients=16,50,100,500'])
   return _speedups(os.path.join(out, 'speedups.json'), sizes, 'vmap over sequential')
 
@@ -142,7 +142,7 @@ def lstm_speedups(out: str, smoke: bool) -> dict:
            ['--model=char_lstm', '--clients=10,50,100,500', '--samples_per_client=16',
             '--batch_size=8'])
   return _speedups(os.path.join(out, 'lstm_speedups.json'),
-                   ['--head_epochs=1', '--body_epochs=1', *sizes], 'vmap over sequential, char_lstm')
+                   ['--personal_epochs=1', '--shared_epochs=1', *sizes], 'vmap over sequential, char_lstm')
 
 
 def _speedups(path: str, sizes: list[str], what: str) -> dict:

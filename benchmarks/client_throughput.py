@@ -15,7 +15,7 @@ The char LSTMs (the Shakespeare round) run on synthetic token rows of `--seq_len
 vocabulary of `--vocab` (TFF's 80 and 90; id 0 is the pad id, which the rows never contain):
 
     python -m benchmarks.client_throughput --model=char_lstm --clients=10 --samples_per_client=16 \
-        --batch_size=8 --head_epochs=1 --body_epochs=1 --rounds=3 --torch_threads=1,2
+        --batch_size=8 --personal_epochs=1 --shared_epochs=1 --rounds=3 --torch_threads=1,2
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ _MIN_SAMPLES = flags.DEFINE_integer('min_samples_per_client', None, 'Unequal cli
                                     'largest, as real partitions are; GFLOP/s still counts full '
                                     'clients); None: all equal.')
 _BATCH = flags.DEFINE_integer('batch_size', 10, 'Local batch size.')
-_HEAD_EPOCHS = flags.DEFINE_integer('head_epochs', 2, 'Head-phase epochs (tau_h).')
-_BODY_EPOCHS = flags.DEFINE_integer('body_epochs', 2, 'Shared-phase epochs (tau_phi).')
+_HEAD_EPOCHS = flags.DEFINE_integer('personal_epochs', 2, 'Head-phase epochs (tau_h).')
+_BODY_EPOCHS = flags.DEFINE_integer('shared_epochs', 2, 'Shared-phase epochs (tau_phi).')
 _MODES = flags.DEFINE_list('modes', ['vmap', 'sequential'], 'Executors: vmap, sequential, sharded.')
 _METHOD = flags.DEFINE_string('method', 'dp2fedsam', 'Method (algorithms registry name).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); the median is reported.')
@@ -162,7 +162,7 @@ def build_model(seq_len: int | None = None, unroll: int | None = None):
 
 def local_config() -> LocalConfig:
   c = base_config()
-  c.local.head_epochs, c.local.body_epochs = _HEAD_EPOCHS.value, _BODY_EPOCHS.value
+  c.local.personal_epochs, c.local.shared_epochs = _HEAD_EPOCHS.value, _BODY_EPOCHS.value
   c.local.batch_size = _BATCH.value
   return LocalConfig.from_config(c)
 
@@ -196,7 +196,7 @@ def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   return {'mode': mode, 'clients': cohort, 'seconds_per_round': seconds, 'round_seconds': times,
           'clients_per_second': cohort / seconds,
           'examples_per_second': int(np.sum(data.train_count)) * (
-              _HEAD_EPOCHS.value * spec.head_phase + _BODY_EPOCHS.value) / seconds,
+              _HEAD_EPOCHS.value * spec.personal_phase + _BODY_EPOCHS.value) / seconds,
           'compile_seconds': compile_seconds, 'capacity': rc.capacity,
           'xla_temp_bytes': int(getattr(mem, 'temp_size_in_bytes', 0) or 0),
           **peak_memory(), 'load_before': load_before, 'load_after': _load()}
@@ -214,13 +214,14 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
       load_before = _load()
       r = torch_baseline.run(cohort, _SAMPLES.value, model=_MODEL.value, seq_len=_SEQ_LEN.value,
                              vocab=_VOCAB.value, batch_size=lc.batch_size,
-                             head_epochs=lc.head_epochs, body_epochs=lc.body_epochs,
-                             rounds=_ROUNDS.value, threads=int(threads), lr_head=lc.lr_head,
-                             lr_body=lc.lr_body, momentum=lc.momentum, rho=lc.sam_rho)
+                             personal_epochs=lc.personal_epochs, shared_epochs=lc.shared_epochs,
+                             rounds=_ROUNDS.value, threads=int(threads), lr_personal=lc.lr_personal,
+                             lr_shared=lc.lr_shared, momentum=lc.momentum, rho=lc.sam_rho)
       s = r['seconds_per_round']
       rows.append({'mode': f'torch_sequential_{threads}t', 'clients': cohort, **r,
                    'clients_per_second': cohort / s,
-                   'examples_per_second': cohort * _SAMPLES.value * (lc.head_epochs + lc.body_epochs) / s,
+                   'examples_per_second': (cohort * _SAMPLES.value
+                                           * (lc.personal_epochs + lc.shared_epochs) / s),
                    # JAX's executed count (padded last batch included); PyTorch skips the padding.
                    'gflops_per_second': cohort * client_gflop / s,
                    'load_before': load_before, 'load_after': _load()})
@@ -268,13 +269,13 @@ def main(argv):
                      model.init, jax.random.key(0))), 'conv_impl': model.conv_impl,
                  'method': _METHOD.value, 'samples_per_client': _SAMPLES.value,
                  'min_samples_per_client': _MIN_SAMPLES.value, 'batch_size': _BATCH.value,
-                 'head_epochs': _HEAD_EPOCHS.value,
-                 'body_epochs': _BODY_EPOCHS.value, 'rounds': _ROUNDS.value,
+                 'personal_epochs': _HEAD_EPOCHS.value,
+                 'shared_epochs': _BODY_EPOCHS.value, 'rounds': _ROUNDS.value,
                  'chunk_size': _CHUNK.value,
                  **({'seq_len': _SEQ_LEN.value, 'vocab': _VOCAB.value, 'lstm_cell': _LSTM_CELL.value,
                      'lstm_unroll': _LSTM_UNROLL.value} if tokens else {})},
       'device': machine,
-      'client_flops': {'total': cf.total, 'head_phase': cf.head_phase, 'body_phase': cf.body_phase,
+      'client_flops': {'total': cf.total, 'personal_phase': cf.personal_phase, 'body_phase': cf.body_phase,
                        'features_once': cf.features, 'head_step': cf.head_step,
                        'body_step': cf.body_step, 'head_steps': cf.head_steps,
                        'body_steps': cf.body_steps,
@@ -302,7 +303,7 @@ def main(argv):
         f"{machine['device_count']} device(s)); matmul peak "
         f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
         f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
-        f"(head phase {cf.head_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
+        f"(head phase {cf.personal_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
   # x PyTorch: seconds per round over the fastest PyTorch line's (of --torch_threads) at the cohort.
   torch_seconds = {}
   for r in result['results']:

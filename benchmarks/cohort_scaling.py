@@ -50,7 +50,7 @@ def throughput_args(model: str, mode: str, cohort: int, json_out: str) -> list[s
   executor = 'vmap' if mode == 'chunked' else mode
   args = [f'--model={model}', f'--clients={cohort}', f'--modes={executor}',
           f'--samples_per_client={_SAMPLES.value}', f'--batch_size={_BATCH.value}',
-          f'--head_epochs={_EPOCHS.value}', f'--body_epochs={_EPOCHS.value}',
+          f'--personal_epochs={_EPOCHS.value}', f'--shared_epochs={_EPOCHS.value}',
           f'--rounds={_ROUNDS.value}', '--notorch', '--matmul_size=0', '--noflops', f'--json_out={json_out}']
   if mode == 'chunked':
     args.append(f'--chunk_size={min(_CHUNK.value, cohort)}')

@@ -37,11 +37,11 @@ class ClientFlops:
   head_step: float   # one SGD step of the head on cached features
   body_step: float   # one step of the shared phase (SAM: two gradients)
   overhead: float    # the update Delta, once
-  head_steps: int    # head_epochs * steps per epoch
+  head_steps: int    # personal_epochs * steps per epoch
   body_steps: int
 
   @property
-  def head_phase(self) -> float:
+  def personal_phase(self) -> float:
     return self.features + self.head_steps * self.head_step
 
   @property
@@ -50,7 +50,7 @@ class ClientFlops:
 
   @property
   def total(self) -> float:
-    return self.head_phase + self.body_phase + self.overhead
+    return self.personal_phase + self.body_phase + self.overhead
 
 
 def client_flops(spec, model, local_config, samples: int, normalize, target_mask=None) -> ClientFlops:
@@ -71,8 +71,8 @@ def client_flops(spec, model, local_config, samples: int, normalize, target_mask
   mask_kwargs = {} if target_mask is None else {'target_mask': target_mask}
   count = jnp.int32(batch)
 
-  def variant(head_epochs: int, body_epochs: int) -> float:
-    lc = dataclasses.replace(local_config, head_epochs=head_epochs, body_epochs=body_epochs)
+  def variant(personal_epochs: int, shared_epochs: int) -> float:
+    lc = dataclasses.replace(local_config, personal_epochs=personal_epochs, shared_epochs=shared_epochs)
     update = make_client_update(spec, model, lc, normalize, MethodParams(), **mask_kwargs)
     def run(*args):  # both outputs, or XLA drops the head phase as dead code
       result = update(*args, jnp.int32(0))
@@ -80,15 +80,15 @@ def client_flops(spec, model, local_config, samples: int, normalize, target_mask
     return cost_flops(run, shared, personal, x, y, count, jax.random.key(0))
 
   base = variant(0, 0)
-  body_step = variant(0, 1) - base if local_config.body_epochs else 0.0
+  body_step = variant(0, 1) - base if local_config.shared_epochs else 0.0
   features = head_step = 0.0
-  if spec.head_phase and local_config.head_epochs:
+  if spec.personal_phase and local_config.personal_epochs:
     features_b = cost_flops(lambda p, a: model.features(p['extractor'], normalize(a)), shared, x)
     head_step = variant(1, 0) - base - features_b
     features = features_b * steps_per_epoch  # the padded data: steps_per_epoch * batch examples
-  head_steps = local_config.head_epochs * steps_per_epoch if spec.head_phase else 0
+  head_steps = local_config.personal_epochs * steps_per_epoch if spec.personal_phase else 0
   return ClientFlops(features, head_step, body_step, base, head_steps,
-                     local_config.body_epochs * steps_per_epoch)
+                     local_config.shared_epochs * steps_per_epoch)
 
 
 def sequence_flops(count_at_length, seq_len: int) -> ClientFlops:

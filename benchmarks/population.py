@@ -96,7 +96,7 @@ def run_one(num_clients: int) -> dict:
   c = base_config()
   c.method, c.model, c.num_clients, c.executor = 'dp2fedsam', 'mlp', num_clients, 'sequential'
   c.sampling_rate = min(1.0, _COHORT.value / num_clients)
-  c.local.head_epochs = c.local.body_epochs = 1
+  c.local.personal_epochs = c.local.shared_epochs = 1
   c.local.max_examples, c.eval_clients = _MAX_EXAMPLES.value, _EVAL_CLIENTS.value
   c.local.subset_draw = _SUBSET_DRAW.value
   c.dp.noise_multiplier, c.dp.poisson_draw = 1.0, _POISSON_DRAW.value

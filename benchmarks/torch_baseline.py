@@ -2,8 +2,8 @@
 clients one after another.
 
 Per client, as `dp2fedsam_jax.client` does it: features of the client's data computed once with the
-received extractor; `head_epochs` of SGD (momentum) on the personal head over cached features; then
-`body_epochs` of SAM on the extractor with the new head fixed (eps = rho g/||g|| on the same batch,
+received extractor; `personal_epochs` of SGD (momentum) on the personal head over cached features; then
+`shared_epochs` of SAM on the extractor with the new head fixed (eps = rho g/||g|| on the same batch,
 gradient at phi + eps, SGD step with momentum); Delta = phi_i - phi clipped to global L2 norm C.
 The server adds N(0, sigma^2 C^2) to the sum and averages. Batches are real examples only (a partial
 last batch is smaller), which is what a PyTorch user would write. The char LSTMs predict the next id
@@ -81,7 +81,7 @@ def _batches(n: int, batch_size: int, generator: torch.Generator):
 
 
 def client_update(model: nn.Module, global_ext: dict, head_state: dict, x, y, *, batch_size: int,
-                  head_epochs: int, body_epochs: int, lr_head: float, lr_body: float,
+                  personal_epochs: int, shared_epochs: int, lr_personal: float, lr_shared: float,
                   momentum: float, rho: float, generator: torch.Generator):
   """Returns (Delta as a list of tensors, the new head state dict)."""
   model.extractor.load_state_dict(global_ext)
@@ -89,8 +89,8 @@ def client_update(model: nn.Module, global_ext: dict, head_state: dict, x, y, *,
   loss_fn = _token_loss if y.dim() == 2 else nn.CrossEntropyLoss()
   with torch.no_grad():  # phi is fixed in the head phase: features once
     feats = model.extractor(x)
-  opt = torch.optim.SGD(model.head.parameters(), lr=lr_head, momentum=momentum)
-  for _ in range(head_epochs):
+  opt = torch.optim.SGD(model.head.parameters(), lr=lr_personal, momentum=momentum)
+  for _ in range(personal_epochs):
     for idx in _batches(len(x), batch_size, generator):
       opt.zero_grad()
       loss_fn(model.head(feats[idx]), y[idx]).backward()
@@ -99,8 +99,8 @@ def client_update(model: nn.Module, global_ext: dict, head_state: dict, x, y, *,
   params = list(model.extractor.parameters())
   for p in model.head.parameters():
     p.requires_grad_(False)
-  opt = torch.optim.SGD(params, lr=lr_body, momentum=momentum)
-  for _ in range(body_epochs):
+  opt = torch.optim.SGD(params, lr=lr_shared, momentum=momentum)
+  for _ in range(shared_epochs):
     for idx in _batches(len(x), batch_size, generator):
       xb, yb = x[idx], y[idx]
       grads = torch.autograd.grad(loss_fn(model.head(model.extractor(xb)), yb), params)
@@ -123,10 +123,10 @@ def client_update(model: nn.Module, global_ext: dict, head_state: dict, x, y, *,
 
 
 def run(cohort: int, samples_per_client: int, *, model: str = 'cifar_cnn', seq_len: int = 80,
-        vocab: int = 90, batch_size: int = 10, head_epochs: int = 2,
-        body_epochs: int = 2, rounds: int = 3, warmup: int = 1, threads: int | None = None,
-        clip_norm: float = 0.1, noise_multiplier: float = 1.0, lr_head: float = 0.005,
-        lr_body: float = 0.1, momentum: float = 0.7, rho: float = 0.1, seed: int = 0) -> dict:
+        vocab: int = 90, batch_size: int = 10, personal_epochs: int = 2,
+        shared_epochs: int = 2, rounds: int = 3, warmup: int = 1, threads: int | None = None,
+        clip_norm: float = 0.1, noise_multiplier: float = 1.0, lr_personal: float = 0.005,
+        lr_shared: float = 0.1, momentum: float = 0.7, rho: float = 0.1, seed: int = 0) -> dict:
   """Times `rounds` rounds (after `warmup`) of a cohort of `cohort` clients; returns a summary."""
   threads = threads or os.cpu_count()
   torch.set_num_threads(threads)
@@ -152,9 +152,9 @@ def run(cohort: int, samples_per_client: int, *, model: str = 'cifar_cnn', seq_l
     total = [torch.zeros_like(v) for v in global_ext.values()]
     for i in range(cohort):
       delta, heads[i] = client_update(
-          model, global_ext, heads[i], xs[i], ys[i], batch_size=batch_size, head_epochs=head_epochs,
-          body_epochs=body_epochs, lr_head=lr_head, lr_body=lr_body, momentum=momentum, rho=rho,
-          generator=generator)
+          model, global_ext, heads[i], xs[i], ys[i], batch_size=batch_size,
+          personal_epochs=personal_epochs, shared_epochs=shared_epochs, lr_personal=lr_personal,
+          lr_shared=lr_shared, momentum=momentum, rho=rho, generator=generator)
       norm = torch.sqrt(sum((d * d).sum() for d in delta))
       factor = min(1.0, clip_norm / max(float(norm), 1e-12))
       for t, d in zip(total, delta):

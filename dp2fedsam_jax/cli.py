@@ -34,7 +34,7 @@ from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
-from dp2fedsam_jax import stopping
+from dp2fedsam_jax import config_help, stopping
 
 EXIT_ERROR = 2
 TRACEBACK_ENV = 'DP2FEDSAM_TRACEBACK'
@@ -139,6 +139,8 @@ def closest_field(path: str, paths: list[str]) -> str | None:
 
 
 def unknown_field_message(flag: str, path: str, paths: list[str]) -> str:
+  if path in config_help.RENAMED_FIELDS:
+    return f'--{flag}.{path}: ' + config_help.renamed_field_message(path)
   leaves = [p for p in paths if not any(q.startswith(p + '.') for q in paths)]
   guess = closest_field(path, leaves)
   hint = f'did you mean --{flag}.{guess}?' if guess else 'add --print_config to list every field'

@@ -38,7 +38,7 @@ def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, targe
   """train_head(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
   with the extractor's features computed once (phi is fixed in this phase; [n, F] or, for token
   sequences, [n, T, F])."""
-  phase = local.Phase(local_config.head_epochs, local_config.batch_size, 'sgd',
+  phase = local.Phase(local_config.personal_epochs, local_config.batch_size, 'sgd',
                       local_config.momentum)
 
   def train_head(shared, personal, features, y, count, key, lr, epochs=None):
@@ -78,7 +78,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
   """
   local.check_local_config(local_config)
   train_head = head_trainer(spec, model, local_config, target_mask)
-  body_phase = local.Phase(local_config.body_epochs, local_config.batch_size, spec.body_optimizer,
+  body_phase = local.Phase(local_config.shared_epochs, local_config.batch_size, spec.shared_optimizer,
                            local_config.momentum, local_config.sam_rho)
   regularizer = spec.regularizer.bind(params, clip_norm)
   weight_mask = spec.weight_mask.for_model(spec.name, model, params)
@@ -88,10 +88,10 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     head_key, body_key = keys.head_and_body(key)
     inputs = normalize(x)
 
-    if spec.head_phase:  # DSU: the head learns on the features of theta * M, as it is tested
+    if spec.personal_phase:  # DSU: the head learns on the features of theta * M, as it is tested
       features = model.features(weight_mask.forward(shared)['extractor'], inputs)
       personal = train_head(shared, personal, features, y, count, head_key,
-                            local_config.lr_head * decay)
+                            local_config.lr_personal * decay)
 
     def body_loss(trainable, inputs, labels, mask):
       # DSU: the forward pass sees theta * M, M recomputed from the current weights every step.
@@ -102,7 +102,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
               + regularizer(trainable, shared, wmask))
 
     new_shared, loss = local.run_phase(body_phase, body_loss, shared, inputs, y, count, body_key,
-                                       local_config.lr_body * decay)
+                                       local_config.lr_shared * decay)
     delta = jax.tree.map(jnp.subtract, new_shared, shared)
     return ClientResult(delta, personal, loss, weight_mask(new_shared))
 

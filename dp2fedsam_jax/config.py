@@ -55,11 +55,11 @@ def base_config() -> ml_collections.ConfigDict:
   # leave out every metric that voids epsilon for whoever reads it (docs/privacy.md section 4).
   c.private_metrics_only = False
   # Method pieces (used only by the methods that have them; see algorithms/specs.py).
-  c.sparsity = 0.4      # p: fraction of coordinates kept by top-k / rand-k
+  c.keep_fraction = 0.4  # p: fraction of coordinates kept by top-k / rand-k
   c.blur_lambda = 1.0   # BLUR penalty weight (dp_fedavg_blur[s])
   c.pmtl_lambda = 0.1   # proximal weight of private multi-task learning (pmtl_ft)
   c.dsu = ml_collections.ConfigDict()
-  c.dsu.sparsity = 0.05     # fraction of weights kept in each masked layer (dp-pfeddsu.txt: S)
+  c.dsu.keep_fraction = 0.05  # fraction of weights kept in each masked layer (dp-pfeddsu.txt: S)
   c.dsu.masked_layers = 4   # the last k kernel layers of the extractor are masked
   c.dsu.lam = 0.2           # adaptive-norm penalty weight (lambda)
   # A msgpack file of {'extractor', 'head'} params (models.save_params): the extractor is restored,
@@ -67,11 +67,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.init_checkpoint = config_dict.placeholder(str)
 
   c.local = ml_collections.ConfigDict()
-  c.local.head_epochs = 2
-  c.local.body_epochs = 2
+  c.local.personal_epochs = 2
+  c.local.shared_epochs = 2
   c.local.batch_size = 10
-  c.local.lr_head = 0.005
-  c.local.lr_body = 0.05  # 0.1 with momentum 0.7 diverges from a random init (configs/default.py)
+  c.local.lr_personal = 0.005
+  c.local.lr_shared = 0.05  # 0.1 with momentum 0.7 diverges from a random init (configs/default.py)
   c.local.momentum = 0.5
   c.local.lr_decay = 0.99
   c.local.sam_rho = 0.1
@@ -181,6 +181,12 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
 
   `methods`: the method names to accept (default: every registered method).
   """
+  from dp2fedsam_jax import config_help  # pylint: disable=import-outside-toplevel
+  for old in config_help.RENAMED_FIELDS:  # e.g. a config file that still sets local.lr_body
+    parent, _, leaf = old.rpartition('.')
+    node = config[parent] if parent else config
+    if leaf in node:
+      raise ConfigError(config_help.renamed_field_message(old))
   allowed = choices()
   methods = allowed['method'] if methods is None else methods
   if config.method not in methods:
@@ -225,7 +231,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if not _is_number(q) or not 0.0 < q <= 1.0:
     _fail('sampling_rate', q, 'the client sampling rate q must lie in (0, 1].')
 
-  for field in ('sparsity', 'dsu.sparsity'):
+  for field in ('keep_fraction', 'dsu.keep_fraction'):
     value = _get(config, field)
     if not _is_number(value) or not 0.0 < value <= 1.0:
       _fail(field, value, 'the fraction of coordinates kept must lie in (0, 1].')
@@ -233,10 +239,10 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     _positive(config, field, allow_zero=True)
   _positive(config, 'dsu.masked_layers', integer=True, allow_zero=True)
 
-  for field in ('local.head_epochs', 'local.body_epochs', 'local.finetune_epochs'):
+  for field in ('local.personal_epochs', 'local.shared_epochs', 'local.finetune_epochs'):
     _positive(config, field, integer=True, allow_zero=True)
   _positive(config, 'local.batch_size', integer=True)
-  for field in ('local.lr_head', 'local.lr_body', 'local.lr_decay'):
+  for field in ('local.lr_personal', 'local.lr_shared', 'local.lr_decay'):
     _positive(config, field, allow_zero=field != 'local.lr_decay')
   _positive(config, 'local.sam_rho', allow_zero=True)
   m = config.local.momentum

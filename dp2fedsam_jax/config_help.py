@@ -40,20 +40,20 @@ FIELD_HELP = {
     'private_metrics_only': 'True: write only round, epsilon and clip_norm (functions of the '
                             'release); every other metric is computed from raw client data and '
                             'voids epsilon for whoever reads it (docs/privacy.md section 4)',
-    'sparsity': 'p, fraction of coordinates kept by top-k / rand-k methods',
+    'keep_fraction': 'p, fraction of coordinates kept by top-k / rand-k methods',
     'blur_lambda': 'BLUR penalty weight (dp_fedavg_blur, dp_fedavg_blurs)',
     'pmtl_lambda': 'proximal weight of pmtl_ft',
     'dsu': 'DP-pFedDSU settings (dp_pfeddsu*)',
-    'dsu.sparsity': 'fraction of weights kept in each masked layer (S)',
+    'dsu.keep_fraction': 'fraction of weights kept in each masked layer (S)',
     'dsu.masked_layers': 'the last k kernel layers of the extractor are masked',
     'dsu.lam': 'adaptive-norm penalty weight (lambda)',
     'init_checkpoint': "msgpack of {'extractor','head'} params to start from; None: random init",
     'local': 'local training on each sampled client',
-    'local.head_epochs': 'tau_h, epochs on the personal head (extractor fixed)',
-    'local.body_epochs': 'tau_phi, epochs on the shared part (head fixed)',
+    'local.personal_epochs': 'tau_h, epochs on the personal head (extractor fixed)',
+    'local.shared_epochs': 'tau_phi, epochs on the shared part (head fixed)',
     'local.batch_size': 'local minibatch size',
-    'local.lr_head': 'eta_h, learning rate of the head phase',
-    'local.lr_body': 'eta_phi, learning rate of the shared phase',
+    'local.lr_personal': 'eta_h, learning rate of the head phase',
+    'local.lr_shared': 'eta_phi, learning rate of the shared phase',
     'local.momentum': 'SGD momentum of the local steps, in [0, 1)',
     'local.lr_decay': 'local learning rates at round t are lr * lr_decay**t',
     'local.sam_rho': 'SAM / ASAM perturbation radius rho (0: plain SGD steps)',
@@ -113,3 +113,27 @@ def describe_config(config, title: str = '') -> str:
   lines += [f'{left:{width}s}  # {text}' if text else left for left, text in rows]
   lines.append('# Set a field with --config.<path>=<value> (None for an optional one).')
   return '\n'.join(lines)
+
+
+# Fields renamed since runs were committed: old name -> new name. An old name is refused with one
+# line naming the new one (config.validate_config, cli.py's --config flags); a config.json that holds
+# it (experiments/results) is read under the new name (run_files.py), so the run stays the same run.
+RENAMED_FIELDS = {
+    'local.head_epochs': 'local.personal_epochs',
+    'local.lr_head': 'local.lr_personal',
+    'local.body_epochs': 'local.shared_epochs',
+    'local.lr_body': 'local.lr_shared',
+    'sparsity': 'keep_fraction',
+    'dsu.sparsity': 'dsu.keep_fraction',
+}
+
+
+def renamed_field_message(old: str) -> str:
+  new = RENAMED_FIELDS[old]
+  return (f'config.{old} was renamed config.{new} (the shared / personal parts and the fraction '
+          f'kept have one name each): set --config.{new}.')
+
+
+def with_current_names(flat: dict) -> dict:
+  """A flattened config ({'local.lr_body': ...}) with renamed fields under their current names."""
+  return {RENAMED_FIELDS.get(k, k): v for k, v in flat.items()}

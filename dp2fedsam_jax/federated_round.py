@@ -223,7 +223,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     model: the SplitModel (feature extractor + personal head).
     local_config: the clients' local training (epochs, batch size, learning rates, SAM rho).
     rc: the DP mechanism and how the cohort is executed (executor, chunk size, capacity).
-    params: method-specific hyperparameters (regularizer lambda, sparsity, ...).
+    params: method-specific hyperparameters (regularizer lambda, keep fraction, ...).
     update_hook: `(client_id, delta) -> delta`, applied to a client's raw update before clipping;
       the privacy audit plants its canary with it, training never sets it.
 
@@ -252,7 +252,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
     id_blocks = sampled_id_blocks(sampled)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
-    round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.sparsity)
+    round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.keep_fraction)
 
     def one_client(personal, client_id):
       # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
@@ -269,14 +269,14 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
         delta = update_hook(client_id, delta)  # its own training diverged
       new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                                   result.personal, personal)
-      mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.sparsity)
+      mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.keep_fraction)
       if mask is not None:
         delta = sparsify.apply_mask(delta, mask)
       support = mask if spec.noise_on_mask else None
       upload, norm = mech.clip(delta)                                            # line 18
       clean = upload if mech.distributed else None  # for the diagnostics' un-noised sum
       upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
-      upload = spec.postprocess.client(upload, params.sparsity)  # e.g. top-k of its noised upload
+      upload = spec.postprocess.client(upload, params.keep_fraction)  # e.g. top-k of its noised upload
       return (upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite,
               clean)
 
@@ -334,7 +334,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
     denominator = mech.denominator(cohort)
     diagnostics = noise_diagnostics(clipped_sum, upload_sum, denominator)
-    upload_sum = spec.postprocess.server(upload_sum, params.sparsity)  # e.g. top-k of the noised sum
+    upload_sum = spec.postprocess.server(upload_sum, params.keep_fraction)  # e.g. top-k of the noised sum
     shared, server_opt_state = rc.server_optimizer.apply(                       # line 25
         state.shared, upload_sum, denominator, rc.server_lr, state.server_opt_state)
     clip_state = mech.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],

@@ -82,11 +82,11 @@ class LocalConfig:
   later edits would reach a step traced after them). Build it with `LocalConfig.from_config(config)`;
   the defaults live in `config.base_config()` only.
   """
-  head_epochs: int      # tau_h: SGD epochs on the personal part per round
-  body_epochs: int      # tau_phi: epochs of the shared phase per round
+  personal_epochs: int      # tau_h: SGD epochs on the personal part per round
+  shared_epochs: int      # tau_phi: epochs of the shared phase per round
   batch_size: int
-  lr_head: float
-  lr_body: float
+  lr_personal: float
+  lr_shared: float
   momentum: float
   lr_decay: float       # both learning rates are multiplied by lr_decay ** round
   sam_rho: float        # SAM / ASAM radius

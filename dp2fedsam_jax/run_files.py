@@ -26,7 +26,7 @@ import time
 import jax
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, metric_writers, stopping
+from dp2fedsam_jax import checkpoint, config_help, metric_writers, stopping
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = 'writer.lock'
@@ -138,7 +138,7 @@ ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_cl
                 'dp.poisson_draw': 'per_client',
                 'dp.clipping': 'fixed', 'dp.target_quantile': 0.5, 'dp.clip_lr': 0.2,
                 'dp.initial_clip_norm': None, 'dp.count_noise_multiplier': None,
-                'local.subset_draw': 'argsort'}
+                'local.subset_draw': 'argsort', 'private_metrics_only': False}
 
 
 def write_json_atomic(path: str, obj) -> None:
@@ -167,7 +167,7 @@ def check_same_run(workdir: str, resolved: dict) -> None:
   if not (os.path.exists(path) and checkpoint.exists(workdir)):
     return
   with open(path) as f:
-    old = flatten(json.load(f))
+    old = config_help.with_current_names(flatten(json.load(f)))
   new = flatten(resolved)
   for k, default in ADDED_FIELDS.items():  # a run started before the field existed had its default
     old.setdefault(k, default)
@@ -228,7 +228,7 @@ def finished_record(config, workdir: str) -> dict | None:
     return None
   try:
     with open(config_path) as f:
-      old = flatten(json.load(f))
+      old = config_help.with_current_names(flatten(json.load(f)))
     with open(metrics_path) as f:
       records = [json.loads(line) for line in f if line.strip()]
   except (OSError, ValueError):  # e.g. a torn line after a kill: the full path repairs it

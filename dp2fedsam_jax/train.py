@@ -259,7 +259,7 @@ def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
   if not bool(metrics['finite']):
     raise FloatingPointError(
         f'round {round_index}: the new shared parameters are NaN/Inf. Lower '
-        f'--config.local.lr_body / --config.local.lr_head (or sam_rho); {run_files.kept(workdir)}.')
+        f'--config.local.lr_shared / --config.local.lr_personal (or sam_rho); {run_files.kept(workdir)}.')
 
 
 class OutOfMemoryError(RuntimeError):

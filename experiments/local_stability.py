@@ -1,7 +1,7 @@
 r"""How often local training diverges from the initial model, per method and learning rate.
 
 Runs one round's local training (the real client update: head phase, SAM/SGD phase) for the first
-`--clients` clients of a config from the same initial model, and prints per (method, lr_body,
+`--clients` clients of a config from the same initial model, and prints per (method, lr_shared,
 momentum): the fraction of clients whose update or loss is non-finite, and the median / max pre-clip
 update norm. This is how the default learning rates were chosen (README, "Learning rates").
 
@@ -35,7 +35,7 @@ from dp2fedsam_jax.privacy.clipping import global_norm
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/default.py', 'Config.')
 _METHODS = flags.DEFINE_list('methods', ['dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam'],
                              'Methods (the -FT variants train as their base methods).')
-_SETTINGS = flags.DEFINE_list('settings', ['0.1:0.7', '0.05:0.5'], 'lr_body:momentum pairs.')
+_SETTINGS = flags.DEFINE_list('settings', ['0.1:0.7', '0.05:0.5'], 'lr_shared:momentum pairs.')
 _CLIENTS = flags.DEFINE_integer('clients', 40, 'Clients to train (ids 0..n-1).')
 _START = flags.DEFINE_string('start', None, "A run's workdir: train from the global model of its "
                              'last checkpoint (--config must be that run\'s) instead of the init.')
@@ -87,17 +87,17 @@ def main(argv):
   start = checkpointed_state(_CONFIG.value, _START.value) if _START.value else None
   if start is not None:
     print(f'From {_START.value} at round {int(start.round)}.')
-  print('| method | lr_body | momentum | SAM rho | non-finite clients | median pre-clip norm | '
+  print('| method | lr_shared | momentum | SAM rho | non-finite clients | median pre-clip norm | '
         'max norm | max loss |')
   print('|---|---|---|---|---|---|---|---|')
   rhos = [float(r) for r in _RHOS.value] if _RHOS.value else [_CONFIG.value.local.sam_rho]
   for method in _METHODS.value:
     for setting in _SETTINGS.value:
       lr, momentum = (float(v) for v in setting.split(':'))
-      sam = METHODS[method].body_optimizer != 'sgd'
+      sam = METHODS[method].shared_optimizer != 'sgd'
       for rho in rhos if sam else [None]:
         config = _CONFIG.value.copy_and_resolve_references()
-        config.method, config.local.lr_body, config.local.momentum = method, lr, momentum
+        config.method, config.local.lr_shared, config.local.momentum = method, lr, momentum
         if sam:
           config.local.sam_rho = rho
         r = stability(config, _CLIENTS.value, start)

@@ -62,8 +62,8 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # conftest.tiny_config() as --config.x flags on top of the default config file.
 TINY_FLAGS = ['--config.dataset=synthetic', '--config.model=mlp', '--config.num_clients=6',
-              '--config.partition=iid', '--config.sampling_rate=0.5', '--config.local.head_epochs=1',
-              '--config.local.body_epochs=1', '--config.local.batch_size=16',
+              '--config.partition=iid', '--config.sampling_rate=0.5', '--config.local.personal_epochs=1',
+              '--config.local.shared_epochs=1', '--config.local.batch_size=16',
               '--config.dp.clip_norm=1.0', '--config.dp.target_epsilon=None',
               '--config.dp.noise_multiplier=1.0']
 
@@ -98,11 +98,11 @@ def tiny_config(**overrides):
   c.sampling_rate = 0.5
   c.num_rounds = 2
   c.eval_every = 1
-  c.local.head_epochs = 1
-  c.local.body_epochs = 1
+  c.local.personal_epochs = 1
+  c.local.shared_epochs = 1
   c.local.batch_size = 16
-  c.local.lr_head = 0.05
-  c.local.lr_body = 0.05
+  c.local.lr_personal = 0.05
+  c.local.lr_shared = 0.05
   c.local.momentum = 0.5
   c.local.sam_rho = 0.05
   c.dp.clip_norm = 1.0

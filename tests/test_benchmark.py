@@ -17,14 +17,14 @@ def test_client_throughput_binary_writes_positive_numbers(tmp_path):
              XLA_FLAGS='', JAX_PLATFORMS='cpu')
   proc = subprocess.run(
       [sys.executable, '-m', 'benchmarks.client_throughput', '--model=mlp', '--clients=2',
-       '--samples_per_client=8', '--batch_size=4', '--head_epochs=1', '--body_epochs=1',
+       '--samples_per_client=8', '--batch_size=4', '--personal_epochs=1', '--shared_epochs=1',
        '--modes=vmap,sequential', '--rounds=1', '--matmul_size=64', '--notorch',
        f'--json_out={out}'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 's/round' in proc.stdout  # the table
   result = json.loads(out.read_text())
   assert result['device']['platform'] == 'cpu' and result['device']['matmul_peak_gflops'] > 0
-  assert result['client_flops']['head_phase'] > 0 and result['client_flops']['body_phase'] > 0
+  assert result['client_flops']['personal_phase'] > 0 and result['client_flops']['body_phase'] > 0
   assert [(r['mode'], r['clients']) for r in result['results']] == [('vmap', 2), ('sequential', 2)]
   for row in result['results']:
     for field in ('seconds_per_round', 'clients_per_second', 'examples_per_second',
@@ -88,7 +88,7 @@ def test_sequence_flops_matches_a_direct_count_of_the_unrolled_lstm():
   from dp2fedsam_jax.local import LocalConfig
   from dp2fedsam_jax.models import get_model
   c = base_config()
-  c.local.head_epochs, c.local.body_epochs, c.local.batch_size = 1, 1, 2
+  c.local.personal_epochs, c.local.shared_epochs, c.local.batch_size = 1, 1, 2
   lc, spec = LocalConfig.from_config(c), get_method('dp2fedsam')
   tokens = np.ones((2, 5), np.uint8)
   data = from_flat_arrays(train_x=tokens, train_y=tokens, train_offsets=[0, 2], test_x=tokens[:1],

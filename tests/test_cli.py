@@ -15,8 +15,8 @@ import pytest
 from absl import flags
 
 from conftest import TINY_FLAGS, tiny_config
-from dp2fedsam_jax import cli, train
-from dp2fedsam_jax.config import base_config, ConfigError
+from dp2fedsam_jax import cli, config_help, train
+from dp2fedsam_jax.config import base_config, ConfigError, validate_config
 from dp2fedsam_jax.config_help import FIELD_HELP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,6 +56,19 @@ def test_none_unsets_an_optional_field():
 def test_unknown_config_field_names_the_closest(flag, message):
   with pytest.raises(cli.FlagError, match=message):
     _train_flags([f'--config={DEFAULT}', flag])
+
+
+@pytest.mark.parametrize('old, new', sorted(config_help.RENAMED_FIELDS.items()))
+def test_a_renamed_field_fails_with_one_line_naming_the_new_name(old, new):
+  with pytest.raises(cli.FlagError) as flag_error:
+    _train_flags([f'--config={DEFAULT}', f'--config.{old}=0.1'])
+  message = str(flag_error.value)
+  assert f'--config.{new}' in message and '\n' not in message, message
+  config = base_config()  # a config file that still sets the old field
+  parent, _, leaf = old.rpartition('.')
+  (config[parent] if parent else config)[leaf] = 0.1
+  with pytest.raises(ConfigError, match=f'^config.{old} was renamed config.{new}'):
+    validate_config(config)
 
 
 def test_user_errors_and_bugs_are_told_apart():

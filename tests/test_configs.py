@@ -198,9 +198,9 @@ def test_paper_values_dp2fedsam():
   assert (c.num_clients, c.classes_per_client, c.partition, c.model) == (500, 5, 'pathological',
                                                                         'cifar_cnn')
   assert (c.num_rounds, c.sampling_rate, c.dp.clip_norm, c.local.sam_rho) == (200, 0.05, 0.1, 0.1)
-  assert (c.local.lr_body, c.local.lr_head, c.local.lr_decay, c.local.momentum) == (0.1, 0.005,
+  assert (c.local.lr_shared, c.local.lr_personal, c.local.lr_decay, c.local.momentum) == (0.1, 0.005,
                                                                                     0.99, 0.7)
-  assert (c.local.head_epochs, c.local.body_epochs, c.seed, c.dp.delta) == (2, 2, 2, None)
+  assert (c.local.personal_epochs, c.local.shared_epochs, c.seed, c.dp.delta) == (2, 2, 2, None)
   f = dp2fedsam_table2.get_config('dataset=femnist')
   assert (f.dataset, f.partition, f.model, f.num_clients) == ('femnist', 'natural', 'resnet18_gn', 500)
   assert (f.local.momentum, f.dp.clip_norm, f.local.sam_rho) == (0.3, 0.2, 0.5)
@@ -213,14 +213,14 @@ def test_paper_values_topk_and_pfeddsu():
                                                                     32, 200)
   assert (c.partition, c.dirichlet_alpha, c.num_clients, c.sampling_rate) == ('dirichlet', 0.3, 500, 0.1)
   assert (c.dp.noise_multiplier, c.dp.target_epsilon, c.dp.clip_norm) == (0.95, None, 0.2)
-  assert (c.local.body_epochs, c.local.momentum, c.local.sam_rho) == (30, 0.5, 0.5)
+  assert (c.local.shared_epochs, c.local.momentum, c.local.sam_rho) == (30, 0.5, 0.5)
   assert topk_table1.get_config('alpha=inf').partition == 'iid'
   t2 = topk_table2.get_config('dataset=cifar100,eps=8')
   assert (t2.model, t2.num_rounds, t2.dp.target_epsilon, t2.dp.noise_multiplier) == (
       'resnet18_gn', 300, 8.0, None)
   p = pfeddsu_table2.get_config('dataset=cifar100,s=3,method=ppsgd')
   assert (p.model, p.num_clients, p.num_rounds, p.classes_per_client) == ('resnet20', 100, 100, 3)
-  assert (p.dp.clip_norm, p.local.head_epochs, p.local.body_epochs, p.local.lr_body) == (
+  assert (p.dp.clip_norm, p.local.personal_epochs, p.local.shared_epochs, p.local.lr_shared) == (
       0.01, 15, 5, 0.01)
 
 
@@ -326,7 +326,7 @@ def test_bandmf_regime_pairs_each_banded_run_with_an_independent_one_under_momen
   # The paper regime's lr decay over 200 rounds, spread over 1000; everything else is the paper's.
   assert c.local.lr_decay ** 1000 == pytest.approx(0.99 ** 200)
   paper = _module('fmnist_paper_regime').get_config('method=dp_fedavg_ft')
-  assert (c.dp.clip_norm, c.local.lr_body, c.model, c.num_clients) == (
-      paper.dp.clip_norm, paper.local.lr_body, paper.model, paper.num_clients)
+  assert (c.dp.clip_norm, c.local.lr_shared, c.model, c.num_clients) == (
+      paper.dp.clip_norm, paper.local.lr_shared, paper.model, paper.num_clients)
   with pytest.raises(ValueError, match='independent | banded'):
     module.get_config('noise=tree')

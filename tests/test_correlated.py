@@ -35,7 +35,7 @@ _ZERO_OUT = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
 def _zero_update(mechanism, **overrides):
   """dp_fedavg with no local epochs: every update is 0, so a release is the server's noise alone."""
-  fields = {'method': 'dp_fedavg', 'local.body_epochs': 0, 'num_clients': 8, 'sampling_rate': 0.25,
+  fields = {'method': 'dp_fedavg', 'local.shared_epochs': 0, 'num_clients': 8, 'sampling_rate': 0.25,
             'dp.noise_mechanism': mechanism, 'dp.num_bands': 3, 'dp.clip_norm': 0.5,
             'dp.noise_multiplier': 0.7, 'dp.delta': 1e-3}
   fields.update(overrides)

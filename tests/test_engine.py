@@ -74,7 +74,7 @@ def test_round_releases_the_clipped_sum_over_the_expected_cohort():
   cohort size, and a capacity of N leaves padded slots: weighting by counts, dividing by |S|,
   counting padded slots or clipping per array all change the release."""
   exp = build(method='dp_fedavg', num_clients=10, sampling_rate=0.25, partition='dirichlet',
-              cohort_capacity=10, **{'local.body_epochs': 0, 'dp.noise_multiplier': 0.0,
+              cohort_capacity=10, **{'local.shared_epochs': 0, 'dp.noise_multiplier': 0.0,
                                      'dp.clip_norm': 0.5})
   rc = exp.round_config
   mech, n = rc.mechanism, rc.num_clients
@@ -122,8 +122,8 @@ def test_round_releases_the_clipped_sum_over_the_expected_cohort():
 def test_personal_heads_train_but_never_reach_the_release():
   """dp2fedsam with no shared-phase epochs and sigma = 0: the heads learn, and the release (the
   noised sum of the shared updates) must stay exactly where it was."""
-  exp = build(sampling_rate=1.0, **{'local.body_epochs': 0, 'local.head_epochs': 1,
-                                    'local.lr_head': 0.5, 'dp.noise_multiplier': 0.0})
+  exp = build(sampling_rate=1.0, **{'local.shared_epochs': 0, 'local.personal_epochs': 1,
+                                    'local.lr_personal': 0.5, 'dp.noise_multiplier': 0.0})
   state0 = exp.init_state()
   state, metrics = run_rounds(exp)
   assert int(metrics['cohort_size']) == exp.data.num_clients
@@ -139,7 +139,7 @@ def test_personal_heads_train_but_never_reach_the_release():
 
 
 def test_non_private_method_adds_no_noise():
-  exp = build(**{'method': 'p_fedsam', 'local.lr_body': 0.0, 'local.lr_head': 0.0})
+  exp = build(**{'method': 'p_fedsam', 'local.lr_shared': 0.0, 'local.lr_personal': 0.0})
   state0 = exp.init_state()
   state, _ = run_rounds(exp)
   chex.assert_trees_all_equal(state.shared, state0.shared)
@@ -257,7 +257,7 @@ def test_same_seed_same_state_different_seed_different_state():
 def test_centaur_and_dp2fedsam_differ_only_in_the_extractor_optimizer():
   d, c = build(), build(method='centaur')
   assert dataclasses.replace(d.spec, name='x', paper='') == dataclasses.replace(
-      c.spec, name='x', paper='', body_optimizer='sam')
+      c.spec, name='x', paper='', shared_optimizer='sam')
   sd, _ = run_rounds(d)
   sc, _ = run_rounds(c)
   # Same head phase (SGD, same keys) -> same heads; different extractor optimizer -> different phi.
@@ -329,7 +329,7 @@ def test_local_config_is_frozen_and_the_engine_refuses_the_configdict():
   assert lc == LocalConfig.from_config(exp.config) and hash(lc) == hash(LocalConfig.from_config(exp.config))
   assert dataclasses.asdict(lc) == exp.config.local.to_dict()
   with pytest.raises(dataclasses.FrozenInstanceError):
-    lc.lr_body = 1.0
+    lc.lr_shared = 1.0
   for make in (lambda l: make_client_update(exp.spec, exp.model, l, exp.data.normalize),
                lambda l: make_evaluate(exp.spec, exp.model, l)):
     with pytest.raises(TypeError, match=r'LocalConfig\.from_config\(config\), not config\.local'):

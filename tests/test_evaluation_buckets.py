@@ -63,7 +63,7 @@ def _setup(kind, method):
   state = state.replace(personal=personal, round=jnp.asarray(3, jnp.int32),
                         times_sampled=jnp.array([1, 0, 2, 0, 1, 1], jnp.int32))
   local_config = local.LocalConfig(
-      head_epochs=1, body_epochs=1, batch_size=4, lr_head=0.1, lr_body=0.1, momentum=0.0,
+      personal_epochs=1, shared_epochs=1, batch_size=4, lr_personal=0.1, lr_shared=0.1, momentum=0.0,
       lr_decay=0.9, sam_rho=0.05, finetune_epochs=2, max_examples=8)  # clients 3, 5 > budget
   return spec, model, data, state, local_config
 

@@ -74,8 +74,8 @@ INVALID = {
     'num_rounds': NEGATIVE_INT,
     'seed': NEGATIVE_INT,
     'dsu.masked_layers': NEGATIVE_INT,
-    'local.head_epochs': NEGATIVE_INT,
-    'local.body_epochs': NEGATIVE_INT,
+    'local.personal_epochs': NEGATIVE_INT,
+    'local.shared_epochs': NEGATIVE_INT,
     'local.finetune_epochs': NEGATIVE_INT,
     'dirichlet_alpha': NON_POSITIVE,
     'server_lr': NON_POSITIVE,
@@ -86,8 +86,8 @@ INVALID = {
     'blur_lambda': NEGATIVE,
     'pmtl_lambda': NEGATIVE,
     'dsu.lam': NEGATIVE,
-    'local.lr_head': NEGATIVE,
-    'local.lr_body': NEGATIVE,
+    'local.lr_personal': NEGATIVE,
+    'local.lr_shared': NEGATIVE,
     'local.sam_rho': NEGATIVE,
     'dp.noise_multiplier': NEGATIVE,
     'dp.clip_lr': NEGATIVE,
@@ -95,8 +95,8 @@ INVALID = {
     'dp.initial_clip_norm': NON_POSITIVE,
     'dp.target_quantile': NOT_A_FRACTION,
     'sampling_rate': NOT_A_FRACTION,
-    'sparsity': NOT_A_FRACTION,
-    'dsu.sparsity': NOT_A_FRACTION,
+    'keep_fraction': NOT_A_FRACTION,
+    'dsu.keep_fraction': NOT_A_FRACTION,
     'local.momentum': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
     **{f'server_{decay}': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN)
        for decay in ('momentum', 'beta1', 'beta2')},
@@ -263,7 +263,7 @@ def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
 
 def test_diverging_clients_do_not_end_a_run(tmp_path):
   """Every client's local training blows up: each uploads zero, the run finishes and says so."""
-  config = tiny_config(num_rounds=2, **{'local.lr_body': 1e30, 'local.lr_head': 1e30})
+  config = tiny_config(num_rounds=2, **{'local.lr_shared': 1e30, 'local.lr_personal': 1e30})
   final = train.train_and_evaluate(config, str(tmp_path))
   assert final['round'] == 2 and final['nonfinite_clients'] >= 1
   assert math.isfinite(final['test_loss'])
@@ -283,7 +283,7 @@ def _poisoned_round_step(from_round: int):
 
 
 def test_nonfinite_release_before_any_checkpoint_does_not_claim_one(tmp_path, monkeypatch):
-  monkeypatch.setattr(train.Experiment, 'round_step', _poisoned_round_step(0))
+  monkeypatch.setattr(train.Experiment, 'make_round_step', _poisoned_round_step(0))
   with pytest.raises(FloatingPointError) as info:
     train.train_and_evaluate(tiny_config(num_rounds=1), str(tmp_path))
   message = str(info.value)
@@ -293,7 +293,7 @@ def test_nonfinite_release_before_any_checkpoint_does_not_claim_one(tmp_path, mo
 
 def test_nonfinite_release_stops_with_the_round_and_the_checkpoint_resumes(tmp_path, monkeypatch):
   workdir = str(tmp_path)
-  monkeypatch.setattr(train.Experiment, 'round_step', _poisoned_round_step(1))
+  monkeypatch.setattr(train.Experiment, 'make_round_step', _poisoned_round_step(1))
   with pytest.raises(FloatingPointError,
                      match=r'^round 2: .*NaN/Inf.*the checkpoint of round 1 in .* is intact'):
     train.train_and_evaluate(tiny_config(num_rounds=3), workdir)
@@ -322,7 +322,7 @@ def test_out_of_memory_says_to_set_chunk_size(tmp_path, monkeypatch):
       raise jax.errors.JaxRuntimeError(_OOM)
     return step
 
-  monkeypatch.setattr(train.Experiment, 'round_step', exhausted)
+  monkeypatch.setattr(train.Experiment, 'make_round_step', exhausted)
   with pytest.raises(train.OutOfMemoryError, match='compiling the round step.*config.chunk_size') as e:
     train.train_and_evaluate(tiny_config(), str(tmp_path))
   assert isinstance(e.value.__cause__, jax.errors.JaxRuntimeError)

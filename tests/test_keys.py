@@ -92,7 +92,7 @@ def test_every_random_draw_of_two_rounds_uses_its_own_key():
   sequential executor, since callbacks under vmap compile slowly (keys belong to client ids, so the
   executor does not change them)."""
   exp = train.build_experiment(tiny_config(
-      method='fed_smp_randk', sparsity=0.5, sampling_rate=1.0, num_clients=4, executor='sequential',
+      method='fed_smp_randk', keep_fraction=0.5, sampling_rate=1.0, num_clients=4, executor='sequential',
       **{'dp.noise_placement': 'distributed', 'dp.delta': 0.1}))
   drawn = []
 
@@ -127,8 +127,8 @@ def test_released_noise_is_independent_of_the_public_randk_mask():
   noise shared a key, the noise on the second array at index j was > +0.25 sigma C exactly where
   bit j of the mask was 1.
   """
-  config = tiny_config(method='fed_smp_randk', sparsity=0.5, sampling_rate=1.0, num_clients=4,
-                       **{'local.lr_body': 0.0, 'dp.noise_multiplier': 1.0, 'dp.clip_norm': 1.0,
+  config = tiny_config(method='fed_smp_randk', keep_fraction=0.5, sampling_rate=1.0, num_clients=4,
+                       **{'local.lr_shared': 0.0, 'dp.noise_multiplier': 1.0, 'dp.clip_norm': 1.0,
                           'dp.delta': 0.1})
   exp = train.build_experiment(config)
   step = jax.jit(exp.make_round_step())

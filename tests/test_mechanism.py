@@ -51,7 +51,7 @@ def test_epsilon_is_dp_accountings_composition_of_the_mechanisms_event(sampling,
 
 def _zero_update_experiment(sampling, placement, **overrides):
   """dp_fedavg with no local epochs: every update is exactly 0, so the release is the noise alone."""
-  fields = {'method': 'dp_fedavg', 'local.body_epochs': 0, 'num_clients': 10, 'sampling_rate': 0.25,
+  fields = {'method': 'dp_fedavg', 'local.shared_epochs': 0, 'num_clients': 10, 'sampling_rate': 0.25,
             'dp.sampling': sampling, 'dp.noise_placement': placement, 'dp.accountant': 'rdp',
             'dp.clip_norm': 0.5}
   fields.update(overrides)

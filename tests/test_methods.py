@@ -73,8 +73,8 @@ def test_two_round_run_writes_metrics(name, tmp_path):
 
 def test_topk_of_the_noised_sum_keeps_exactly_ceil_pd_coordinates():
   """Central placement: DP-FedSAM-topk's update is top-k of exactly DP-FedSAM's noised update."""
-  dense_old, dense_new = one_round(build(method='dp_fedsam', sparsity=0.3))
-  old, new = one_round(build(method='dp_fedsam_topk_server', sparsity=0.3))
+  dense_old, dense_new = one_round(build(method='dp_fedsam', keep_fraction=0.3))
+  old, new = one_round(build(method='dp_fedsam_topk_server', keep_fraction=0.3))
   dense, sparse = shared_change(dense_old, dense_new), shared_change(old, new)
   d = flat(sparse).size
   assert np.count_nonzero(flat(sparse)) == math.ceil(0.3 * d)
@@ -84,7 +84,7 @@ def test_topk_of_the_noised_sum_keeps_exactly_ceil_pd_coordinates():
 
 def test_topk_of_each_noised_upload_in_distributed_placement():
   """The paper's placement: each client top-k's its own noised upload (k coordinates each)."""
-  exp = build(method='dp_fedsam_topk', sparsity=0.2, **{'dp.noise_placement': 'distributed'},
+  exp = build(method='dp_fedsam_topk', keep_fraction=0.2, **{'dp.noise_placement': 'distributed'},
               sampling_rate=1.0, num_clients=1, **{'dp.delta': 0.01})
   old, new = one_round(exp)
   change = flat(shared_change(old, new))
@@ -108,8 +108,8 @@ def test_randk_mask_does_not_depend_on_the_data():
   b = {'w': -jnp.ones((3, 4)) * 1e6}
   chex.assert_trees_all_equal(sparsify.randk_mask(key, a, 0.5), sparsify.randk_mask(key, b, 0.5))
   # In the round: two different data sets, same keys -> the same coordinates move (mask + noise).
-  exp = build(method='fed_smp_randk', sparsity=0.25)
-  other = build(method='fed_smp_randk', sparsity=0.25, seed=0, **{'partition': 'pathological'})
+  exp = build(method='fed_smp_randk', keep_fraction=0.25)
+  other = build(method='fed_smp_randk', keep_fraction=0.25, seed=0, **{'partition': 'pathological'})
   old, new = one_round(exp)
   _, new_other = one_round(exp, data=other.data)
   moved = flat(shared_change(old, new)) != 0
@@ -119,7 +119,7 @@ def test_randk_mask_does_not_depend_on_the_data():
 
 
 def test_randk_noises_its_public_mask_even_when_nobody_is_sampled():
-  exp = build(method='fed_smp_randk', sparsity=0.25, sampling_rate=0.01, num_clients=4)
+  exp = build(method='fed_smp_randk', keep_fraction=0.25, sampling_rate=0.01, num_clients=4)
   step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
                                  MethodParams.from_config(exp.config)))
   state = exp.init_state()
@@ -133,8 +133,8 @@ def test_randk_noises_its_public_mask_even_when_nobody_is_sampled():
 
 
 def test_fed_smp_topk_noise_only_on_private_masks_and_the_safe_variant_everywhere():
-  leaky = build(method='fed_smp_topk', sparsity=0.1, sampling_rate=1.0, num_clients=2)
-  safe = build(method='fed_smp_topk_safe', sparsity=0.1, sampling_rate=1.0, num_clients=2)
+  leaky = build(method='fed_smp_topk', keep_fraction=0.1, sampling_rate=1.0, num_clients=2)
+  safe = build(method='fed_smp_topk_safe', keep_fraction=0.1, sampling_rate=1.0, num_clients=2)
   old, new = one_round(leaky)
   moved = np.count_nonzero(flat(shared_change(old, new)))
   d = flat(old.shared).size
@@ -176,8 +176,8 @@ class _TwoLayerExtractor(nn.Module):
 
 
 def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
-  exp = build(method='dp_pfeddsu', **{'dsu.masked_layers': 1, 'dsu.sparsity': 0.05,
-              'local.body_epochs': 1, 'local.batch_size': 512}, num_clients=2)
+  exp = build(method='dp_pfeddsu', **{'dsu.masked_layers': 1, 'dsu.keep_fraction': 0.05,
+              'local.shared_epochs': 1, 'local.batch_size': 512}, num_clients=2)
   exp.model = SplitModel('two_layer', _TwoLayerExtractor(), nn.Dense(exp.data.num_classes),
                          exp.data.num_classes, exp.data.input_shape)
   model, data = exp.model, exp.data
@@ -239,8 +239,8 @@ def test_method_pairs_differ_only_in_their_one_piece():
   def same_but(a, b, **piece):
     return dataclasses.replace(METHODS[a], name='x', paper='', **piece) == \
         dataclasses.replace(METHODS[b], name='x', paper='')
-  assert same_but('centaur', 'dp2fedsam', body_optimizer='sam')
-  assert same_but('dp_fedavg', 'dp_fedsam', body_optimizer='sam')
+  assert same_but('centaur', 'dp2fedsam', shared_optimizer='sam')
+  assert same_but('dp_fedavg', 'dp_fedsam', shared_optimizer='sam')
   assert same_but('fedavg', 'dp_fedavg', private=True)
   assert same_but('dp2fedsam', 'p_fedsam', private=False)
   assert same_but('fed_smp_topk', 'fed_smp_topk_safe', noise_on_mask=False)
@@ -269,7 +269,7 @@ def test_leaky_methods_say_so_in_metrics(tmp_path):
 def test_dsu_trains_and_tests_the_same_masked_network(name):
   """Every forward pass is through theta * M (dp-pfeddsu.txt eq. 7): the head phase and the test
   of a state see exactly what they would see on the explicitly masked state."""
-  exp = build(method=name, **{'dsu.masked_layers': 2, 'dsu.sparsity': 0.1})
+  exp = build(method=name, **{'dsu.masked_layers': 2, 'dsu.keep_fraction': 0.1})
   state = exp.init_state()
   params = MethodParams.from_config(exp.config)
   weight_mask = exp.spec.weight_mask.for_model(exp.spec.name, exp.model, params)

@@ -41,7 +41,7 @@ def test_notebook_code_cells_run_on_cpu(tmp_path, monkeypatch):
   tiny = {
       'dataset': 'synthetic', 'model': 'mlp', 'num_clients': 6, 'partition': 'iid',
       'sampling_rate': 0.5, 'num_rounds': 2, 'eval_every': 1, 'local.batch_size': 16,
-      'local.head_epochs': 1, 'local.body_epochs': 1, 'dp.clip_norm': 1.0,
+      'local.personal_epochs': 1, 'local.shared_epochs': 1, 'dp.clip_norm': 1.0,
   }
   namespace = {}
   ran = []

@@ -27,8 +27,8 @@ SHAPE = (4, 4, 1)
 
 
 def _local(**overrides):
-  base = dict(head_epochs=1, body_epochs=1, batch_size=8, lr_head=0.05, lr_body=0.05, momentum=0.5,
-              lr_decay=1.0, sam_rho=0.05, finetune_epochs=1, max_examples=None)
+  base = dict(personal_epochs=1, shared_epochs=1, batch_size=8, lr_personal=0.05, lr_shared=0.05,
+              momentum=0.5, lr_decay=1.0, sam_rho=0.05, finetune_epochs=1, max_examples=None)
   return local.LocalConfig(**(base | overrides))
 
 

@@ -2,6 +2,7 @@
 use exits 2 naming the holder's pid and writes nothing there; a sweep does not start it; the lock of
 a killed process is gone with it."""
 
+import json
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ SWEEP_CONFIG = textwrap.dedent('''
       c = base_config()
       c.dataset, c.model, c.partition = 'synthetic', 'mlp', 'iid'
       c.num_clients, c.sampling_rate, c.num_rounds = 6, 0.5, 1
-      c.local.head_epochs = c.local.body_epochs = 1
+      c.local.personal_epochs = c.local.shared_epochs = 1
       c.local.batch_size = 16
       c.dp.clip_norm, c.dp.noise_multiplier = 1.0, 1.0
       return c
@@ -97,3 +98,38 @@ def test_the_lock_is_reentrant_in_one_process_and_released_after(tmp_path):
   assert run_files.holder(workdir) is None
   with open(os.path.join(workdir, run_files.LOCK_FILE)) as f:
     assert f.read().strip() == str(os.getpid())  # who held it last: read only while it is held
+
+
+def _with_old_names(node: dict) -> dict:
+  """config.json as a run committed before the renames wrote it (old field names)."""
+  from dp2fedsam_jax.config_help import RENAMED_FIELDS
+  node = json.loads(json.dumps(node))
+  node.pop('private_metrics_only')  # a field added since
+  for old, new in RENAMED_FIELDS.items():
+    *new_parents, new_leaf = new.split('.')
+    old_leaf = old.rsplit('.', 1)[-1]
+    parent = node
+    for part in new_parents:
+      parent = parent[part]
+    parent[old_leaf] = parent.pop(new_leaf)
+  return node
+
+
+def test_a_committed_run_with_the_old_field_names_is_the_same_run(tmp_path):
+  """A config.json that holds local.lr_body, sparsity, ... (experiments/results) is read under the
+  new names: the finished run is found without training, and resuming it is not refused; a changed
+  value under an old name still is."""
+  config = tiny_config(num_rounds=2, eval_every=2)
+  final = train.train_and_evaluate(config, str(tmp_path))
+  path = tmp_path / 'config.json'
+  resolved = json.loads(path.read_text())
+  old = _with_old_names(resolved)
+  assert 'lr_body' in old['local'] and 'sparsity' in old and 'sparsity' in old['dsu']
+  path.write_text(json.dumps(old))
+  config, _ = train._with_executor(config, str(tmp_path))  # 'auto' as the run resolved it
+  assert run_files.finished_record(config, str(tmp_path)) == final
+  run_files.check_same_run(str(tmp_path), resolved)
+  old['local']['lr_body'] = 0.5
+  path.write_text(json.dumps(old))
+  with pytest.raises(ValueError, match=r'local\.lr_shared: 0\.5 -> 0\.05'):
+    run_files.check_same_run(str(tmp_path), resolved)

@@ -215,7 +215,7 @@ SWEEP_CONFIG = textwrap.dedent('''
       c.dataset, c.model, c.partition = 'synthetic', 'mlp', 'iid'
       c.num_clients, c.sampling_rate = 6, 0.5
       c.num_rounds, c.eval_every, c.checkpoint_every = 1000, 2, 1000
-      c.local.head_epochs = c.local.body_epochs = 1
+      c.local.personal_epochs = c.local.shared_epochs = 1
       c.local.batch_size = 16
       c.dp.clip_norm, c.dp.noise_multiplier = 1.0, 1.0
       return c

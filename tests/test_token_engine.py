@@ -116,8 +116,8 @@ COVERING_METHODS = ('dp2fedsam', 'dp_fedasam', 'fed_smp_randk', 'dp_fedavg_blurs
 
 def test_covering_methods_cover_every_piece_but_dsu():
   pieces = lambda names: {(f, getattr(METHODS[n], f)) for n in names for f in (
-      'personal', 'regularizer', 'upload_mask', 'noise_on_mask', 'body_optimizer', 'postprocess',
-      'head_phase', 'private')}
+      'personal', 'regularizer', 'upload_mask', 'noise_on_mask', 'shared_optimizer', 'postprocess',
+      'personal_phase', 'private')}
   assert pieces(set(METHODS) - set(DSU_METHODS)) == pieces(COVERING_METHODS)
 
 

@@ -136,9 +136,9 @@ def kernel_layer_paths(model) -> tuple[tuple[str, ...], ...]:
   return tuple(paths)
 
 
-def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
+def dsu_mask(shared, layer_paths, masked_layers: int, keep_fraction: float):
   """DP-pFedDSU eqs. (6), (8): in the last `masked_layers` kernel layers of the extractor, keep the
-  `sparsity` fraction of largest-magnitude entries of each kernel; biases and every other layer are
+  `keep_fraction` of largest-magnitude entries of each kernel; biases and every other layer are
   kept whole (TopKAST / DSU sparsify weights, not biases)."""
   masked = set(layer_paths[-masked_layers:]) if masked_layers > 0 else set()
 
@@ -146,7 +146,7 @@ def dsu_mask(shared, layer_paths, masked_layers: int, sparsity: float):
     if isinstance(tree, dict):
       return {k: build(v, path + (k,)) for k, v in tree.items()}
     if path[:-1] in masked and path[-1] == 'kernel':
-      return sparsify.leafwise_topk_mask(jax.lax.stop_gradient(tree), sparsity)
+      return sparsify.leafwise_topk_mask(jax.lax.stop_gradient(tree), keep_fraction)
     return jnp.ones(tree.shape, jnp.float32)
 
   return {k: (build(v, ()) if k == 'extractor' else trees.ones_like(v)) for k, v in shared.items()}
@@ -189,7 +189,7 @@ class DSUWeightMask:
       # few of them (one gate's) is not the paper's method.
       raise ConfigError(f'config.method={method!r} masks the last conv/dense layers (DP-pFedDSU); '
                         f'config.model={model.name!r} is recurrent: use an image model, or another method.')
-    return DSUWeightMask(kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_sparsity)
+    return DSUWeightMask(kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_keep_fraction)
 
   def __call__(self, shared):
     return dsu_mask(shared, self.layer_paths, self.masked_layers, self.keep_fraction)
@@ -371,7 +371,7 @@ class FineTune(TestGlobal):
 
   def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
     loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y, loss_mask(y, mask))
-    params, _ = local.run_phase(phase, loss, params, x, y, count, key, local_config.lr_body * decay)
+    params, _ = local.run_phase(phase, loss, params, x, y, count, key, local_config.lr_shared * decay)
     return params
 
 
@@ -386,5 +386,5 @@ class FineTuneHead(TestGlobal):
     head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
         model.logits_from_features(h, f), labels, loss_mask(labels, mask))
     head, _ = local.run_phase(phase, head_loss, params['head'], features, y, count, key,
-                              local_config.lr_head * decay)
+                              local_config.lr_personal * decay)
     return {**params, 'head': head}

@@ -4,7 +4,7 @@ A method is data, not a loop: one row of small objects (algorithms/pieces.py), e
 behaviour it selects. One round of any method is
 
     client:  [head phase: SGD on the personal part, shared part fixed]
-             shared phase: `body_optimizer` on the shared part (+ `regularizer`, through `weight_mask`)
+             shared phase: `shared_optimizer` on the shared part (+ `regularizer`, through `weight_mask`)
              Delta = new shared - received shared
              Delta <- Delta * upload_mask.client_mask(...)          (before clipping)
              clip Delta to global L2 norm C; [distributed] + noise (only on the mask if noise_on_mask)
@@ -54,8 +54,8 @@ _PIECE_TYPES = {
 class MethodSpec:
   name: str
   personal: object = GLOBAL_MODEL  # what stays on each client; its shared_keys are aggregated
-  head_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
-  body_optimizer: str = 'sgd'  # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
+  personal_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
+  shared_optimizer: str = 'sgd'  # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
   regularizer: object = NO_REGULARIZER  # added to the shared phase's loss, on theta - theta_received
   weight_mask: object = NO_WEIGHT_MASK  # DSU: forward pass through theta * M on the last layers
   upload_mask: object = NO_UPLOAD_MASK  # multiplies Delta before clipping
@@ -70,9 +70,9 @@ class MethodSpec:
       if not isinstance(getattr(self, field), types):
         raise ValueError(f'method {self.name!r}: {field}={getattr(self, field)!r} is not one of '
                          f'{[t.__name__ for t in types]} (algorithms/pieces.py)')
-    if self.body_optimizer not in OPTIMIZERS:
-      raise ValueError(f'method {self.name!r}: {self.body_optimizer!r} is not one of {OPTIMIZERS}')
-    if self.head_phase and self.personal == GLOBAL_MODEL:
+    if self.shared_optimizer not in OPTIMIZERS:
+      raise ValueError(f'method {self.name!r}: {self.shared_optimizer!r} is not one of {OPTIMIZERS}')
+    if self.personal_phase and self.personal == GLOBAL_MODEL:
       raise ValueError(f'method {self.name!r}: a head phase needs a personal part')
     if self.noise_on_mask and self.upload_mask == NO_UPLOAD_MASK:
       raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
@@ -137,18 +137,18 @@ class MethodSpec:
 class MethodParams:
   """The numbers the pieces need beyond `config.local` (fields of the experiment config). The clip
   norm is not one of them: it is the DPMechanism's (the round passes its C_t to the client)."""
-  sparsity: float = 0.4         # p: fraction kept by top-k / rand-k (config.sparsity)
+  keep_fraction: float = 0.4    # p: fraction kept by top-k / rand-k (config.keep_fraction)
   blur_lambda: float = 1.0      # config.blur_lambda
   pmtl_lambda: float = 0.1      # config.pmtl_lambda
-  dsu_sparsity: float = 0.05    # config.dsu.sparsity: fraction of weights kept in masked layers
+  dsu_keep_fraction: float = 0.05  # config.dsu.keep_fraction: fraction of weights kept in masked layers
   dsu_masked_layers: int = 4    # config.dsu.masked_layers: the last k kernel layers of the extractor
   dsu_lam: float = 0.2          # config.dsu.lam
 
   @classmethod
   def from_config(cls, config) -> 'MethodParams':
-    return cls(sparsity=config.sparsity,
+    return cls(keep_fraction=config.keep_fraction,
                blur_lambda=config.blur_lambda, pmtl_lambda=config.pmtl_lambda,
-               dsu_sparsity=config.dsu.sparsity, dsu_masked_layers=config.dsu.masked_layers,
+               dsu_keep_fraction=config.dsu.keep_fraction, dsu_masked_layers=config.dsu.masked_layers,
                dsu_lam=config.dsu.lam)
 
 
@@ -169,11 +169,11 @@ def get_method(name: str) -> MethodSpec:
   return METHODS[name]
 
 
-_PERSONAL_HEAD = dict(personal=OWN_HEAD, head_phase=True, evaluation=TEST_PERSONAL)
+_PERSONAL_HEAD = dict(personal=OWN_HEAD, personal_phase=True, evaluation=TEST_PERSONAL)
 
 # Non-private references.
 register(MethodSpec('fedavg', private=False, paper='FedAvg (McMahan et al., 2017)'))
-register(MethodSpec('fedsam', body_optimizer='sam', private=False,
+register(MethodSpec('fedsam', shared_optimizer='sam', private=False,
                     paper='FedAvg with SAM as local optimizer (Qu et al., 2022)'))
 register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
                     paper='FedRep: head epochs, then body epochs, SGD (Collins et al., 2021)'))
@@ -182,16 +182,16 @@ register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
 register(MethodSpec('dp_fedavg', paper='DP-FedAvg, dp2-fedsam.txt Algorithm 1'))
 register(MethodSpec('dp_fedavg_ft', evaluation=FINETUNE,
                     paper='DP-FedAvg; each client fine-tunes a copy of the global model to test'))
-register(MethodSpec('dp_fedsam', body_optimizer='sam',
+register(MethodSpec('dp_fedsam', shared_optimizer='sam',
                     paper='DP-FedSAM, dp-fedsam-topk.txt Algorithm 1 Option I'))
-register(MethodSpec('dp_fedasam', body_optimizer='asam',
+register(MethodSpec('dp_fedasam', shared_optimizer='asam',
                     paper='DP-FedSAM with ASAM (what the reference code runs: its --adaptive flag)'))
-register(MethodSpec('dp_fedsam_ft', body_optimizer='sam', evaluation=FINETUNE,
+register(MethodSpec('dp_fedsam_ft', shared_optimizer='sam', evaluation=FINETUNE,
                     paper='DP-FedSAM + local fine-tuning before testing'))
-register(MethodSpec('dp_fedsam_topk', body_optimizer='sam', postprocess=TOPK_CLIENT,
+register(MethodSpec('dp_fedsam_topk', shared_optimizer='sam', postprocess=TOPK_CLIENT,
                     paper='DP-FedSAM-topk, dp-fedsam-topk.txt Algorithm 1 Option II (eq. 12): each '
                           'client top-k\'s its own noised update (distributed noise)'))
-register(MethodSpec('dp_fedsam_topk_server', body_optimizer='sam', postprocess=TOPK_SERVER,
+register(MethodSpec('dp_fedsam_topk_server', shared_optimizer='sam', postprocess=TOPK_SERVER,
                     paper='DP-FedSAM-topk variant: the server top-k\'s the noised sum '
                           '(post-processing, covered by epsilon)'))
 register(MethodSpec('fed_smp_randk', upload_mask=RANDK, noise_on_mask=True,
@@ -208,11 +208,11 @@ register(MethodSpec('dp_fedavg_blurs', regularizer=BLUR, upload_mask=TOPK,
                           'every coordinate'))
 
 # Personalized: a private shared extractor, a local head (dp2-fedsam.txt, dp-pfeddsu.txt).
-register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, body_optimizer='sam',
+register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, shared_optimizer='sam',
                     paper='DP²-FedSAM, dp2-fedsam.txt Algorithm 2'))
 register(MethodSpec('centaur', **_PERSONAL_HEAD,
                     paper='CENTAUR at client level: DP²-FedSAM with SGD instead of SAM'))
-register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, body_optimizer='sam', private=False,
+register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, shared_optimizer='sam', private=False,
                     paper='DP²-FedSAM without clipping or noise (epsilon = inf)'))
 register(MethodSpec('dp_pfeddsu', **_PERSONAL_HEAD, regularizer=ADAPTIVE_NORM, weight_mask=DSU_WEIGHTS,
                     upload_mask=DSU_MASK, noise_on_mask=True,
@@ -223,7 +223,7 @@ register(MethodSpec('dp_pfeddsu_safe', **_PERSONAL_HEAD, regularizer=ADAPTIVE_NO
                     paper='DP-pFedDSU with noise on every coordinate (covered by epsilon)'))
 register(MethodSpec('dp_fedavg_fb', evaluation=FINETUNE_HEAD,
                     paper='DP-FedAvg; each client fine-tunes its classifier head to test'))
-register(MethodSpec('ppsgd', personal=HEAD_OFFSET, head_phase=True, evaluation=TEST_PERSONAL,
+register(MethodSpec('ppsgd', personal=HEAD_OFFSET, personal_phase=True, evaluation=TEST_PERSONAL,
                     paper='PPSGD (Bietti et al., 2022): global model + own additive head, '
                           'alternating local steps'))
 register(MethodSpec('pmtl_ft', regularizer=PROXIMAL, evaluation=FINETUNE_HEAD,

@@ -66,7 +66,7 @@ def grid(**axes: Iterable) -> list[dict[str, Any]]:
 
 
 def set_fields(config, values: dict[str, Any]) -> None:
-  """Sets dotted fields, e.g. {'local.lr_body': 0.1}; the field must exist in the config."""
+  """Sets dotted fields, e.g. {'local.lr_shared': 0.1}; the field must exist in the config."""
   for path, value in values.items():
     node = config
     *parents, leaf = path.split('.')

@@ -11,9 +11,9 @@ split 90 % train / 10 % test.
 Learning rates, which reading: §5.1 writes "the learning rate for the shared representation
 extractor eta_h ... 0.1 and for the personal classifier eta_phi ... 0.005", which swaps the symbols
 of Algorithm 2 (there eta_h steps the head h, eta_phi the extractor phi). We follow the roles the
-sentence names, not its symbols: extractor 0.1 (`local.lr_body`), head 0.005 (`local.lr_head`).
-The other reading (head 0.1, extractor 0.005) is `--config.local.lr_head=0.1
---config.local.lr_body=0.005`.
+sentence names, not its symbols: extractor 0.1 (`local.lr_shared`), head 0.005 (`local.lr_personal`).
+The other reading (head 0.1, extractor 0.005) is `--config.local.lr_personal=0.1
+--config.local.lr_shared=0.005`.
 
 Not stated in the paper (our choices, overridable): local batch size 10, Poisson sampling with PLD
 accounting (the paper does not name its accountant), evaluation every 5 rounds. Both models were
@@ -56,8 +56,8 @@ def paper_config(args: dict):
   else:
     raise ValueError(f"dataset={args['dataset']!r}: dp2-fedsam.txt uses 'femnist' or 'cifar10'")
   _common.set_fields(c, {
-      'local.head_epochs': 2, 'local.body_epochs': args['tau'], 'local.batch_size': 10,
-      'local.lr_body': 0.1, 'local.lr_head': 0.005, 'local.lr_decay': 0.99,
+      'local.personal_epochs': 2, 'local.shared_epochs': args['tau'], 'local.batch_size': 10,
+      'local.lr_shared': 0.1, 'local.lr_personal': 0.005, 'local.lr_decay': 0.99,
       'local.momentum': momentum, 'local.sam_rho': rho if args['rho'] < 0 else args['rho'],
       'dp.clip_norm': clip,
   })

@@ -47,13 +47,13 @@ def paper_config(args: dict):
   c.eval_every = 5
   c.server_lr = 1.0
   _common.set_fields(c, {
-      'local.head_epochs': 15, 'local.body_epochs': 5, 'local.batch_size': 10,
-      'local.lr_head': 0.01, 'local.lr_body': 0.01, 'local.lr_decay': 1.0, 'local.momentum': 0.0,
+      'local.personal_epochs': 15, 'local.shared_epochs': 5, 'local.batch_size': 10,
+      'local.lr_personal': 0.01, 'local.lr_shared': 0.01, 'local.lr_decay': 1.0, 'local.momentum': 0.0,
       'dp.clip_norm': 0.01,
   })
   # The -fb / -FT baselines fine-tune the classifier for the paper's 15 classifier epochs.
   _common.set_fields(c, {
-      'local.finetune_epochs': 15, 'dsu.sparsity': args['sparsity'],
+      'local.finetune_epochs': 15, 'dsu.keep_fraction': args['sparsity'],
       'dsu.masked_layers': args['layers'], 'dsu.lam': args['lam'],
   })
   eps = args['eps']

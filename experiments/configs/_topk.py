@@ -59,12 +59,12 @@ def paper_config(args: dict):
   c.eval_every = 10
   c.server_lr = 1.0
   _common.set_fields(c, {
-      'local.head_epochs': 0,  # full-model methods: no personal head
-      'local.body_epochs': args['epochs'], 'local.batch_size': batch_size,
-      'local.lr_body': 0.1, 'local.lr_head': 0.1, 'local.lr_decay': 1.0, 'local.momentum': 0.5,
+      'local.personal_epochs': 0,  # full-model methods: no personal head
+      'local.shared_epochs': args['epochs'], 'local.batch_size': batch_size,
+      'local.lr_shared': 0.1, 'local.lr_personal': 0.1, 'local.lr_decay': 1.0, 'local.momentum': 0.5,
       'local.sam_rho': args['rho'], 'dp.clip_norm': 0.2, 'dp.accountant': 'rdp',
   })
-  _common.set_fields(c, {'sparsity': args['p']})
+  _common.set_fields(c, {'keep_fraction': args['p']})
   if args['eps'] > 0:
     c.dp.target_epsilon, c.dp.noise_multiplier = args['eps'], None
   else:

@@ -7,7 +7,7 @@ batch 10, 2 + 2 local epochs, from a random (not pretrained) emnist_cnn. The pap
 0.1 with momentum 0.7 (an effective step of 0.33) makes local training diverge from the initial
 model: in one round from init, 15 % of 40 DP-FedAvg clients end non-finite and the median pre-clip
 update norm is 1.6e6 (DP-FedSAM: 2 % non-finite; CENTAUR / DP2-FedSAM: norms up to 2.7e4 / 2.2e3);
-with lr_body 0.05 and momentum 0.5 no client of any of the four diverges and the largest norm is 29
+with lr_shared 0.05 and momentum 0.5 no client of any of the four diverges and the largest norm is 29
 (`python -m experiments.local_stability`, table in experiments/results/README.md). Flax's
 lecun_normal initialisation is also sqrt(3) larger per layer than PyTorch's default, for which the
 papers' rates were chosen.
@@ -36,11 +36,11 @@ def default_config(args: dict):
   c.sampling_rate = 0.02  # ~20 clients a round keeps a round near 5 s on 2 CPU cores
   c.num_rounds = 40
   c.eval_every = 10
-  c.local.head_epochs = 2
-  c.local.body_epochs = 2
+  c.local.personal_epochs = 2
+  c.local.shared_epochs = 2
   c.local.batch_size = 10
-  c.local.lr_head = 0.05  # paper: 0.005 over 200 rounds; a 40-round run needs heads that learn faster
-  c.local.lr_body = 0.05  # the papers' 0.1 with momentum 0.7 diverges here (docstring)
+  c.local.lr_personal = 0.05  # paper: 0.005 over 200 rounds; a 40-round run needs heads that learn faster
+  c.local.lr_shared = 0.05  # the papers' 0.1 with momentum 0.7 diverges here (docstring)
   c.local.momentum = 0.5
   c.local.sam_rho = 0.1
   c.dp.clip_norm = 0.1

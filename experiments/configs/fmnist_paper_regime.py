@@ -116,8 +116,8 @@ def get_config(arg: str | None = None):
   # vmapped), vmap on a GPU. The results do not depend on it (tested); config.json records which ran.
   c.executor = 'auto'
   _common.set_fields(c, {
-      'local.head_epochs': 2, 'local.body_epochs': 2, 'local.finetune_epochs': 2,
-      'local.batch_size': 10, 'local.lr_head': 0.005, 'local.lr_body': 0.05,
+      'local.personal_epochs': 2, 'local.shared_epochs': 2, 'local.finetune_epochs': 2,
+      'local.batch_size': 10, 'local.lr_personal': 0.005, 'local.lr_shared': 0.05,
       'local.lr_decay': 0.99, 'local.momentum': 0.7, 'local.sam_rho': 0.1,
       'dp.clip_norm': 0.1, 'dp.sampling': 'poisson', 'dp.accountant': 'pld',
   })

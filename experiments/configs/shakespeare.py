@@ -100,8 +100,8 @@ def get_config(arg: str | None = None):
   c.num_rounds, c.eval_every, c.sampling_rate, c.server_lr = args['rounds'], 20, args['q'], 1.0
   c.executor = 'auto'  # sequential on a CPU, vmap on a GPU: the faster one of each
   _common.set_fields(c, {
-      'local.head_epochs': 1, 'local.body_epochs': 1, 'local.finetune_epochs': 1,
-      'local.batch_size': 10, 'local.max_examples': 80, 'local.lr_head': 0.5, 'local.lr_body': 1.0,
+      'local.personal_epochs': 1, 'local.shared_epochs': 1, 'local.finetune_epochs': 1,
+      'local.batch_size': 10, 'local.max_examples': 80, 'local.lr_personal': 0.5, 'local.lr_shared': 1.0,
       'local.lr_decay': 0.99, 'local.momentum': 0.0, 'local.sam_rho': 0.05,
       'dp.clip_norm': 0.5, 'dp.sampling': 'poisson', 'dp.accountant': 'pld',
   })
