@@ -1,7 +1,7 @@
 """One client's work in a round (Algorithm 2, lines 5-17 of dp2-fedsam.txt), as a pure function.
 
-    head phase:       h_i <- tau_h epochs of SGD on F_i(phi, h), phi fixed         (lines 6-9)
-    extractor phase:  phi_i <- tau_phi epochs of SAM on F_i(phi, h_i), h_i fixed  (lines 10-15)
+    personal phase:   h_i <- tau_h epochs of SGD on F_i(phi, h), phi fixed         (lines 6-9)
+    shared phase:     phi_i <- tau_phi epochs of SAM on F_i(phi, h_i), h_i fixed  (lines 10-15)
     upload:           Delta_i = phi_i - phi                                       (line 17)
 
 Other methods change the pieces, not the loop (see algorithms/specs.py): no head phase and the whole
@@ -34,14 +34,14 @@ def _example_mask(y, mask):
   return mask
 
 
-def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, target_mask=_example_mask):
-  """train_head(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
+def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, target_mask=_example_mask):
+  """train_personal(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
   with the extractor's features computed once (phi is fixed in this phase; [n, F] or, for token
   sequences, [n, T, F])."""
   phase = local.Phase(local_config.personal_epochs, local_config.batch_size, 'sgd',
                       local_config.momentum)
 
-  def train_head(shared, personal, features, y, count, key, lr, epochs=None):
+  def train_personal(shared, personal, features, y, count, key, lr, epochs=None):
     def loss(p, feats, labels, mask):
       head = model_params(spec, shared, p)['head']
       return local.masked_cross_entropy(model.logits_from_features(head, feats), labels,
@@ -49,7 +49,7 @@ def head_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, targe
     run = phase if epochs is None else local.Phase(epochs, phase.batch_size, 'sgd', phase.momentum)
     return local.run_phase(run, loss, personal, features, y, count, key, lr)[0]
 
-  return train_head
+  return train_personal
 
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
@@ -59,7 +59,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
   phase (lines 10-15) and the update Delta_i (line 17).
 
   Args:
-    spec: the method's pieces (head optimizer, body optimizer: SGD/SAM/ASAM, regularizer, mask).
+    spec: the method's pieces (shared-phase optimizer: SGD/SAM/ASAM, regularizer, masks, personal part).
     model: the SplitModel.
     local_config: epochs, batch size, learning rates, decay, momentum, SAM rho.
     normalize: maps the stored uint8 images to model inputs.
@@ -77,23 +77,23 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     parameters and the mean training loss.
   """
   local.check_local_config(local_config)
-  train_head = head_trainer(spec, model, local_config, target_mask)
-  body_phase = local.Phase(local_config.shared_epochs, local_config.batch_size, spec.shared_optimizer,
+  train_personal = personal_trainer(spec, model, local_config, target_mask)
+  shared_phase = local.Phase(local_config.shared_epochs, local_config.batch_size, spec.shared_optimizer,
                            local_config.momentum, local_config.sam_rho)
   regularizer = spec.regularizer.bind(params, clip_norm)
   weight_mask = spec.weight_mask.for_model(spec.name, model, params)
 
   def client_update(shared, personal, x, y, count, key, round_index):
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** round_index
-    head_key, body_key = keys.head_and_body(key)
+    personal_key, shared_key = keys.personal_and_shared(key)
     inputs = normalize(x)
 
     if spec.personal_phase:  # DSU: the head learns on the features of theta * M, as it is tested
       features = model.features(weight_mask.forward(shared)['extractor'], inputs)
-      personal = train_head(shared, personal, features, y, count, head_key,
+      personal = train_personal(shared, personal, features, y, count, personal_key,
                             local_config.lr_personal * decay)
 
-    def body_loss(trainable, inputs, labels, mask):
+    def shared_loss(trainable, inputs, labels, mask):
       # DSU: the forward pass sees theta * M, M recomputed from the current weights every step.
       wmask = weight_mask(trainable)
       forward = trainable if wmask is None else sparsify.apply_mask(trainable, wmask)
@@ -101,7 +101,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
       return (local.masked_cross_entropy(logits, labels, target_mask(labels, mask))
               + regularizer(trainable, shared, wmask))
 
-    new_shared, loss = local.run_phase(body_phase, body_loss, shared, inputs, y, count, body_key,
+    new_shared, loss = local.run_phase(shared_phase, shared_loss, shared, inputs, y, count, shared_key,
                                        local_config.lr_shared * decay)
     delta = jax.tree.map(jnp.subtract, new_shared, shared)
     return ClientResult(delta, personal, loss, weight_mask(new_shared))

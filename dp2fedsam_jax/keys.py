@@ -10,7 +10,7 @@ either *folded* with the distinct constants below, or *split* into a fresh array
                                                       COUNT_NOISE
         clients key                                   folded with the client id (only ever folded)
           client key                                  folded: TRAIN, UPLOAD, EXAMPLES
-            train key                                 folded: HEAD, BODY (each split per epoch)
+            train key                                 folded: PERSONAL, SHARED (each split per epoch)
             upload key                                split per array (the client's noise share)
             examples key                              folded: example j -> its sort key (the round's
                                                       subset when a client exceeds its budget)
@@ -56,13 +56,13 @@ PUBLIC_MASK = 4   # rand-k's public mask, the same for every client
 COUNT_NOISE = 5   # the server's noise on the count of unclipped clients (adaptive clipping)
 
 # Children of a client key.
-TRAIN = 1         # local training (parent of HEAD and BODY)
+TRAIN = 1         # local training (parent of PERSONAL and SHARED)
 UPLOAD = 2        # the client's own noise share (distributed placement; split per array)
 EXAMPLES = 3      # which of its examples a client over config.local.max_examples trains on
 
 # Children of a train key.
-HEAD = 1
-BODY = 2
+PERSONAL = 1  # the personal phase
+SHARED = 2    # the shared phase
 
 # Children of the audit's root key.
 AUDIT_DIRECTIONS = 1  # the canaries' directions
@@ -102,8 +102,8 @@ def train_and_upload(client_key: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jax.random.fold_in(client_key, TRAIN), jax.random.fold_in(client_key, UPLOAD)
 
 
-def head_and_body(train_key: jax.Array) -> tuple[jax.Array, jax.Array]:
-  return jax.random.fold_in(train_key, HEAD), jax.random.fold_in(train_key, BODY)
+def personal_and_shared(train_key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  return jax.random.fold_in(train_key, PERSONAL), jax.random.fold_in(train_key, SHARED)
 
 
 def init_key(root: jax.Array) -> jax.Array:

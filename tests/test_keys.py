@@ -72,7 +72,7 @@ def test_keys_module_derivations_of_two_rounds_are_distinct():
     for client_id in range(num_clients):
       client_key = keys.client_key(streams.clients, client_id)
       train_key, upload_key = keys.train_and_upload(client_key)
-      head, body = keys.head_and_body(train_key)
+      head, body = keys.personal_and_shared(train_key)
       derived += [client_key, train_key, upload_key, head, body, keys.examples_key(client_key)]
       derived += list(jax.random.split(upload_key, num_arrays))
       derived += list(jax.random.split(head, epochs)) + list(jax.random.split(body, epochs))
