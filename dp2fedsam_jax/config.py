@@ -176,6 +176,21 @@ def _positive(config, field: str, *, integer: bool = False, allow_zero: bool = F
     _fail(field, value, f'must be {kind} {bound}.')
 
 
+def _check_model_fits_dataset(model: str, dataset: str, token_datasets) -> None:
+  """Token models for token datasets, image models for image datasets: one line naming the models
+  that fit, before any data is loaded."""
+  from dp2fedsam_jax.models import registry  # pylint: disable=import-outside-toplevel
+  if model not in registry.model_names():
+    return  # named by the choice check below
+  tokens = dataset in token_datasets
+  if registry.is_token_model(model) == tokens:
+    return
+  fitting = [m for m in registry.model_names() if registry.is_token_model(m) == tokens]
+  kind = 'a token dataset (sequences of ids)' if tokens else 'an image dataset'
+  _fail('model', model, f'config.dataset={dataset!r} is {kind}; choose a model that fits it: '
+        f'{", ".join(fitting)}.')
+
+
 def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   """Raises ConfigError naming the first invalid field.
 
@@ -197,6 +212,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if not (dataset in sources.dataset_names()
           or (isinstance(dataset, str) and dataset.startswith('tfds:') and len(dataset) > 5)):
     _fail('dataset', dataset, f'unknown; choose one of {sources.dataset_names()}.')
+  _check_model_fits_dataset(config.model, dataset, sources.TOKEN_DATASETS)
   data_dir = config.get('data_dir')
   if data_dir is not None and not isinstance(data_dir, str):
     _fail('data_dir', data_dir, "a directory path, or unset for the dataset's default location.")

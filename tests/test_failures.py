@@ -340,3 +340,26 @@ def test_missing_dataset_says_how_to_get_it(tmp_path):
   with pytest.raises(data.DatasetNotFoundError,
                      match=r'apt-get install dataset-fashion-mnist.*--config\.data_dir'):
     train.build_experiment(config)
+
+
+@pytest.mark.parametrize('dataset, partition, model, fitting', [
+    ('shakespeare', 'natural', 'cifar_cnn', 'char_lstm, char_lstm_small'),
+    ('synthetic', 'iid', 'char_lstm', 'cifar_cnn, emnist_cnn'),
+])
+def test_a_model_that_does_not_fit_the_dataset_fails_before_any_data_is_loaded(
+    dataset, partition, model, fitting, monkeypatch):
+  """A new user's --config.dataset=shakespeare --config.partition=natural --config.model=cifar_cnn:
+  one line naming config.model and the models that fit, from the binary's first check, with every
+  data loader replaced by one that fails the test if it is reached."""
+  def no_loading(*args, **kwargs):
+    raise AssertionError('data was loaded before the config was checked')
+  for name in ('make_federated_data', 'load_token_clients'):
+    monkeypatch.setattr(train, name, no_loading)
+  monkeypatch.setattr(data.sources, 'load_dataset', no_loading)
+  config = tiny_config(dataset=dataset, partition=partition, model=model)
+  for check in (validate_config, train.build_experiment, train.describe):
+    with pytest.raises(ConfigError) as error:
+      check(config)
+    message = str(error.value)
+    assert message.startswith(f'config.model={model!r}: config.dataset={dataset!r} is ')
+    assert fitting in message and '\n' not in message
