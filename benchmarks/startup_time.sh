@@ -1,5 +1,5 @@
 #!/bin/bash
-# bash benchmarks/startup_time.sh   (from the repository root; issue 36: the persistent compilation cache)
+# bash benchmarks/startup_time.sh   (from the repository root; the persistent compilation cache)
 # Start-up to the first round line of the default config (num_rounds=1), CPU backend:
 # 3 runs without the persistent compilation cache, one that fills it, 3 that use it.
 set -u

@@ -89,7 +89,7 @@ def client_key(clients_key: jax.Array, client_id) -> jax.Array:
   """The key of one client id: a client's run does not depend on its slot, chunk or executor.
 
   O(1) per sampled client, and the same key as `split(clients_key, N)[client_id]` (the keys of
-  runs before issue 33, which split over all N clients every round).
+  runs before the ragged data model, which split over all N clients every round).
   """
   return jax.random.fold_in(clients_key, client_id)
 

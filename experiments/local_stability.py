@@ -30,7 +30,7 @@ from ml_collections import config_flags
 from dp2fedsam_jax import checkpoint, train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax.privacy.clipping import global_norm
+from dp2fedsam_jax.trees import global_norm
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'experiments/configs/default.py', 'Config.')
 _METHODS = flags.DEFINE_list('methods', ['dp_fedavg', 'dp_fedsam', 'centaur', 'dp2fedsam'],

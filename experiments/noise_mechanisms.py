@@ -23,7 +23,7 @@ REGIMES = (('default (configs/default.py)', 1000, 0.02, 40, 2.0, (2, 4, 8)),
            ('paper regime, eps 1', 1000, 0.05, 200, 1.0, (2, 4, 8, 16)),
            ('paper regime, eps 0.5', 1000, 0.05, 200, 0.5, (2, 4, 8, 16)))
 
-# Issue 35: longer runs and more bands (docs/privacy.md section 7, "Where BandMF wins").
+# --search: longer runs and more bands (docs/privacy.md section 7, "Where BandMF wins").
 SEARCH_REGIMES = (('T=500, q=0.02', 1000, 0.02, 500, 1.0, (2, 5, 10, 25, 50)),
                   ('T=1000, q=0.01', 1000, 0.01, 1000, 1.0, (4, 10, 25, 50, 100)),
                   ('T=500, q=0.1', 1000, 0.1, 500, 1.0, (2, 5, 10)),

@@ -1,5 +1,5 @@
 """What a researcher sees first: one-line errors, Ctrl-C, --config.x fixes, the config's help, and the
-messages of the round loop (issue 18)."""
+messages of the round loop."""
 
 import json
 import logging

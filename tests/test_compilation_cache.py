@@ -1,4 +1,4 @@
-"""The persistent compilation cache (dp2fedsam_jax/compilation_cache.py, issue 36 item 4): where it
+"""The persistent compilation cache (dp2fedsam_jax/compilation_cache.py): where it
 is, how it is turned off, and two processes sharing one: entries appear whole (written to a temporary
 file and renamed), nobody reads a torn one, and a later process loads them instead of compiling."""
 

@@ -105,7 +105,7 @@ def test_paper_regime_has_three_seeds_per_private_method_and_eps():
   assert curve >= {(m, e) for m in module.CURVE for e in (0.25, 0.5, 1.0, 2.0)}
 
 
-# The paper-regime runs of issue 14, in the order they ran: their workdirs hold committed runs.
+# The paper-regime runs committed first, in the order they ran: their workdirs hold committed runs.
 ISSUE14 = ([f'eps=1,method={m},seed=0' for m in ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedsam',
                                                  'dp_fedavg_ft', 'dp_fedsam_ft')]
            + ['eps=inf,method=p_fedsam,seed=0', 'eps=inf,method=fedavg,seed=0']
@@ -121,7 +121,7 @@ def test_paper_regime_grid_keeps_its_first_runs_then_issues_26_and_24_in_priorit
   # (a) the missing eps = 1 seeds; then the curve's eps at seed 0, 1, 2 ((b), (c), (d)).
   assert names[15:21] == [f'eps=1,method={m},seed={s}' for s in (1, 2)
                           for m in ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')]
-  # (e) BandMF against independent noise (issue 24): eps = 1's three seeds first (their
+  # (e) BandMF against independent noise: eps = 1's three seeds first (their
   # independent-noise runs are done), then eps = 0.5 seed by seed, banded beside independent.
   banded = grid[21:39]
   assert [(e['eps'], e['seed']) for e in banded[:6]] == [(1.0, s) for s in (0, 0, 1, 1, 2, 2)]
@@ -136,7 +136,7 @@ def test_paper_regime_grid_keeps_its_first_runs_then_issues_26_and_24_in_priorit
   assert [e['seed'] for e in rest] == [0] * 10 + [1] * 10 + [2] * 10
   assert len({sweep.arg_string(e) for e in grid}) == len(grid) == 93
   assert all(e['eps'] in (0.25, 0.5, 2.0) for e in rest)
-  # (f) issue 35: adaptive clipping and server momentum, seed by seed, each beside a fixed-C,
+  # (f) adaptive clipping and server momentum, seed by seed, each beside a fixed-C,
   # server-SGD run of the same method, eps and seed among (a)-(d)'s.
   toolkit = grid[69:]
   assert [e['seed'] for e in toolkit] == [0] * 8 + [1] * 8 + [2] * 8
@@ -232,7 +232,7 @@ def test_unknown_config_argument_fails():
 
 @pytest.mark.parametrize('name', ALL_CONFIG_NAMES)
 def test_every_config_file_parses_its_argument_strictly(name):
-  # Before issue 15, default.py and fashion_mnist_methods.py ignored unknown keys: 'eps2=1' ran eps=2.
+  # default.py and fashion_mnist_methods.py once ignored unknown keys: 'eps2=1' ran eps=2.
   module = _module(name)
   for bad in ('eps2=1', 'seed=1,seed=2', 'seed', 'seed=one'):
     with pytest.raises(ValueError, match='config argument'):
@@ -278,7 +278,7 @@ def test_choice_lists_are_defined_once_by_their_implementations():
   assert allowed['conv_impl'] is layers.CONV_IMPLS
   assert allowed['partition'] == PARTITIONS + (NATURAL,)
   assert set(allowed['method']) == set(METHODS)
-  # Every value the config accepts is one its implementation runs (before issue 15 config.py kept
+  # Every value the config accepts is one its implementation runs (config.py once kept
   # its own copies; its PARTITIONS already disagreed with data/partition.py's).
   for executor in allowed['executor']:
     round_lib.client_mapper(executor, None)

@@ -150,7 +150,7 @@ def test_synthetic_shapes_and_determinism():
 
 
 def test_normalization_does_not_depend_on_the_data():
-  """The statistics every released model is normalised with are published constants (issue 34):
+  """The statistics every released model is normalised with are published constants:
   other examples (another seed, another size) give the same ones, so they release nothing."""
   a = data.synthetic(num_examples=103, image_shape=(5, 6, 3), seed=1)
   b = data.synthetic(num_examples=40, image_shape=(5, 6, 3), seed=7, noise_std=5.0)

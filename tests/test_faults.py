@@ -1,4 +1,4 @@
-"""Faults as tests (issue 36, item 5): a run SIGKILLed during compilation, mid-round and inside a
+"""Faults as tests: a run SIGKILLed during compilation, mid-round and inside a
 checkpoint write, then stopped by a failing disk, ends, once the same command has run to the end,
 exactly as an uninterrupted run; a corrupted latest checkpoint falls back to the one before with a
 warning; none readable is a one-line refusal, never a silent restart from round 0.

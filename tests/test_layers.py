@@ -152,8 +152,8 @@ def test_the_import_reader_sees_every_kind_of_import():
                    (8, f'{p}.train')], found  # the module's own import of noise is dropped
 
 
-def test_the_layer_order_forbids_what_issue_15_removed():
-  # local.py reaching into privacy/ (before issue 15) and a privacy module running the round step.
+def test_the_layer_order_forbids_the_old_upward_imports():
+  # local.py reaching into privacy/ and a privacy module running the round step, as they once did.
   assert _layer('privacy') == _layer('local')
   assert _layer('privacy') < _layer('algorithms') < _layer('federated_round') < _layer('train')
   assert _layer('trees') < _layer('privacy')

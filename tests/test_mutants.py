@@ -1,4 +1,4 @@
-"""Privacy mutation tests (issue 17): each mutant breaks the DP guarantee in one named way, and a
+"""Privacy mutation tests: each mutant breaks the DP guarantee in one named way, and a
 privacy oracle of the suite must fail under it. The session ends with the table mutant -> killing
 test (conftest.py); a mutant that survives fails the run.
 
@@ -226,7 +226,7 @@ def _padding_in_sum(mp):
              lambda tree, valid: jax.tree.map(lambda x: jnp.sum(x, axis=0), tree))
 
 
-# ---------------------------------------------------------------- correlated noise (issue 24)
+# ---------------------------------------------------------------- correlated noise
 @mutant('banded: independent draws, rows not C^-1 Z', BANDED_ROWS)
 def _banded_uncorrelated(mp):
   mp.setattr(correlated, 'banded_noise', lambda z, buffer, strategy: (z, buffer))
@@ -278,7 +278,7 @@ def _tree_sensitivity_one(mp):
   mp.setattr(correlated, 'tree_sensitivity_squared', lambda rounds: 1)
 
 
-# ---------------------------------------------------------------- adaptive clipping (issue 35)
+# ---------------------------------------------------------------- adaptive clipping
 @mutant('adaptive clipping: the count of unclipped clients not noised', COUNT_NOISE)
 def _count_not_noised(mp):
   def noiseless(self, key, unclipped, cohort, divisor):

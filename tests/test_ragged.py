@@ -1,4 +1,4 @@
-"""Clients of any size as one data model (issue 33): ragged storage, the per-round budget, token
+"""Clients of any size as one data model: ragged storage, the per-round budget, token
 sequences (per-token masks, [n, T, F] head features), and evaluation of a fixed sample of clients."""
 
 import dataclasses

@@ -6,7 +6,7 @@ is, (b) before a checkpoint is written, after train_metrics.jsonl got a line of 
 round, with torn lines in both metrics files and a temporary file left behind, as a kill inside a
 write would leave them. Both metrics files must end as the uninterrupted run's (but `seconds`).
 
-Between evaluations (issue 36): a stop (SIGTERM) at a round that is not evaluated checkpoints that
+Between evaluations: a stop (SIGTERM) at a round that is not evaluated checkpoints that
 round, and a kill loses only the rounds since the last `checkpoint_every` checkpoint; the training
 scalars of the rounds since the last evaluation come back from the checkpoint, so the next record
 averages the same rounds as the uninterrupted run's.

@@ -1,4 +1,4 @@
-"""One writer per workdir (dp2fedsam_jax/run_files.py, issue 36 item 1): a second run on a workdir in
+"""One writer per workdir (dp2fedsam_jax/run_files.py): a second run on a workdir in
 use exits 2 naming the holder's pid and writes nothing there; a sweep does not start it; the lock of
 a killed process is gone with it."""
 

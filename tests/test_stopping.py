@@ -1,6 +1,6 @@
 """The stop protocol (dp2fedsam_jax/stopping.py): Ctrl-C and SIGTERM stop a run at a round boundary
 with that round checkpointed; a second signal or the SIGTERM deadline stops at once; a sweep forwards
-the signal to its runs and waits for them (issue 36, item 2)."""
+the signal to its runs and waits for them."""
 
 import json
 import os
@@ -61,7 +61,8 @@ def test_ctrl_c_stops_train_and_evaluate_between_rounds(tmp_path, monkeypatch):
 
 
 def test_sigterm_checkpoints_the_round_it_reached_not_only_evaluated_ones(tmp_path, monkeypatch):
-  """eval_every=4, SIGTERM during round 1: before issue 36 the run kept only round 0."""
+  """eval_every=4, SIGTERM during round 1: before a stop checkpointed the round it reached, the run
+  kept only round 0."""
   rounds = []
   write = run_files.metric_writers.JsonlWriter.write_scalars
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# global_norm lives in the leaf module trees.py (local.py uses it too); it stays importable from here.
 from dp2fedsam_jax.trees import global_norm
 
 

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from dp2fedsam_jax import trees
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import clip_rules, clipping, noise, noise_mechanisms
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip, FixedClip
@@ -219,7 +220,7 @@ class DPMechanism:
     """(upload, pre-clip global norm): the update clipped to norm C (unclipped if not private)."""
     if self.private:
       return clipping.clip_by_global_norm(delta, self.clip_norm)
-    return delta, clipping.global_norm(delta)
+    return delta, trees.global_norm(delta)
 
   def client_noise_std(self, cohort: jax.Array) -> jax.Array:
     """A client's share: the |S| shares add up to N(0, (sigma C)^2) on the sum (distributed)."""

@@ -1,4 +1,4 @@
-"""BandMF where the accountant says it should win, with server momentum (issue 35, item 4).
+"""BandMF where the accountant says it should win, with server momentum.
 
 `python3 -m experiments.noise_mechanisms --search` (docs/privacy.md section 7, "Where BandMF wins")
 found the largest gain of BandMF over independent noise at N = 1000, eps = 1 in the longer, sparser

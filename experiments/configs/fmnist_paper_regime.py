@@ -15,15 +15,16 @@ keeps every client of every method finite. The same rates for every method; no p
 
 Grid (`sweep_grid()`), 93 runs in this order (launch/sweep.py runs them in grid order, so an
 interrupted sweep has done the first blocks):
-  the first 15 (issue 14; their workdirs must not change, so the committed runs count as finished):
+  the first 15 (the first committed block; their workdirs must not change, so the committed runs
+  count as finished):
     dp2fedsam, centaur, dp_fedavg, dp_fedsam, dp_fedavg_ft, dp_fedsam_ft and the non-private
     ceilings p_fedsam and fedavg at seed 0; seeds 1 and 2 for dp2fedsam, centaur and dp_fedsam_ft;
     and one more ceiling, dp_fedavg at eps = inf, i.e. sigma = 0 (clipping only): plain FedAvg
     collapses in round 1 at these rates (an unclipped client blow-up, results README), so this is
     the ceiling that shows what the noise costs DP-FedAvg, at the same rates;
-  (a) 6 runs (issue 26): seeds 1 and 2 of dp_fedavg, dp_fedsam and dp_fedavg_ft at eps = 1 (seed 1
+  (a) 6 runs: seeds 1 and 2 of dp_fedavg, dp_fedsam and dp_fedavg_ft at eps = 1 (seed 1
     of all three first), so that every eps = 1 method has three seeds;
-  (e) 18 runs (issue 24): BandMF noise (`noise=banded,bands=2`: b = 2, the best band count in this
+  (e) 18 runs: BandMF noise (`noise=banded,bands=2`: b = 2, the best band count in this
     regime, docs/privacy.md section 7) for dp2fedsam and dp_fedavg_ft at eps = 1, seeds 0, 1, 2
     (their independent-noise runs are done); then at eps = 0.5, seed by seed, the two banded runs
     and the two independent-noise runs they are compared with. The report sets each banded
@@ -32,7 +33,7 @@ interrupted sweep has done the first blocks):
     dp_fedsam_ft, dp_fedavg_ft) at seed 0, less the two eps = 0.5 runs (e) made; (c) the same
     at seed 1; (d) at seed 2. With the eps = 1 runs these give accuracy against eps at eps in
     {0.25, 0.5, 1, 2};
-  (f) 24 runs (issue 35), seed by seed, eps = 1 then 0.25, for dp2fedsam and dp_fedavg_ft (their
+  (f) 24 runs, seed by seed, eps = 1 then 0.25, for dp2fedsam and dp_fedavg_ft (their
     fixed-C, server-SGD runs are (a)-(d)'s): `clip=adaptive`, adaptive clipping (Andrew et al.
     2021; docs/privacy.md section 8) with gamma = 0.5, eta = 0.2 and an untuned C_0 = 1.0, ten
     times the hand-tuned C = 0.1; and `server=momentum`, server momentum 0.9 at server_lr 0.1,
@@ -87,15 +88,15 @@ DEFAULTS = dict(method='dp2fedsam', N=1000, S=2, eps=1.0, seed=0, noise='indepen
 TABLE_METHODS = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft', 'dp_fedsam_ft')
 CEILINGS = ('p_fedsam', 'fedavg')  # non-private: eps = inf
 SEEDED = ('dp2fedsam', 'centaur', 'dp_fedsam_ft')
-# Issue 26: the other eps = 1 methods get seeds 1 and 2; the curve's methods run at CURVE_EPS too.
+# (a)-(d): the other eps = 1 methods get seeds 1 and 2; the curve's methods run at CURVE_EPS too.
 SEEDED_LATER = ('dp_fedavg', 'dp_fedsam', 'dp_fedavg_ft')
 CURVE = ('dp2fedsam', 'centaur', 'dp_fedsam_ft', 'dp_fedavg_ft')
 CURVE_EPS = (0.5, 0.25, 2.0)  # in the order they run: the small eps, where methods should separate
-# Issue 24: BandMF against independent noise, b = 2 bands (the lowest model-noise ratio in this
+# (e): BandMF against independent noise, b = 2 bands (the lowest model-noise ratio in this
 # regime, docs/privacy.md section 7), at eps = 1 and the lower eps = 0.5.
 BANDED = ('dp2fedsam', 'dp_fedavg_ft')
 BANDED_EPS = (1.0, 0.5)
-# Issue 35: adaptive clipping and server momentum against the fixed C and server SGD runs above.
+# (f): adaptive clipping and server momentum against the fixed C and server SGD runs above.
 TOOLKIT = ('dp2fedsam', 'dp_fedavg_ft')
 TOOLKIT_EPS = (1.0, 0.25)
 TOOLKIT_VARIANTS = (dict(clip='adaptive'), dict(server='momentum'))
@@ -139,7 +140,7 @@ def get_config(arg: str | None = None):
 
 
 def sweep_grid() -> list[dict]:
-  """The first 15 entries (issue 14) in their order, then issue 26's blocks in priority order."""
+  """The first 15 entries in their order, then the later blocks in priority order."""
   first = ([dict(method=m, eps=1.0, seed=0) for m in TABLE_METHODS]
            + [dict(method=m, eps=math.inf, seed=0) for m in CEILINGS])
   issue14 = (first + [dict(method=m, eps=1.0, seed=s) for s in (1, 2) for m in SEEDED]

