@@ -51,7 +51,7 @@ import time
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import cli, metric_writers, stopping
+from dp2fedsam_jax import cli, config_help, metric_writers, stopping
 
 FLAGS = flags.FLAGS
 
@@ -146,7 +146,7 @@ class Run:
       old = json.load(f)
     if arg_string(old['args']) != arg_string(self.args):
       return f"arguments {arg_string(old['args'])!r} != {arg_string(self.args)!r}"
-    changed = set(old['overrides']) ^ set(self.overrides)
+    changed = set(current_names(old['overrides'])) ^ set(self.overrides)
     changed = sorted(o for o in changed if not o.startswith(_RESUMABLE_OVERRIDES))
     return f'overrides differ: {changed}' if changed else None
 
@@ -170,6 +170,19 @@ class Run:
     from dp2fedsam_jax import checkpoint  # pylint: disable=import-outside-toplevel
     start = checkpoint.latest_round(self.workdir)
     return f'resume from round {start}' if start else 'new'
+
+
+def current_names(overrides: list[str]) -> list[str]:
+  """--config.x=y overrides under the current field names (a sweep.json written before a rename
+  holds the old ones, config_help.RENAMED_FIELDS)."""
+  out = []
+  for override in overrides:
+    field, sep, value = override.partition('=')
+    name = field.removeprefix('--config.')
+    if field.startswith('--config.') and name in config_help.RENAMED_FIELDS:
+      override = f'--config.{config_help.RENAMED_FIELDS[name]}{sep}{value}'
+    out.append(override)
+  return out
 
 
 def expand_grid(base: list[dict], axes: list[tuple[str, list]]) -> list[dict]:

@@ -256,3 +256,17 @@ def test_seed_from_copies_finished_committed_runs_into_empty_workdirs_only(tiny_
   assert out.stdout.strip().splitlines()[-1] == 'plan: 4 runs: 2 finished, 2 to run (2 new, 0 to resume)'
   with pytest.raises(ValueError, match='no such directory'):
     sweep.seed_from(runs, root, str(tmp_path / 'nowhere'))
+
+
+def test_a_committed_sweep_json_with_renamed_override_fields_is_the_same_run(tiny_config_path,
+                                                                            tmp_path):
+  root = str(tmp_path / 'root')
+  run = sweep.plan(tiny_config_path, root, [], ['--config.local.lr_shared=0.1'])[0]
+  os.makedirs(run.workdir)
+  path = os.path.join(run.workdir, 'sweep.json')
+  with open(path, 'w') as f:
+    json.dump({'args': run.args, 'overrides': ['--config.local.lr_body=0.1']}, f)
+  assert run.conflict() is None
+  with open(path, 'w') as f:
+    json.dump({'args': run.args, 'overrides': ['--config.local.lr_body=0.2']}, f)
+  assert 'overrides differ' in run.conflict()
