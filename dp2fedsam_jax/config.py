@@ -35,6 +35,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Clients the evaluation tests: None = all; k = a fixed sample of k drawn once from seed
   # (evaluation.eval_client_ids), for populations too large to test whole at every evaluation.
   c.eval_clients = config_dict.placeholder(int)
+  # The share of each client's training rows set aside as its validation split (0: none; the
+  # evaluation then also reports validation_* metrics; data.federated.split_validation).
+  c.validation_fraction = 0.0
   c.server_lr = 1.0
   # The step on the released average (server_optimizer.py; post-processing): 'sgd' | 'momentum' |
   # 'adam' | 'yogi' | 'adagrad', with Reddi et al.'s defaults.
@@ -216,6 +219,11 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if path is not None and not (isinstance(path, str) and os.path.isfile(path)):
     _fail('init_checkpoint', path, 'no such file; write one with '
           'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
+
+  value = config.get('validation_fraction', 0.0)
+  if not _is_number(value) or not 0.0 <= value < 1.0:
+    _fail('validation_fraction', value, "the share of each client's training rows kept for "
+          'validation must lie in [0, 1) (0: no validation split).')
 
   q = config.sampling_rate
   if not _is_number(q) or not 0.0 < q <= 1.0:

@@ -24,6 +24,8 @@ FIELD_HELP = {
                         'reached; a kill loses the rounds since; may change when resuming)',
     'eval_clients': 'clients tested at each evaluation: None = all; k = a fixed sample of k drawn '
                     'once from seed',
+    'validation_fraction': "share of each client's training rows set aside as its validation "
+                           'split, seeded (0: none); the run then writes validation_* metrics',
     'server_lr': 'server step size (sgd: phi <- phi + server_lr * mean of the uploads)',
     'server_optimizer': 'the step on the noised mean, its negation the pseudo-gradient (post-processing): '
                         'sgd | momentum (heavy ball: steady step server_lr/(1-server_momentum)) | adam | '

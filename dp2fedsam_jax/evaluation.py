@@ -184,6 +184,25 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
   return evaluate
 
 
+def make_validation_evaluate(evaluate):
+  """evaluate_validation(state, validation_data, key) for an evaluate of make_evaluate, on the
+  validation data of data.split_validation: 'validation_accuracy' and 'validation_loss' (means over
+  the evaluated clients with validation targets), 'validation_clients' (their count) and
+  'validation_accuracy_sum' (the sum of their accuracies, each in [0, 1]: one client moves it by at
+  most 1, what a private selection score noises)."""
+
+  def evaluate_validation(state, validation_data, key):
+    clients = evaluate.per_client(state, validation_data, key)
+    has = (clients['targets'] > 0).astype(jnp.float32)
+    n = has.sum()
+    total = jnp.sum(clients['accuracy'] * has)
+    return {'validation_accuracy': total / jnp.maximum(n, 1.0),
+            'validation_loss': jnp.sum(clients['loss'] * has) / jnp.maximum(n, 1.0),
+            'validation_clients': n, 'validation_accuracy_sum': total}
+
+  return evaluate_validation
+
+
 WORST_FRACTION = 0.1  # test_accuracy_worst10: the mean over this fraction of the clients, the worst
 
 

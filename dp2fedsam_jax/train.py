@@ -24,9 +24,10 @@ from dp2fedsam_jax import checkpoint, keys, run_files, sharding, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
-from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
+from dp2fedsam_jax.data import FederatedData, make_federated_data, sources, split_validation
 from dp2fedsam_jax.data.federated import load_token_clients
-from dp2fedsam_jax.evaluation import eval_client_ids, evaluation_batch_size, make_evaluate
+from dp2fedsam_jax.evaluation import (eval_client_ids, evaluation_batch_size, make_evaluate,
+                                      make_validation_evaluate)
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -45,6 +46,9 @@ class Experiment:
   model: Any
   data: FederatedData
   round_config: RoundConfig
+  # config.validation_fraction > 0: the training data with each client's validation rows as its
+  # test split (data.split_validation; those rows are out of `data`'s training rows).
+  validation: FederatedData | None = None
 
   @property
   def mechanism(self) -> DPMechanism:
@@ -121,11 +125,14 @@ def build_experiment(config: ml_collections.ConfigDict) -> Experiment:
       dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
       classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha,
       seed=config.seed, data_dir=config.data_dir)
+  validation = None
+  if config.get('validation_fraction', 0.0) > 0:
+    data, validation = split_validation(data, config.validation_fraction, config.seed)
   model = get_model(config.model, data.num_classes, data.input_shape, config.conv_impl)
   if data.num_clients != mechanism.num_clients:
     raise ValueError(f'the data holds {data.num_clients} clients, config.num_clients is '
                      f'{mechanism.num_clients}: the partition must make one client per slot.')
-  return Experiment(config, spec, model, data, round_config_from(config, mechanism))
+  return Experiment(config, spec, model, data, round_config_from(config, mechanism), validation)
 
 
 def describe(config: ml_collections.ConfigDict) -> dict:
@@ -348,6 +355,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   data = exp.data
   round_step = jax.jit(exp.round_step(), donate_argnums=0)
   evaluate = jax.jit(exp.evaluate())
+  validation = exp.validation
+  if validation is not None:
+    evaluate_validation = jax.jit(make_validation_evaluate(exp.evaluate()))
   # The training scalars of the rounds since the last evaluation come back with the state: the
   # next record of a resumed run averages the same rounds as an uninterrupted run's.
   restored = checkpoint.restore_run(workdir, exp.init_state())
@@ -370,6 +380,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # sharded: state, data and keys whole on every device of the mesh (of every process).
   place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
   state, data, key = place((state, data, exp.root_key))
+  if validation is not None:
+    validation = place(validation)
   # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
   if stopping.stop_requested():
     raise stopping.interrupted(run_files.stop_message(workdir, start))
@@ -378,6 +390,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   with _hint_on_oom(config, 'compiling the round step', workdir), stopping.critical():
     round_step = round_step.lower(state, data, key).compile()
     evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
+    if validation is not None:
+      evaluate_validation = evaluate_validation.lower(
+          state, validation, place(exp.eval_key(start))).compile()
   logging.info('Compiled the round step and the evaluation in %.1f s.',
                time.perf_counter() - compile_start)
 
@@ -430,6 +445,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           **{k: _json_number(v)
              for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
       }
+      if validation is not None:  # the same key: a fine-tuned copy is the test's
+        record.update({k: _json_number(v) for k, v in jax.device_get(evaluate_validation(
+            state, validation, place(exp.eval_key(done)))).items()})
       if exp.privacy_caveat:
         record['epsilon_caveat'] = exp.privacy_caveat
       # Wall time per round of this window, its evaluation included (the checkpoint write below

@@ -95,6 +95,7 @@ INVALID = {
     'dp.initial_clip_norm': NON_POSITIVE,
     'dp.target_quantile': NOT_A_FRACTION,
     'sampling_rate': NOT_A_FRACTION,
+    'validation_fraction': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
     'sparsity': NOT_A_FRACTION,
     'dsu.sparsity': NOT_A_FRACTION,
     'local.momentum': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
