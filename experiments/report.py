@@ -108,6 +108,9 @@ def load_runs(root: str) -> list[RunResult]:
   runs = []
   for directory, subdirs, files in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))  # e.g. the sweep's .jax_cache
+    if TUNING_FILE in files:  # a tuning's trials: its own section (tuning_lines), not seeds
+      subdirs[:] = []
+      continue
     failure = (_read_json(os.path.join(directory, 'failure.json')) if 'failure.json' in files
                else None)
     has_metrics = 'metrics.jsonl' in files and 'config.json' in files
@@ -134,6 +137,56 @@ def load_runs(root: str) -> list[RunResult]:
                           int(config.get('num_rounds', 0)), records, failure, rounds,
                           config.get('executor', '')))
   return runs
+
+
+TUNING_FILE = 'tuning.json'  # launch/tune.py's
+
+
+def load_tunings(root: str) -> list[tuple[str, dict]]:
+  """(directory, tuning.json) of every finished tuning under root (launch/tune.py)."""
+  found = []
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))
+    if TUNING_FILE in files:
+      tuning = _read_json(os.path.join(directory, TUNING_FILE))
+      if tuning.get('status') == 'done':
+        found.append((directory, tuning))
+      subdirs[:] = []
+  return found
+
+
+def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
+  """The selection's epsilon next to the selected run's test accuracy, one row per tuning."""
+  if not tunings:
+    return []
+  lines = ['## Tuning (launch/tune.py)', '',
+           'Each row: K random candidates trained, the best by its noised validation score '
+           'released. *Selection ε* covers the whole tuning (every trial, the released model and '
+           'its score; Papernot & Steinke 2022, docs/privacy.md); *one trial* is a single trial\'s ε by '
+           'the same RDP accounting (its score included), *naive* the drawn K trials composed. The test accuracy is the selected '
+           'run\'s final round; it never took part in the selection.', '',
+           '| tuning | K (law) | selected run | test acc | selection ε | one trial ε | naive ε (K) '
+           '| δ | cost on the private clients |', '|---|---|---|---|---|---|---|---|---|']
+  for directory, t in tunings:
+    law = t['trial_distribution']
+    law_text = ', '.join(f'{k}={_fmt(v)}' for k, v in law.items() if k != 'name')
+    accuracy = '–'
+    if t.get('selected_run'):
+      records = metric_writers.read_jsonl(os.path.join(directory, t['selected_run'],
+                                                       metric_writers.EVAL_FILE))
+      if records:
+        accuracy = f"{100 * records[-1]['test_accuracy']:.2f}"
+    proxy = t.get('proxy')
+    cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
+            'only case in which the tuned values carry no cost on the private clients'
+            if proxy else f"{t['selection_epsilon']:.3f} (the selection ε)")
+    lines.append(
+        f"| {os.path.relpath(directory, root) or '.'} | {t['num_trials']} ({law['name']} "
+        f"{law_text}) | {t['selected_run'] or 'none (' + ('K = 0' if not t['num_trials'] else 'all failed') + ')'} "
+        f"| {accuracy} | {t['selection_epsilon']:.3f} | {t['per_trial_epsilon']:.3f} | "
+        f"{t['naive_epsilon']:.3f} ({t['naive_trials']}) | {t['delta']:.3g} | {cost} |")
+  notes = [n for _, t in tunings for n in t.get('notes', [])]
+  return lines + [''] + [f'- {n}' for n in notes] + ([''] if notes else [])
 
 
 def _mean_std(values) -> tuple[float, float]:
@@ -666,6 +719,21 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
 
 
+def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> None:
+  """tuning.json and every trial's small files to <out>/runs/ (the report rebuilds from them)."""
+  for directory, tuning in tunings:
+    target = os.path.join(out, 'runs', os.path.relpath(directory, root))
+    os.makedirs(target, exist_ok=True)
+    shutil.copyfile(os.path.join(directory, TUNING_FILE), os.path.join(target, TUNING_FILE))
+    for trial in tuning.get('trials', []):
+      os.makedirs(os.path.join(target, trial['run']), exist_ok=True)
+      for name in ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
+                   metric_writers.TRAIN_FILE):
+        if os.path.exists(os.path.join(directory, trial['run'], name)):
+          shutil.copyfile(os.path.join(directory, trial['run'], name),
+                          os.path.join(target, trial['run'], name))
+
+
 def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bool = False,
                  reference: str = 'dp2fedsam') -> dict:
   """Writes the tables and plots; returns their paths. `finished_only` leaves out the runs still
@@ -673,15 +741,18 @@ def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bo
   runs = load_runs(root)
   if finished_only:
     runs = [r for r in runs if r.finished or r.failed]
-  if not runs:
+  tunings = load_tunings(root)
+  if not runs and not tunings:
     raise ValueError(f'no workdir with metrics.jsonl and config.json under {root}')
   os.makedirs(out, exist_ok=True)
   if copy_runs:
     copy_run_files(runs, root, out)
+    copy_tuning_files(tunings, root, out)
   rows = summarize(runs)
   md, csv_path = write_tables(rows, out, reference)
   plots = write_plots([r for r in runs if r.records and not r.failed], out)
   with open(md, 'a') as f:
+    f.write('\n'.join([''] + tuning_lines(tunings, root)))
     f.write('\n## Plots\n\n' + '\n'.join(f'![{os.path.relpath(p, out)}]({os.path.relpath(p, out)})'
                                           for p in plots) + '\n')
   return {'markdown': md, 'csv': csv_path, 'plots': plots, 'num_runs': len(runs),
