@@ -162,9 +162,10 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
   lines = ['## Tuning (launch/tune.py)', '',
            'Each row: K random candidates trained, the best by its noised validation score '
            'released. *Selection ε* covers the whole tuning (every trial, the released model and '
-           'its score; Papernot & Steinke 2022, docs/privacy.md); *one trial* is a single trial\'s ε by '
-           'the same RDP accounting (its score included), *naive* the drawn K trials composed. The test accuracy is the selected '
-           'run\'s final round; it never took part in the selection.', '',
+           'its score; Papernot & Steinke 2022, docs/privacy.md); *one trial* is a single '
+           'trial\'s ε by the same RDP accounting (its score included), *naive* the drawn K '
+           'trials composed. The test accuracy is the selected run\'s final round; it never took '
+           'part in the selection.', '',
            '| tuning | K (law) | selected run | test acc | selection ε | one trial ε | naive ε (K) '
            '| δ | cost on the private clients |', '|---|---|---|---|---|---|---|---|---|']
   for directory, t in tunings:
@@ -180,9 +181,10 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
     cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
             'only case in which the tuned values carry no cost on the private clients'
             if proxy else f"{t['selection_epsilon']:.3f} (the selection ε)")
+    none = 'none (K = 0)' if not t['num_trials'] else 'none (all failed)'
     lines.append(
         f"| {os.path.relpath(directory, root) or '.'} | {t['num_trials']} ({law['name']} "
-        f"{law_text}) | {t['selected_run'] or 'none (' + ('K = 0' if not t['num_trials'] else 'all failed') + ')'} "
+        f"{law_text}) | {t['selected_run'] or none} "
         f"| {accuracy} | {t['selection_epsilon']:.3f} | {t['per_trial_epsilon']:.3f} | "
         f"{t['naive_epsilon']:.3f} ({t['naive_trials']}) | {t['delta']:.3g} | {cost} |")
   notes = [n for _, t in tunings for n in t.get('notes', [])]

@@ -187,8 +187,12 @@ def privacy_cost(spec: dict, configs: list, naive_trials: int) -> dict:
       [i[0], dp_accounting.GaussianDpEvent(noise)]) for i in items]
   cost = selection.selection_cost(events, spec['distribution'], deltas.pop(), naive_trials,
                                   relations.pop())
+  at_mean = max(1, round(spec['distribution'].mean))
+  naive_at_mean = selection.epsilon_of_rdp(
+      at_mean * selection.rdp_curve(events, next(iter({i[1] for i in items}))), cost.delta)
   return {**cost.to_dict(), 'noise_multipliers': sorted({i[3] for i in items}),
-          'score_noise': noise}
+          'score_noise': noise, 'naive_epsilon_at_mean_k': naive_at_mean,
+          'naive_trials_at_mean_k': at_mean}
 
 
 def _trial_outcome(run: sweep.Run, config, spec: dict, index: int) -> dict:
@@ -241,8 +245,9 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
     outcomes = [_trial_outcome(r, c, spec, i) for i, (r, c) in enumerate(runs)]
     unfinished = [i for i, o in enumerate(outcomes) if o['status'] == 'not finished']
     if unfinished:
-      raise RuntimeError(f'trials {unfinished} did not finish ({[results.get(runs[i][0].workdir) for i in unfinished]}); '
-                         'rerun the same command to resume them.')
+      why = [results.get(runs[i][0].workdir) for i in unfinished]
+      raise RuntimeError(f'trials {unfinished} did not finish ({why}); rerun the same command to '
+                         'resume them.')
     result = _result(plan, cost, spec, runs, outcomes, directory)
     run_files.write_json_atomic(path, result)
   _log(f'tuning: {path}: selected {result["selected_run"]} of {k} trials; selection epsilon '
@@ -279,7 +284,8 @@ def _result(plan, cost, spec, runs, outcomes, directory) -> dict:
       'expected_trials': cost['expected_trials'], 'delta': cost['delta'],
       'per_trial_epsilon': cost['per_trial_epsilon'], 'selection_epsilon': cost['selection_epsilon'],
       'naive_epsilon': cost['naive_epsilon'], 'naive_trials': cost['naive_trials'],
-      'naive_trials_are': 'the drawn K', 'accountant': cost['accountant'],
+      'naive_trials_are': 'the drawn K', 'naive_epsilon_at_mean_k': cost['naive_epsilon_at_mean_k'],
+      'naive_trials_at_mean_k': cost['naive_trials_at_mean_k'], 'accountant': cost['accountant'],
       'noise_multipliers': cost['noise_multipliers'], 'score_noise': cost['score_noise'],
       'selected_run': os.path.relpath(selected, directory) if selected else None,
       'selected_values': plan['candidates'][best] if best is not None else None,
@@ -301,7 +307,7 @@ def _print_plan(plan, cost, runs, spec, path) -> dict:
   k = plan['num_trials']
   print(f"study {plan['study']}: K = {k} trials drawn from {plan['trial_distribution']} "
         f"(E[K] = {cost['expected_trials']:.2f}, seed {plan['seed']}) -> {path}")
-  for (run, config), values in zip(runs, plan['candidates']):
+  for (run, _), values in zip(runs, plan['candidates']):
     print(f'{run.status:24s} {run.workdir}  ' + ', '.join(f'{f}={v}' for f, v in values.items())
           + (f'  [no data: {run.missing_data}]' if run.missing_data else ''))
   rounds = sum(r.num_rounds for r, _ in runs)
@@ -310,7 +316,8 @@ def _print_plan(plan, cost, runs, spec, path) -> dict:
   print(f'cost: {k} runs, {rounds} rounds{time_text}; privacy at delta {cost["delta"]:.3g} '
         f'(RDP): one trial eps {cost["per_trial_epsilon"]:.3f}, selection eps '
         f'{cost["selection_epsilon"]:.3f}, naive {cost["naive_trials"]}-fold composition '
-        f'{cost["naive_epsilon"]:.3f}' + (f'; proxy ({spec["proxy"]["kind"]}): no cost on the '
+        f'{cost["naive_epsilon"]:.3f} ({cost["naive_trials_at_mean_k"]}-fold at E[K]: '
+        f'{cost["naive_epsilon_at_mean_k"]:.3f})' + (f'; proxy ({spec["proxy"]["kind"]}): no cost on the '
                                           'private clients' if spec['proxy'] else ''))
   if k == 0:
     print('K = 0: nothing to train; the procedure outputs nothing.')

@@ -429,7 +429,8 @@ def test_validation_split_carves_each_clients_own_rows_seeded_and_leaves_test_al
   n_val = np.diff(np.asarray(validation.test_offsets))
   np.testing.assert_array_equal(n_val, [0, 1, 1, 3, 10])  # round half up, one training row kept
   np.testing.assert_array_equal(np.diff(np.asarray(train.train_offsets)), np.array(counts) - n_val)
-  offsets, t_off, v_off = np.concatenate([[0], np.cumsum(counts)]), train.train_offsets, validation.test_offsets
+  offsets = np.concatenate([[0], np.cumsum(counts)])
+  t_off, v_off = train.train_offsets, validation.test_offsets
   for i in range(len(counts)):
     kept = row(train.train_x[int(t_off[i]):int(t_off[i + 1])])
     held = row(validation.test_x[int(v_off[i]):int(v_off[i + 1])])

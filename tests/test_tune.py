@@ -137,7 +137,7 @@ def test_a_failed_trial_counts_as_a_trial_and_is_never_selected(tmp_path):
           'trial_distribution': spec['distribution'].to_dict()}
   cost = {'expected_trials': 2.0, 'delta': 0.1, 'per_trial_epsilon': 1.0, 'selection_epsilon': 2.0,
           'naive_epsilon': 2.5, 'naive_trials': 2, 'accountant': 'rdp', 'noise_multipliers': [1.0],
-          'score_noise': 0.5}
+          'score_noise': 0.5, 'naive_epsilon_at_mean_k': 2.5, 'naive_trials_at_mean_k': 2}
   result = tune._result(plan, cost, spec, runs, outcomes, str(tmp_path))
   assert result['selected_run'] == 'trial=1' and result['failed_trials'] == [0]
   assert any('count as trials' in n for n in result['notes'])

@@ -41,6 +41,7 @@ __all__ = [
     'from_flat_arrays',
     'padded_bytes',
     'select_clients',
+    'split_validation',
     'dataset_names',
     'dirichlet',
     'iid',
