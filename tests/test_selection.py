@@ -173,3 +173,24 @@ def test_from_dict_with_a_mean_finds_gamma_and_round_trips():
   distribution = TrialDistribution.from_dict({**LOG, 'mean': 10.0})
   assert distribution.mean == pytest.approx(10.0, rel=1e-6)
   assert TrialDistribution.from_dict(distribution.to_dict()) == distribution
+
+
+def test_the_cost_table_in_privacy_md_is_what_the_code_computes():
+  import os
+  import re
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
+                      'privacy.md')
+  section = open(path).read().split('## 9. Hyperparameter tuning', 1)[1]
+  rows = re.findall(r'^\| ([\d.]+) \(([\d.]+)\) \| (Poisson|logarithmic|geometric \(eta = 1\)) \| '
+                    r'(\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \((\d+)\) \|$', section, re.M)
+  assert len(rows) == 16
+  for _, sigma, law, mean, one, chosen, naive, k in rows:
+    rounds = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        0.05, dp_accounting.GaussianDpEvent(float(sigma))), 200)
+    trial = dp_accounting.ComposedDpEvent([rounds, dp_accounting.GaussianDpEvent(10.0)])
+    spec = ({'name': 'poisson', 'mu': float(mean)} if law == 'Poisson' else
+            {'name': 'truncated_negative_binomial', 'eta': 0.0 if law == 'logarithmic' else 1.0,
+             'mean': float(mean)})
+    cost = selection.selection_cost([trial], TrialDistribution.from_dict(spec), 1e-3)
+    assert (f'{cost.per_trial_epsilon:.3f}', f'{cost.selection_epsilon:.3f}',
+            f'{cost.naive_epsilon:.3f}', str(cost.naive_trials)) == (one, chosen, naive, k)
