@@ -164,3 +164,17 @@ def test_a_proxy_study_records_that_it_costs_the_private_clients_nothing(tmp_pat
                          str(tmp_path), [])
   assert all('--config.seed=7' in run.overrides for run, _ in runs)
   assert all(config.seed == 7 for _, config in runs)
+
+
+def test_the_report_says_a_proxy_tuning_costs_the_private_clients_nothing_and_k0_selects_none():
+  base = {'trial_distribution': {'name': 'poisson', 'mu': 2.0}, 'selection_epsilon': 3.0,
+          'per_trial_epsilon': 1.0, 'naive_epsilon': 4.0, 'naive_trials': 2, 'delta': 1e-3}
+  proxy = {**base, 'num_trials': 2, 'selected_run': None,
+           'proxy': {'kind': 'public_dataset', 'description': 'EMNIST digits'}}
+  empty = {**base, 'num_trials': 0, 'selected_run': None, 'proxy': None,
+           'notes': ['K = 0 was drawn: ... outputs nothing']}
+  text = '\n'.join(report.tuning_lines([('/r/a', proxy), ('/r/b', empty)], '/r'))
+  assert ('none: tuned on a public dataset (EMNIST digits), the only case in which the tuned values '
+          'carry no cost on the private clients') in text
+  assert '| b | 0 (poisson mu=2) | none (K = 0) | – | 3.000 |' in text and '3.000 (the selection ε)' in text
+  assert '- K = 0 was drawn' in text
