@@ -151,6 +151,9 @@ def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], dir
   for index, values in enumerate(candidates):
     texts = [_override(f, v) for f, v in sorted({**fixed, **values}.items())] + list(overrides)
     config = sweep.apply_overrides(module.get_config(sweep.arg_string(args) or None), texts)
+    if not config.get('validation_fraction'):
+      raise ValueError(f'trial {index}: validation_fraction is 0, so there is no validation split to '
+                       f"select by; set it in the study's fixed fields (e.g. 0.1).")
     run = sweep.Run(args, os.path.join(directory, f'trial={index}'), int(config.num_rounds),
                     config.method, config_name, tuple(texts), sweep.missing_data(config))
     out.append((run, config))

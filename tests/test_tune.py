@@ -178,3 +178,10 @@ def test_the_report_says_a_proxy_tuning_costs_the_private_clients_nothing_and_k0
           'carry no cost on the private clients') in text
   assert '| b | 0 (poisson mu=2) | none (K = 0) | – | 3.000 |' in text and '3.000 (the selection ε)' in text
   assert '- K = 0 was drawn' in text
+
+
+def test_a_study_without_a_validation_split_is_refused():
+  spec = tune._check_spec('tiny', {**sweep.load_config_module(CONFIG).tuning_space()['tiny'],
+                                   'fixed': {}})
+  with pytest.raises(ValueError, match='no validation split'):
+    tune.trial_runs(sweep.load_config_module(CONFIG), CONFIG, spec, tune.draw_plan(spec)[1], '/x', [])
