@@ -451,3 +451,25 @@ def test_readme_results_table_is_the_committed_paper_regime_table():
       assert cell == f'{mean:.2f} ± {std:.2f}', (method, column, cell)
       checked += 1
   assert checked == 18
+
+
+def test_local_only_is_the_zero_epsilon_point_and_pooled_accuracy_gets_its_table(curve_root,
+                                                                                  tmp_path):
+  """local_only (nothing released) reads ε = 0 in the table and is a line in the plot against ε;
+  runs that record the pooled accuracy get a table of it (older runs: none, tables unchanged)."""
+  before = open(report.write_report(curve_root, str(tmp_path / 'before'))['markdown']).read()
+  assert 'Accuracy pooled over all test targets' not in before
+  workdir = make_workdir(curve_root, 'cfg', 'local_only', 0, math.inf, 0.5, rounds=(3,))
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'round': 3, 'epsilon': 0.0, 'released': 'nothing', 'seconds': 1.0,
+                        'test_accuracy': 0.5, 'test_accuracy_pooled': 0.625,
+                        'test_accuracy_pooled_participated': 0.625,
+                        'test_accuracy_never_sampled': None,
+                        'test_accuracy_pooled_never_sampled': None}) + '\n')
+  out = report.write_report(curve_root, str(tmp_path / 'report'))
+  md = open(out['markdown']).read()
+  assert '| eps=inf | local_only | 0 (nothing released) | 1 | 3 | 50.00 |' in md
+  assert '| eps=inf | local_only | 62.50 | 62.50 | – | – |' in md
+  assert any(p.endswith('_accuracy_vs_eps.png') for p in out['plots'])
+  rows = list(csv.DictReader(open(out['csv'])))
+  assert next(r for r in rows if r['method'] == 'local_only')['test_accuracy_pooled_mean'] == '0.625'
