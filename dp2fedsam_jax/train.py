@@ -28,7 +28,8 @@ from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
 from dp2fedsam_jax.data.federated import load_token_clients
-from dp2fedsam_jax.evaluation import eval_client_ids, evaluation_batch_size, make_evaluate
+from dp2fedsam_jax.evaluation import CLIENTS_PER_BATCH, eval_client_ids, evaluation_batch_size
+from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -502,9 +503,8 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   start = time.perf_counter()
   evaluate = jax.jit(local_only.make_evaluate(
       exp.spec, exp.model, exp.local_config, config.num_rounds, exp.initial_params(),
-      adaptation.evaluation_batch_size(adaptation.Protocol(adapt_epochs=1),
-                                       exp.round_config.executor,
-                                       evaluation_batch_size(exp.spec, exp.round_config.executor)),
+      # Every client trains its own model: one at a time in a loop on CPU, as -FT evaluations.
+      1 if exp.round_config.executor == 'sequential' else CLIENTS_PER_BATCH,
       eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed)))
   metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
   record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,

@@ -16,7 +16,7 @@ from absl import flags
 
 from conftest import tiny_config
 from test_evaluation_buckets import EOS, PAD, _setup
-from dp2fedsam_jax import adaptation, cli, evaluation, local_only, train
+from dp2fedsam_jax import adaptation, cli, evaluation, local_only, run_files, train
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.state import model_params
@@ -153,6 +153,19 @@ def test_the_protocol_replaces_a_methods_own_finetuning():
                                adaptation.Protocol(2, 0.1, 'head', 'own'))
   assert not np.allclose(_per_client(spec, model, local_config, state, data, adapt=head)['loss'],
                          plain['loss'])
+
+
+def test_a_run_started_before_the_eval_block_resumes_and_is_found_finished(tmp_path):
+  workdir = str(tmp_path)
+  train.train_and_evaluate(tiny_config(num_rounds=1), workdir)
+  path = tmp_path / 'config.json'
+  written = json.loads(path.read_text())
+  del written['eval']
+  path.write_text(json.dumps(written))
+  resolved = train._with_executor(tiny_config(num_rounds=1), workdir)[0]
+  assert run_files.finished_record(resolved, workdir)['round'] == 1  # the defaults it had
+  final = train.train_and_evaluate(tiny_config(num_rounds=2), workdir)  # resumed, not refused
+  assert final['round'] == 2
 
 
 # ------------------------------------------------------------------ local only
