@@ -14,7 +14,9 @@ method and seed) and method, and writes to --out:
                             extra arguments (noise=banded) against the same method without them;
                             the accuracy pooled over all test targets and the never-sampled
                             clients apart where the runs record them; local_only (nothing
-                            released) shows ε = 0, a dotted line in the plot against ε
+                            released) shows ε = 0, a dotted line in the plot against ε; a run's
+                            re-evaluations under other protocols (experiments.evaluate's
+                            evaluations.jsonl, at its final round) as rows 'method [protocol]'
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
                             (every round from train_metrics.jsonl when all its runs have one, as
@@ -64,6 +66,7 @@ class RunResult:
   failure: dict | None = None  # failure.json of experiments.train: error, message, round
   rounds: list[dict] = dataclasses.field(default_factory=list)  # train_metrics.jsonl, every round
   executor: str = ''  # config.json's, as resolved: 'sequential' on a CPU, 'vmap' on a GPU under auto
+  protocol: str = ''  # a re-evaluation of the run under another protocol (evaluations.jsonl)
 
   @property
   def finished(self) -> bool:
@@ -137,7 +140,47 @@ def load_runs(root: str) -> list[RunResult]:
     runs.append(RunResult(directory, config_name, setting, method, int(seed),
                           int(config.get('num_rounds', 0)), records, failure, rounds,
                           config.get('executor', '')))
+    if 'evaluations.jsonl' in files and runs[-1].finished:
+      runs += _re_evaluations(runs[-1], config, os.path.join(directory, 'evaluations.jsonl'))
   return runs
+
+
+PROTOCOL_FIELDS = ('eval.adapt_epochs', 'eval.adapt_lr', 'eval.adapt_part', 'eval.head_init',
+                   'eval_clients')
+_PROTOCOL_DEFAULTS = (0, None, 'auto', 'own', None)
+
+
+def protocol_label(record: dict) -> str:
+  """'adapt head 10 ep lr 0.1, head random' for an experiments.evaluate record."""
+  epochs, lr, part, head, clients = (record.get(k, d) for k, d in zip(PROTOCOL_FIELDS,
+                                                                      _PROTOCOL_DEFAULTS))
+  words = [f'adapt {part} {epochs} ep lr {_fmt(lr)}' if epochs else 'no adaptation']
+  if head != 'own':
+    words.append(f'head {head}')
+  if clients is not None:
+    words.append(f'{clients} clients')
+  return ', '.join(words)
+
+
+def _re_evaluations(run: RunResult, config: dict, path: str) -> list[RunResult]:
+  """One row per protocol experiments.evaluate tested the run's final round with (the last such
+  line), other than the protocol the run itself evaluated with: method 'fedavg [adapt ...]'."""
+  block = config.get('eval') or {}
+  own = (*(block.get(k.split('.', 1)[1], d) for k, d in zip(PROTOCOL_FIELDS[:4], _PROTOCOL_DEFAULTS)),
+         config.get('eval_clients'))
+  # Without adaptation epochs the lr and the part change nothing.
+  same = lambda key: key if key[0] else (0, None, 'auto', *key[3:])
+  latest = {}
+  for record in metric_writers.read_jsonl(path):
+    key = same(tuple(record.get(k, d) for k, d in zip(PROTOCOL_FIELDS, _PROTOCOL_DEFAULTS)))
+    if record.get('round') == run.records[-1]['round'] and key != same(own):
+      latest[key] = record
+  # s/round: the training run's (the re-evaluation's own time is not a round's).
+  seconds = float(np.mean([r.get('seconds', np.nan) for r in run.records]))
+  return [dataclasses.replace(run, method=f'{run.method} [{protocol_label(record)}]',
+                              records=[{**record, 'seconds': seconds}], rounds=[],
+                              protocol=protocol_label(record))
+          for record in latest.values()]
 
 
 def _mean_std(values) -> tuple[float, float]:
@@ -723,10 +766,11 @@ def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bo
     raise ValueError(f'no workdir with metrics.jsonl and config.json under {root}')
   os.makedirs(out, exist_ok=True)
   if copy_runs:
-    copy_run_files(runs, root, out)
+    copy_run_files([r for r in runs if not r.protocol], root, out)
   rows = summarize(runs)
   md, csv_path = write_tables(rows, out, reference)
-  plots = write_plots([r for r in runs if r.records and not r.failed], out)
+  # Re-evaluations are one final point each: in the tables, not in the plots.
+  plots = write_plots([r for r in runs if r.records and not r.failed and not r.protocol], out)
   with open(md, 'a') as f:
     f.write('\n## Plots\n\n' + '\n'.join(f'![{os.path.relpath(p, out)}]({os.path.relpath(p, out)})'
                                           for p in plots) + '\n')
