@@ -8,7 +8,8 @@ at most local.max_examples of its rows (a fresh random subset each visit, as a r
 local.lr_body * local.lr_decay ** visit. Then each client tests its own model (evaluation.py's
 metrics, pooled and per client). No round runs: the work is N clients' local training and one
 evaluation, written as one record at round num_rounds with epsilon 0 (nothing leaves a client).
-No state is kept (N models); a rerun of the same config retrains.
+No state is kept (N models); a rerun of the same config retrains. The record's `seconds` is the
+whole run's wall time (compilation included) over num_rounds.
 """
 
 from __future__ import annotations

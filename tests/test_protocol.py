@@ -210,6 +210,9 @@ def test_local_only_run_releases_nothing_and_is_not_run_twice(tmp_path, monkeypa
   with pytest.raises(ValueError, match='another config'):
     train.train_and_evaluate(tiny_config(method='local_only', num_rounds=2,
                                          **{'local.lr_body': 0.2}), str(tmp_path))
+  with pytest.raises(ConfigError, match=r'^config\.eval\.adapt_epochs=3.*local_only trains'):
+    validate_config(tiny_config(method='local_only', **{'eval.adapt_epochs': 3,
+                                                        'eval.adapt_lr': 0.1}))
   with pytest.raises(ValueError, match='keeps none'):
     evaluate_binary.evaluate_workdir(str(tmp_path))
 
