@@ -107,6 +107,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.dp.initial_clip_norm = config_dict.placeholder(float)  # C_0; None: clip_norm
   # s_b, the noise std on the count of unclipped clients; None: the expected cohort / 20.
   c.dp.count_noise_multiplier = config_dict.placeholder(float)
+
+  # The test-time protocol (adaptation.py, docs/evaluation.md): before testing, each client adapts
+  # its model for adapt_epochs at adapt_lr; 0 epochs with head_init 'own' is each method's own
+  # evaluation. adapt_part: 'auto' (the method's part: personal/-fb heads, -FT whole model, global
+  # models nothing) | 'head' | 'full'; head_init: 'own' | 'random' (the initial head) | 'shared'.
+  c.eval = ml_collections.ConfigDict()
+  c.eval.adapt_epochs = 0
+  c.eval.adapt_lr = config_dict.placeholder(float)
+  c.eval.adapt_part = 'auto'
+  c.eval.head_init = 'own'
   return c
 
 
@@ -117,6 +127,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   and the sweep launcher (tests/test_layers.py checks it).
   """
   # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax import adaptation
   from dp2fedsam_jax import round as round_lib
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
@@ -138,6 +149,8 @@ def choices() -> dict[str, tuple[str, ...]]:
       'dp.accountant': accounting.ACCOUNTANTS,
       'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
       'dp.clipping': tuple(clip_rules.CLIP_RULES),
+      'eval.adapt_part': adaptation.ADAPT_PARTS,
+      'eval.head_init': adaptation.HEAD_INITS,
   }
 
 
@@ -267,3 +280,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   # Adaptive clipping's fields, and what it needs of the others (privacy/clip_rules.py).
   from dp2fedsam_jax.privacy import clip_rules  # pylint: disable=import-outside-toplevel
   clip_rules.check_config(config)
+  # The test-time protocol's fields, and what it needs of the method (adaptation.py).
+  from dp2fedsam_jax import adaptation  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
+  adaptation.check_config(config, specs.METHODS.get(config.method))

@@ -103,6 +103,10 @@ INVALID = {
        for decay in ('momentum', 'beta1', 'beta2')},
     'dp.delta': _floats(max_value=0.0) | _floats(min_value=1.0) | st.just(NAN),
     'init_checkpoint': st.text(min_size=1, max_size=12).map(lambda s: '/nonexistent/' + s),
+    'eval.adapt_epochs': NEGATIVE_INT,
+    'eval.adapt_lr': NON_POSITIVE,
+    'eval.adapt_part': _other_text(CHOICES['eval.adapt_part']),
+    'eval.head_init': _other_text(CHOICES['eval.head_init']),
 }
 # Any string is a valid directory name here; a missing one fails at load with the dataset's hint.
 NO_INVALID_VALUE = {'data_dir'}

@@ -25,8 +25,9 @@ LAYERS = (
     ('privacy', 'local'),        # DP primitives (selection: tuning's eps); one client's local training
     ('algorithms',),             # MethodSpec registry and the pieces methods compose
     ('state',),                  # ServerState, split/merge of shared and personal params
-    ('client', 'evaluation'),    # one client's round; per-client test accuracy
-    ('round',),                  # the jitted round step and its executors
+    ('client', 'evaluation', 'adaptation'),  # one client's round; per-client test accuracy;
+                                 # the test-time protocol (evaluation takes its hook as an argument)
+    ('round', 'local_only'),     # the jitted round step and its executors; the local-only baseline
     ('config',),                 # validate_config checks against the choice lists of the layers below
     ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
 )
