@@ -35,6 +35,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Clients the evaluation tests: None = all; k = a fixed sample of k drawn once from seed
   # (evaluation.eval_client_ids), for populations too large to test whole at every evaluation.
   c.eval_clients = config_dict.placeholder(int)
+  # The share of each client's training rows set aside as its validation split (0: none; the
+  # evaluation then also reports validation_* metrics; data.federated.split_validation).
+  c.validation_fraction = 0.0
   c.server_lr = 1.0
   # The step on the released average (server_optimizer.py; post-processing): 'sgd' | 'momentum' |
   # 'adam' | 'yogi' | 'adagrad', with Reddi et al.'s defaults.
@@ -108,6 +111,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.dp.initial_clip_norm = config_dict.placeholder(float)  # C_0; None: clip_norm
   # s_b, the noise std on the count of unclipped clients; None: the expected cohort / 20.
   c.dp.count_noise_multiplier = config_dict.placeholder(float)
+
+  # The test-time protocol (adaptation.py, docs/evaluation.md): before testing, each client adapts
+  # its model for adapt_epochs at adapt_lr; 0 epochs with head_init 'own' is each method's own
+  # evaluation. adapt_part: 'auto' (the method's part: personal/-fb heads, -FT whole model, global
+  # models nothing) | 'head' | 'full'; head_init: 'own' | 'random' (the initial head) | 'shared'.
+  c.eval = ml_collections.ConfigDict()
+  c.eval.adapt_epochs = 0
+  c.eval.adapt_lr = config_dict.placeholder(float)
+  c.eval.adapt_part = 'auto'
+  c.eval.head_init = 'own'
   return c
 
 
@@ -118,6 +131,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   and the sweep launcher (tests/test_layers.py checks it).
   """
   # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax import adaptation
   from dp2fedsam_jax import federated_round as round_lib
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
@@ -139,6 +153,8 @@ def choices() -> dict[str, tuple[str, ...]]:
       'dp.accountant': accounting.ACCOUNTANTS,
       'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
       'dp.clipping': tuple(clip_rules.CLIP_RULES),
+      'eval.adapt_part': adaptation.ADAPT_PARTS,
+      'eval.head_init': adaptation.HEAD_INITS,
   }
 
 
@@ -243,6 +259,11 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     _fail('init_checkpoint', path, 'no such file; write one with '
           'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
 
+  value = config.get('validation_fraction', 0.0)
+  if not _is_number(value) or not 0.0 <= value < 1.0:
+    _fail('validation_fraction', value, "the share of each client's training rows kept for "
+          'validation must lie in [0, 1) (0: no validation split).')
+
   q = config.sampling_rate
   if not _is_number(q) or not 0.0 < q <= 1.0:
     _fail('sampling_rate', q, 'the client sampling rate q must lie in (0, 1].')
@@ -293,3 +314,7 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   # Adaptive clipping's fields, and what it needs of the others (privacy/clip_rules.py).
   from dp2fedsam_jax.privacy import clip_rules  # pylint: disable=import-outside-toplevel
   clip_rules.check_config(config)
+  # The test-time protocol's fields, and what it needs of the method (adaptation.py).
+  from dp2fedsam_jax import adaptation  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
+  adaptation.check_config(config, specs.METHODS.get(config.method))

@@ -24,6 +24,8 @@ FIELD_HELP = {
                         'reached; a kill loses the rounds since; may change when resuming)',
     'eval_clients': 'clients tested at each evaluation: None = all; k = a fixed sample of k drawn '
                     'once from seed',
+    'validation_fraction': "share of each client's training rows set aside as its validation "
+                           'split, seeded (0: none); the run then writes validation_* metrics',
     'server_lr': 'server step size (sgd: phi <- phi + server_lr * mean of the uploads)',
     'server_optimizer': 'the step on the noised mean, its negation the pseudo-gradient (post-processing): '
                         'sgd | momentum (heavy ball: steady step server_lr/(1-server_momentum)) | adam | '
@@ -84,6 +86,16 @@ FIELD_HELP = {
     'dp.initial_clip_norm': 'adaptive clipping: C_0 > 0; None: clip_norm',
     'dp.count_noise_multiplier': 'adaptive clipping: s_b, noise std on the count of unclipped clients '
                                  '(None: expected cohort / 20); eps counts (sigma^-2 + (2 s_b)^-2)^-1/2',
+    'eval': 'the test-time protocol: every method adapts the same budget before testing '
+            '(docs/evaluation.md)',
+    'eval.adapt_epochs': "epochs each client adapts its model before testing (0 with head_init "
+                         "own: each method's own evaluation)",
+    'eval.adapt_lr': 'learning rate of that adaptation, constant, the same for every method '
+                     '(needed when adapt_epochs > 0)',
+    'eval.adapt_part': "auto (personal/-fb heads re-fit the head, -FT methods the whole model, "
+                       "global models nothing) | head | full",
+    'eval.head_init': "the head adaptation starts from: own (the method's own) | random (the run's "
+                      'initial head) | shared (the global head, methods that have one)',
     'audit': 'the empirical privacy audit (experiments.audit)',
     'audit.num_trials': 'independent runs of the audited rounds (trial 0 is the one-run audit)',
     'audit.num_canaries': 'canary clients per run, each included with probability 1/2',

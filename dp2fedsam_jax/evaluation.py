@@ -13,6 +13,13 @@ Besides the mean over all clients with test data, the evaluation reports `partic
 fraction of clients sampled at least once) and `test_accuracy_participated` (the mean over the
 clients that trained at least once; NaN before anyone has): in short runs most personal heads are
 still at their initialisation, which dominates the plain mean.
+
+`test_accuracy_pooled` is the field's other metric (TFF, fedjax, LEAF): correct predictions over all
+test targets of the evaluated clients (images: examples; tokens: non-pad targets less
+`accuracy_ignore_ids`), so a client counts by its number of targets; `_pooled_participated` pools
+the clients sampled at least once, `test_accuracy_never_sampled` and `_pooled_never_sampled` the
+others (NaN where there are none). `make_evaluate(adapt=...)` replaces each client's model by the
+test-time protocol's (adaptation.py).
 """
 
 from __future__ import annotations
@@ -71,12 +78,14 @@ def eval_client_ids(num_clients: int, eval_clients: int | None, seed: int):
 
 def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
                   params: MethodParams = MethodParams(), clients_per_batch: int = CLIENTS_PER_BATCH,
-                  client_ids=None):
+                  client_ids=None, adapt=None):
   """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
   'test_accuracy_participated'}, averaged over the evaluated clients with test data, and the spread
   over them (`accuracy_spread`). `key` seeds the fine-tuning minibatch order (unused by other
   evaluations). `client_ids`: the clients tested (eval_client_ids; None: all).
-  `evaluate.per_client(state, data, key)` gives the per-client arrays the means come from."""
+  `evaluate.per_client(state, data, key)` gives the per-client arrays the means come from.
+  `adapt`: None (the method's own evaluation), or `adapt(state, params, data, client_id, key) ->
+  params`, the test-time protocol applied to each client's model (adaptation.make_adapt)."""
   local.check_local_config(local_config)
   weight_mask = spec.weight_mask.for_model(spec.name, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
@@ -84,6 +93,8 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
 
   def client_model(state, personal, data, client_id, key):
     params = model_params(spec, weight_mask.forward(state.shared), personal)
+    if adapt is not None:
+      return adapt(state, params, data, client_id, key)
     if not spec.evaluation.finetunes:
       return params
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** state.round
@@ -97,7 +108,8 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
                                     decay, data.loss_mask)
 
   def test_one(state, data, key, client_id, params, buffer: int):
-    """(accuracy, loss, targets) of one client's model on its test rows in a [buffer] buffer."""
+    """(accuracy, loss, targets, correct) of one client's model on its test rows in a [buffer]
+    buffer."""
     if params is None:  # forward-only evaluations: the model is the state's (no fine-tuning)
       # The same key as split(key, N)[client_id] (keys.py), without an O(N) split.
       params = client_model(state, jax.tree.map(lambda p: p[client_id], state.personal), data,
@@ -109,11 +121,11 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
     targets = jnp.sum(counted)
     correct = jnp.sum((jnp.argmax(logits, -1) == y) & counted)
     loss = local.masked_cross_entropy(logits, y, data.loss_mask(y, example_mask))
-    return correct / jnp.maximum(targets, 1), loss, targets
+    return correct / jnp.maximum(targets, 1), loss, targets, correct
 
   def per_client(state, data, key):
-    """{'accuracy', 'loss', 'targets', 'took_part'}, one entry per evaluated client (client_ids
-    order): accuracy = correct targets / targets (images: examples; tokens: non-pad tokens less
+    """{'accuracy', 'loss', 'targets', 'correct', 'took_part'}, one entry per evaluated client
+    (client_ids order): accuracy = correct / targets (images: examples; tokens: non-pad tokens less
     accuracy_ignore_ids), targets = 0 for a client without test data.
 
     The clients are tested in blocks (clients_per_batch), largest test sets first, so that a block
@@ -138,7 +150,7 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
 
     def test_block(block_ids):
       finetuned = None
-      if spec.evaluation.finetunes:  # once, whichever buffer tests it
+      if adapt is not None or spec.evaluation.finetunes:  # once a block
         finetuned = over_block(lambda i: client_model(
             state, jax.tree.map(lambda p: p[i], state.personal), data, i,
             jax.random.fold_in(key, i)))(block_ids)
@@ -150,9 +162,9 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
 
     # Streams the blocks: a block's test data is gathered inside, never all clients' at once.
     results = jax.lax.map(test_block, blocks)
-    accuracy, loss, targets = (
+    accuracy, loss, targets, correct = (
         jnp.zeros(num, r.dtype).at[order].set(r.reshape(-1)[:num]) for r in results)
-    return {'accuracy': accuracy, 'loss': loss, 'targets': targets,
+    return {'accuracy': accuracy, 'loss': loss, 'targets': targets, 'correct': correct,
             'took_part': state.times_sampled[ids] > 0}
 
   def evaluate(state, data, key):
@@ -166,10 +178,50 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
             'participation': jnp.mean((state.times_sampled > 0).astype(jnp.float32)),
             'test_accuracy_participated': jnp.where(
                 tested_part.sum() > 0, jnp.sum(accuracy * tested_part) / tested_part.sum(), jnp.nan),
-            **accuracy_spread(accuracy, has_test > 0)}
+            **accuracy_spread(accuracy, has_test > 0),
+            **pooled_accuracy(clients)}
 
   evaluate.per_client = per_client
   return evaluate
+
+
+def make_validation_evaluate(evaluate):
+  """evaluate_validation(state, validation_data, key) for an evaluate of make_evaluate, on the
+  validation data of data.split_validation: 'validation_accuracy' and 'validation_loss' (means over
+  the evaluated clients with validation targets), 'validation_clients' (their count) and
+  'validation_accuracy_sum' (the sum of their accuracies, each in [0, 1]: one client moves it by at
+  most 1, what a private selection score noises)."""
+
+  def evaluate_validation(state, validation_data, key):
+    clients = evaluate.per_client(state, validation_data, key)
+    has = (clients['targets'] > 0).astype(jnp.float32)
+    n = has.sum()
+    total = jnp.sum(clients['accuracy'] * has)
+    return {'validation_accuracy': total / jnp.maximum(n, 1.0),
+            'validation_loss': jnp.sum(clients['loss'] * has) / jnp.maximum(n, 1.0),
+            'validation_clients': n, 'validation_accuracy_sum': total}
+
+  return evaluate_validation
+def pooled_accuracy(clients: dict) -> dict:
+  """From per_client's arrays: `test_accuracy_pooled` (sum of correct / sum of targets over the
+  evaluated clients), the same over the clients sampled at least once (`_pooled_participated`) and
+  over the others (`_pooled_never_sampled`), and the per-client mean over the never-sampled clients
+  with test data (`test_accuracy_never_sampled`); NaN where a group has no target."""
+  took = clients['took_part']
+  correct, targets = clients['correct'], clients['targets']
+
+  def pooled(where):
+    total = jnp.sum(jnp.where(where, targets, 0))
+    return jnp.where(total > 0, jnp.sum(jnp.where(where, correct, 0)) / jnp.maximum(total, 1),
+                     jnp.nan)
+
+  never = (~took) & (targets > 0)
+  return {'test_accuracy_pooled': pooled(jnp.ones_like(took)),
+          'test_accuracy_pooled_participated': pooled(took),
+          'test_accuracy_pooled_never_sampled': pooled(~took),
+          'test_accuracy_never_sampled': jnp.where(
+              never.any(), jnp.sum(jnp.where(never, clients['accuracy'], 0.0))
+              / jnp.maximum(never.sum(), 1), jnp.nan)}
 
 
 WORST_FRACTION = 0.1  # test_accuracy_worst10: the mean over this fraction of the clients, the worst

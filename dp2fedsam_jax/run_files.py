@@ -138,7 +138,9 @@ ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_cl
                 'dp.poisson_draw': 'per_client',
                 'dp.clipping': 'fixed', 'dp.target_quantile': 0.5, 'dp.clip_lr': 0.2,
                 'dp.initial_clip_norm': None, 'dp.count_noise_multiplier': None,
-                'local.subset_draw': 'argsort', 'private_metrics_only': False}
+                'local.subset_draw': 'argsort', 'private_metrics_only': False,
+                'validation_fraction': 0.0, 'eval.adapt_epochs': 0, 'eval.adapt_lr': None,
+                'eval.adapt_part': 'auto', 'eval.head_init': 'own'}
 
 
 def write_json_atomic(path: str, obj) -> None:

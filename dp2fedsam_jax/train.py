@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import time
@@ -20,13 +21,15 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, keys, run_files, sharding, stopping
+from dp2fedsam_jax import adaptation, checkpoint, keys, local_only, metric_writers, run_files
+from dp2fedsam_jax import sharding, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
-from dp2fedsam_jax.data import FederatedData, make_federated_data, sources
+from dp2fedsam_jax.data import FederatedData, make_federated_data, sources, split_validation
 from dp2fedsam_jax.data.federated import load_token_clients
-from dp2fedsam_jax.evaluation import eval_client_ids, evaluation_batch_size, make_evaluate
+from dp2fedsam_jax.evaluation import (CLIENTS_PER_BATCH, eval_client_ids, evaluation_batch_size,
+                                      make_evaluate, make_validation_evaluate)
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -44,6 +47,9 @@ class Experiment:
   model: Any
   data: FederatedData
   round_config: federated_round.RoundConfig
+  # config.validation_fraction > 0: the training data with each client's validation rows as its
+  # test split (data.split_validation; those rows are out of `data`'s training rows).
+  validation: FederatedData | None = None
 
   @property
   def mechanism(self) -> DPMechanism:
@@ -98,10 +104,29 @@ class Experiment:
 
   def make_evaluate(self):
     """The run's evaluation, a pure function to jit (evaluation.make_evaluate)."""
+    protocol = self.protocol
     return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
-                         evaluation_batch_size(self.spec, self.round_config.executor),
+                         adaptation.evaluation_batch_size(
+                             protocol, self.round_config.executor,
+                             evaluation_batch_size(self.spec, self.round_config.executor)),
                          eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
-                                         self.config.seed))
+                                         self.config.seed),
+                         adapt=adaptation.make_adapt(
+                             self.spec, self.model, self.local_config, protocol,
+                             self.initial_params()['head'] if protocol.head_init == 'random'
+                             else None))
+
+  @property
+  def protocol(self) -> adaptation.Protocol:
+    """config.eval: the test-time protocol (adaptation.py)."""
+    return adaptation.Protocol.from_config(self.config)
+
+  def initial_params(self) -> dict:
+    """The run's initial model {'extractor', 'head'}: what init_state splits."""
+    model = self.model
+    if self.config.get('init_checkpoint'):
+      model = CheckpointInit(model, self.config.init_checkpoint)
+    return model.init(self.init_key)
 
 
 def build_experiment(config: ml_collections.ConfigDict, *, validated: bool = False) -> Experiment:
@@ -125,11 +150,15 @@ def build_experiment(config: ml_collections.ConfigDict, *, validated: bool = Fal
       dataset=config.dataset, num_clients=config.num_clients, partition=config.partition,
       classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha,
       seed=config.seed, data_dir=config.data_dir)
+  validation = None
+  if config.get('validation_fraction', 0.0) > 0:
+    data, validation = split_validation(data, config.validation_fraction, config.seed)
   model = get_model(config.model, data.num_classes, data.input_shape, config.conv_impl)
   if data.num_clients != mechanism.num_clients:
     raise ValueError(f'the data holds {data.num_clients} clients, config.num_clients is '
                      f'{mechanism.num_clients}: the partition must make one client per slot.')
-  return Experiment(config, spec, model, data, federated_round.round_config_from(config, mechanism))
+  return Experiment(config, spec, model, data, federated_round.round_config_from(config, mechanism),
+                    validation)
 
 
 def describe(config: ml_collections.ConfigDict) -> dict:
@@ -162,7 +191,8 @@ def describe(config: ml_collections.ConfigDict) -> dict:
           **({'num_bands': config.dp.num_bands} if config.dp.noise_mechanism == 'banded' else {}),
           'noise_multiplier': mechanism.noise_multiplier,
           **_adaptive_clipping(mechanism),
-          'epsilon': mechanism.epsilon(config.num_rounds), 'delta': mechanism.delta,
+          'epsilon': (mechanism.epsilon(config.num_rounds) if spec.federated
+                      else LOCAL_ONLY_EPSILON), 'delta': mechanism.delta,
           **({'epsilon_caveat': caveat} if caveat else {})}
 
 
@@ -190,6 +220,8 @@ def _json_number(value) -> float | None:
   return None if math.isnan(value) else value
 
 
+# local_only releases nothing (local_only.py).
+LOCAL_ONLY_EPSILON = 0.0
 # The per-round training scalars of the round step's metrics (train_metrics.jsonl).
 TRAIN_SCALARS = ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size',
                  'nonfinite_clients', 'noise_std', 'signal_to_noise')
@@ -366,6 +398,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   resolved['dp'].update(delta=exp.mechanism.delta)
   run_files.check_same_run(workdir, resolved)
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
+  if not exp.spec.federated:
+    return _train_alone(exp, workdir, resolved)
   run_files.write_config(workdir, resolved)
 
   private_only = bool(config.get('private_metrics_only', False))
@@ -375,6 +409,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   data = exp.data
   round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
   evaluate = jax.jit(exp.make_evaluate())
+  validation = exp.validation
+  if validation is not None:
+    evaluate_validation = jax.jit(make_validation_evaluate(exp.make_evaluate()))
   # The training scalars of the rounds since the last evaluation come back with the state: the
   # next record of a resumed run averages the same rounds as an uninterrupted run's.
   restored = checkpoint.restore_run(workdir, exp.init_state())
@@ -397,6 +434,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   # sharded: state, data and keys whole on every device of the mesh (of every process).
   place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
   state, data, key = place((state, data, exp.root_key))
+  if validation is not None:
+    validation = place(validation)
   # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
   if stopping.stop_requested():
     raise stopping.interrupted(run_files.stop_message(workdir, start))
@@ -405,6 +444,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   with _hint_on_oom(config, 'compiling the round step', workdir), stopping.critical():
     round_step = round_step.lower(state, data, key).compile()
     evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
+    if validation is not None:
+      evaluate_validation = evaluate_validation.lower(
+          state, validation, place(exp.eval_key(start))).compile()
   logging.info('Compiled the round step and the evaluation in %.1f s.',
                time.perf_counter() - compile_start)
 
@@ -459,6 +501,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           **{k: _json_number(v)
              for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
       }
+      if validation is not None:  # the same key: a fine-tuned copy is the test's
+        record.update({k: _json_number(v) for k, v in jax.device_get(evaluate_validation(
+            state, validation, place(exp.eval_key(done)))).items()})
       if exp.privacy_caveat:
         record['epsilon_caveat'] = exp.privacy_caveat
       # Wall time per round of this window, its evaluation included (the checkpoint write below
@@ -483,4 +528,44 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                    record['epsilon'], seconds)
       progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
   progress.close()
+  return record
+
+
+def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
+  """local_only: every client trains alone, then tests its own model; one record at round
+  num_rounds, epsilon 0. No rounds, no checkpoint: an unfinished one starts again."""
+  config = exp.config
+  metrics_path = os.path.join(workdir, metric_writers.EVAL_FILE)
+  records = metric_writers.read_jsonl(metrics_path)
+  if records:
+    with open(os.path.join(workdir, run_files.CONFIG_FILE)) as f:
+      old = run_files.flatten(json.load(f))
+    changed = sorted(k for k, v in run_files.flatten(resolved).items()
+                     if k not in ('eval_every', 'checkpoint_every') and old.get(k) != v)
+    if changed:
+      raise ValueError(f'--workdir={workdir} holds the metrics of a run with another config '
+                       f'({", ".join(changed)} differ). Use a new --workdir.')
+    if records[-1]['round'] >= config.num_rounds:
+      logging.info('Already finished: %s holds its local-only record; nothing to do.', workdir)
+      return records[-1]
+  run_files.write_config(workdir, resolved)
+  metric_writers.rewrite_jsonl(metrics_path, [])
+  logging.info('local_only on %s: %d clients each train alone for %d visits; nothing released.',
+               config.dataset, exp.data.num_clients, config.num_rounds)
+  start = time.perf_counter()
+  evaluate = jax.jit(local_only.make_evaluate(
+      exp.spec, exp.model, exp.local_config, config.num_rounds, exp.initial_params(),
+      # Every client trains its own model: one at a time in a loop on CPU, as -FT evaluations.
+      1 if exp.round_config.executor == 'sequential' else CLIENTS_PER_BATCH,
+      eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed)))
+  metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
+  record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,
+            'released': local_only.RELEASED,
+            **{k: _json_number(v) for k, v in metrics.items()}}
+  record['seconds'] = (time.perf_counter() - start) / max(config.num_rounds, 1)
+  with run_files.metric_writers_for(workdir, 0) as (_, eval_writer):
+    eval_writer.write_scalars(record['round'], {k: v for k, v in record.items() if k != 'round'})
+    eval_writer.flush()
+  logging.info('local_only: acc %.4f (pooled %.4f), %.2f s per visit.', record['test_accuracy'],
+               record['test_accuracy_pooled'], record['seconds'])
   return record

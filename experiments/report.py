@@ -11,7 +11,12 @@ method and seed) and method, and writes to --out:
                             each method against the next below it: gap in points and in pooled
                             seed stds, with the seeds on each side; --reference (dp2fedsam)
                             against every other method, one column per eps; each setting with
-                            extra arguments (noise=banded) against the same method without them
+                            extra arguments (noise=banded) against the same method without them;
+                            the accuracy pooled over all test targets and the never-sampled
+                            clients apart where the runs record them; local_only (nothing
+                            released) shows ε = 0, a dotted line in the plot against ε; a run's
+                            re-evaluations under other protocols (experiments.evaluate's
+                            evaluations.jsonl, at its final round) as rows 'method [protocol]'
   <config>/<setting>_accuracy.png      test accuracy vs round per method, ±std band over seeds
   <config>/<setting>_update_norm.png   mean pre-clip update norm vs round, ±std band over seeds
                             (every round from train_metrics.jsonl when all its runs have one, as
@@ -22,7 +27,8 @@ method and seed) and method, and writes to --out:
   <config>/<setting>_accuracy_vs_eps.png   final accuracy vs epsilon, when settings differ only in
                             eps: seed-std error bars, log eps axis, eps = inf as horizontal lines,
                             values far off the curves' range listed in a note, not drawn
-  runs/...                  with --copy_runs: the runs' small files, for committing the results
+  runs/...                  with --copy_runs: the runs' small files (with experiments.evaluate's
+                            evaluations.jsonl), for committing the results
                             (--finished_only: only runs that finished or failed, while a sweep runs)
 
 Matplotlib comes with the `[report]` extra.
@@ -60,6 +66,7 @@ class RunResult:
   failure: dict | None = None  # failure.json of experiments.train: error, message, round
   rounds: list[dict] = dataclasses.field(default_factory=list)  # train_metrics.jsonl, every round
   executor: str = ''  # config.json's, as resolved: 'sequential' on a CPU, 'vmap' on a GPU under auto
+  protocol: str = ''  # a re-evaluation of the run under another protocol (evaluations.jsonl)
 
   @property
   def finished(self) -> bool:
@@ -108,6 +115,9 @@ def load_runs(root: str) -> list[RunResult]:
   runs = []
   for directory, subdirs, files in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))  # e.g. the sweep's .jax_cache
+    if TUNING_FILE in files:  # a tuning's trials: its own section (tuning_lines), not seeds
+      subdirs[:] = []
+      continue
     failure = (_read_json(os.path.join(directory, 'failure.json')) if 'failure.json' in files
                else None)
     has_metrics = 'metrics.jsonl' in files and 'config.json' in files
@@ -133,7 +143,97 @@ def load_runs(root: str) -> list[RunResult]:
     runs.append(RunResult(directory, config_name, setting, method, int(seed),
                           int(config.get('num_rounds', 0)), records, failure, rounds,
                           config.get('executor', '')))
+    if 'evaluations.jsonl' in files and runs[-1].finished:
+      runs += _re_evaluations(runs[-1], config, os.path.join(directory, 'evaluations.jsonl'))
   return runs
+
+
+TUNING_FILE = 'tuning.json'  # launch/tune.py's
+
+
+def load_tunings(root: str) -> list[tuple[str, dict]]:
+  """(directory, tuning.json) of every finished tuning under root (launch/tune.py)."""
+  found = []
+  for directory, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))
+    if TUNING_FILE in files:
+      tuning = _read_json(os.path.join(directory, TUNING_FILE))
+      if tuning.get('status') == 'done':
+        found.append((directory, tuning))
+      subdirs[:] = []
+  return found
+
+
+def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
+  """The selection's epsilon next to the selected run's test accuracy, one row per tuning."""
+  if not tunings:
+    return []
+  lines = ['## Tuning (launch/tune.py)', '',
+           'Each row: K random candidates trained, the best by its noised validation score '
+           'released. *Selection ε* covers the whole tuning (every trial, the released model and '
+           'its score; Papernot & Steinke 2022, docs/privacy.md); *one trial* is a single '
+           'trial\'s ε by the same RDP accounting (its score included), *naive* the drawn K '
+           'trials composed. The test accuracy is the selected run\'s final round; it never took '
+           'part in the selection.', '',
+           '| tuning | K (law) | selected run | test acc | selection ε | one trial ε | naive ε (K) '
+           '| δ | cost on the private clients |', '|---|---|---|---|---|---|---|---|---|']
+  for directory, t in tunings:
+    law = t['trial_distribution']
+    law_text = ', '.join(f'{k}={_fmt(v)}' for k, v in law.items() if k != 'name')
+    accuracy = '–'
+    if t.get('selected_run'):
+      records = metric_writers.read_jsonl(os.path.join(directory, t['selected_run'],
+                                                       metric_writers.EVAL_FILE))
+      if records:
+        accuracy = f"{100 * records[-1]['test_accuracy']:.2f}"
+    proxy = t.get('proxy')
+    cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
+            'only case in which the tuned values carry no cost on the private clients'
+            if proxy else f"{t['selection_epsilon']:.3f} (the selection ε)")
+    none = 'none (K = 0)' if not t['num_trials'] else 'none (all failed)'
+    lines.append(
+        f"| {os.path.relpath(directory, root) or '.'} | {t['num_trials']} ({law['name']} "
+        f"{law_text}) | {t['selected_run'] or none} "
+        f"| {accuracy} | {t['selection_epsilon']:.3f} | {t['per_trial_epsilon']:.3f} | "
+        f"{t['naive_epsilon']:.3f} ({t['naive_trials']}) | {t['delta']:.3g} | {cost} |")
+  notes = [n for _, t in tunings for n in t.get('notes', [])]
+  return lines + [''] + [f'- {n}' for n in notes] + ([''] if notes else [])
+PROTOCOL_FIELDS = ('eval.adapt_epochs', 'eval.adapt_lr', 'eval.adapt_part', 'eval.head_init',
+                   'eval_clients')
+_PROTOCOL_DEFAULTS = (0, None, 'auto', 'own', None)
+
+
+def protocol_label(record: dict) -> str:
+  """'adapt head 10 ep lr 0.1, head random' for an experiments.evaluate record."""
+  epochs, lr, part, head, clients = (record.get(k, d) for k, d in zip(PROTOCOL_FIELDS,
+                                                                      _PROTOCOL_DEFAULTS))
+  words = [f'adapt {part} {epochs} ep lr {_fmt(lr)}' if epochs else 'no adaptation']
+  if head != 'own':
+    words.append(f'head {head}')
+  if clients is not None:
+    words.append(f'{clients} clients')
+  return ', '.join(words)
+
+
+def _re_evaluations(run: RunResult, config: dict, path: str) -> list[RunResult]:
+  """One row per protocol experiments.evaluate tested the run's final round with (the last such
+  line), other than the protocol the run itself evaluated with: method 'fedavg [adapt ...]'."""
+  block = config.get('eval') or {}
+  own = (*(block.get(k.split('.', 1)[1], d) for k, d in zip(PROTOCOL_FIELDS[:4], _PROTOCOL_DEFAULTS)),
+         config.get('eval_clients'))
+  # Without adaptation epochs the lr and the part change nothing.
+  same = lambda key: key if key[0] else (0, None, 'auto', *key[3:])
+  latest = {}
+  for record in metric_writers.read_jsonl(path):
+    key = same(tuple(record.get(k, d) for k, d in zip(PROTOCOL_FIELDS, _PROTOCOL_DEFAULTS)))
+    if record.get('round') == run.records[-1]['round'] and key != same(own):
+      latest[key] = record
+  # s/round: the training run's (the re-evaluation's own time is not a round's).
+  seconds = float(np.mean([r.get('seconds', np.nan) for r in run.records]))
+  return [dataclasses.replace(run, method=f'{run.method} [{protocol_label(record)}]',
+                              records=[{**record, 'seconds': seconds}], rounds=[],
+                              protocol=protocol_label(record))
+          for record in latest.values()]
 
 
 def _mean_std(values) -> tuple[float, float]:
@@ -163,10 +263,17 @@ class Row:
   # The spread over clients at the final round: SPREAD key -> (mean, std) over seeds (nan where a
   # run's records predate it).
   spread: dict = dataclasses.field(default_factory=dict)
+  # Accuracy pooled over all test targets, and the never-sampled clients apart: POOLED key ->
+  # (mean, std) over seeds (nan where a run's records predate them).
+  pooled: dict = dataclasses.field(default_factory=dict)
 
   @property
   def has_spread(self) -> bool:
     return any(not math.isnan(mean) for mean, _ in self.spread.values())
+
+  @property
+  def has_pooled(self) -> bool:
+    return any(not math.isnan(mean) for mean, _ in self.pooled.values())
 
   @property
   def eps_setting(self):
@@ -182,6 +289,11 @@ class Row:
 # The spread over the clients with test data (evaluation.accuracy_spread): record key -> label.
 SPREAD = {'test_accuracy_std': 'std over clients', 'test_accuracy_worst10': 'worst 10 %',
           'test_accuracy_p10': 'p10', 'test_accuracy_p50': 'p50', 'test_accuracy_p90': 'p90'}
+
+# Pooled over the test targets (evaluation.pooled_accuracy): record key -> label.
+POOLED = {'test_accuracy_pooled': 'pooled', 'test_accuracy_pooled_participated':
+          'pooled, sampled clients', 'test_accuracy_never_sampled': 'never sampled (mean)',
+          'test_accuracy_pooled_never_sampled': 'never sampled (pooled)'}
 
 
 def _mean_std_of(records: list[dict], key: str) -> tuple[float, float]:
@@ -228,7 +340,8 @@ def summarize(runs: list[RunResult]) -> list[Row]:
         participated_acc=_mean_std_of(finals, 'test_accuracy_participated'),
         participation=_mean_std_of(finals, 'participation')[0],
         setting_args=dict(everyone[0].setting),
-        spread={k: _mean_std_of(finals, k) for k in SPREAD}))
+        spread={k: _mean_std_of(finals, k) for k in SPREAD},
+        pooled={k: _mean_std_of(finals, k) for k in POOLED}))
   return rows
 
 
@@ -248,6 +361,8 @@ def _pct(mean_std: tuple[float, float]) -> str:
 def _eps_text(eps: float) -> str:
   if math.isnan(eps):
     return '–'
+  if eps == 0:
+    return '0 (nothing released)'
   return '∞' if math.isinf(eps) else f'{eps:.3g}'
 
 
@@ -362,10 +477,26 @@ def _spread_table(rows: list[Row], config_name: str) -> list[str]:
               for r in rows]
 
 
+def _pooled_table(rows: list[Row], config_name: str) -> list[str]:
+  """Accuracy pooled over the test targets, for the rows whose runs record it."""
+  rows = [r for r in rows if r.config_name == config_name and r.has_pooled]
+  if not rows:
+    return []
+  return ['', 'Accuracy pooled over all test targets of the evaluated clients (correct / targets: '
+          'a client weighs by its number of targets, as TFF and fedjax count), over the clients '
+          'sampled at least once, and the clients never sampled apart (their mean over clients, '
+          'and pooled; – where there are none); final round, mean ± std over seeds.', '',
+          '| setting | method | ' + ' | '.join(POOLED.values()) + ' |',
+          '|---|---|' + '---|' * len(POOLED)] + [
+              f'| {r.setting} | {r.method} | ' + ' | '.join(_pct(r.pooled[k]) for k in POOLED) + ' |'
+              for r in rows]
+
+
 def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tuple[str, str]:
   csv_path, md_path = os.path.join(out, 'results.csv'), os.path.join(out, 'results.md')
   # The spread columns only where some run records it (runs that predate it keep their tables).
   spread_columns = list(SPREAD) if any(r.has_spread for r in rows) else []
+  spread_columns += list(POOLED) if any(r.has_pooled for r in rows) else []
   with open(csv_path, 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
@@ -378,7 +509,7 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
                        r.final_acc[0], r.final_acc[1], r.best_acc[0], r.best_acc[1],
                        r.seconds_per_round, r.note, r.num_runs, r.participated_acc[0],
                        r.participated_acc[1], r.participation]
-                      + [v for k in spread_columns for v in r.spread[k]])
+                      + [v for k in spread_columns for v in {**r.spread, **r.pooled}[k]])
   lines = ['# Results', '',
            'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
            'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
@@ -413,6 +544,7 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
                 f'{"–" if math.isnan(units) else f"{units:.1f}"} | '
                 f'{hi.num_seeds} v {lo.num_seeds} |' for hi, lo, gap, units in pairs]
     lines += _spread_table(rows, config_name)
+    lines += _pooled_table(rows, config_name)
     lines += _reference_table(rows, config_name, reference)
     lines += _variant_table(rows, config_name)
     lines.append('')
@@ -547,7 +679,8 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
   collapsed ceiling at 10 %) would flatten them, so it is listed in a note on the axes instead.
   A log eps axis when the eps span a factor of 4 or more."""
   fig, ax = _new_axes()
-  curves = {m: sorted(p for p in pts if math.isfinite(p[0])) for m, pts in points.items()}
+  curves = {m: sorted(p for p in pts if math.isfinite(p[0]) and p[0] > 0)
+            for m, pts in points.items()}
   focus = [p for pts in curves.values() if len(pts) >= 2 for p in pts] or [
       p for pts in curves.values() for p in pts]
   lows = [100 * (p[1] - np.nan_to_num(p[2])) for p in focus]
@@ -577,6 +710,14 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
         low, high = min(low, value), max(high, value)
       else:
         off.append(f'{method} {value:.1f} % at ε = ∞')
+    alone = [p[1] for p in points[method] if p[0] == 0]  # local_only: nothing released, a line
+    if alone:
+      value = 100 * float(np.mean(alone))
+      if keep[0] <= value <= keep[1]:
+        ax.axhline(value, linestyle=':', color=style['color'], label=f'{method} (ε = 0)')
+        low, high = min(low, value), max(high, value)
+      else:
+        off.append(f'{method} {value:.1f} % at ε = 0')
   finite_eps = sorted({round(p[0], 6) for pts in curves.values() for p in pts})
   if finite_eps and finite_eps[0] > 0 and finite_eps[-1] / finite_eps[0] >= 4:
     ax.set_xscale('log')
@@ -626,7 +767,8 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
     (config_name, rest, method), pts = row_group
     by_rest[(config_name, rest)][method].extend(pts)
   for (config_name, rest), points in sorted(by_rest.items()):
-    eps_values = {round(p[0], 6) for pts in points.values() for p in pts if math.isfinite(p[0])}
+    eps_values = {round(p[0], 6) for pts in points.values() for p in pts
+                  if math.isfinite(p[0]) and p[0] > 0}
     if len(eps_values) < 2:
       continue
     directory = os.path.join(out, _safe(config_name))
@@ -661,9 +803,24 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
     target = os.path.join(out, 'runs', os.path.relpath(run.workdir, root))
     os.makedirs(target, exist_ok=True)
     for name in ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE,
-                 'failure.json'):
+                 'failure.json', 'evaluations.jsonl'):
       if os.path.exists(os.path.join(run.workdir, name)):
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
+
+
+def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> None:
+  """tuning.json and every trial's small files to <out>/runs/ (the report rebuilds from them)."""
+  for directory, tuning in tunings:
+    target = os.path.join(out, 'runs', os.path.relpath(directory, root))
+    os.makedirs(target, exist_ok=True)
+    shutil.copyfile(os.path.join(directory, TUNING_FILE), os.path.join(target, TUNING_FILE))
+    for trial in tuning.get('trials', []):
+      os.makedirs(os.path.join(target, trial['run']), exist_ok=True)
+      for name in ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
+                   metric_writers.TRAIN_FILE):
+        if os.path.exists(os.path.join(directory, trial['run'], name)):
+          shutil.copyfile(os.path.join(directory, trial['run'], name),
+                          os.path.join(target, trial['run'], name))
 
 
 def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bool = False,
@@ -673,15 +830,19 @@ def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bo
   runs = load_runs(root)
   if finished_only:
     runs = [r for r in runs if r.finished or r.failed]
-  if not runs:
+  tunings = load_tunings(root)
+  if not runs and not tunings:
     raise ValueError(f'no workdir with metrics.jsonl and config.json under {root}')
   os.makedirs(out, exist_ok=True)
   if copy_runs:
-    copy_run_files(runs, root, out)
+    copy_run_files([r for r in runs if not r.protocol], root, out)
+    copy_tuning_files(tunings, root, out)
   rows = summarize(runs)
   md, csv_path = write_tables(rows, out, reference)
-  plots = write_plots([r for r in runs if r.records and not r.failed], out)
+  # Re-evaluations are one final point each: in the tables, not in the plots.
+  plots = write_plots([r for r in runs if r.records and not r.failed and not r.protocol], out)
   with open(md, 'a') as f:
+    f.write('\n'.join([''] + tuning_lines(tunings, root)))
     f.write('\n## Plots\n\n' + '\n'.join(f'![{os.path.relpath(p, out)}]({os.path.relpath(p, out)})'
                                           for p in plots) + '\n')
   return {'markdown': md, 'csv': csv_path, 'plots': plots, 'num_runs': len(runs),

@@ -358,7 +358,14 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
   cache_dir: a persistent JAX compilation cache shared by the runs (None: none, or the caller's
   JAX_COMPILATION_CACHE_DIR).
   """
-  runs = plan(config_path, root, axes, overrides, only)
+  return execute(config_path, plan(config_path, root, axes, overrides, only), parallel, cache_dir)
+
+
+def execute(config_path: str, runs: list[Run], parallel: int = 1,
+            cache_dir: str | None = None) -> dict:
+  """Runs every unfinished run of `runs` (each with its own overrides), `parallel` at a time, under
+  the sweep's rules (skips finished runs and runs in use, refuses conflicts, forwards Ctrl-C);
+  returns {workdir: status}. launch/tune.py runs its trials through it."""
   results = {}
   pending = []
   for run in runs:
@@ -383,7 +390,7 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
   received = []  # the stop signal that reached the sweep: its runs get the same
   with _stop_signals(received):
     try:
-      _run_pending(config_path, overrides, parallel, pending, running, results, env, total)
+      _run_pending(config_path, parallel, pending, running, results, env, total)
     except KeyboardInterrupt:
       signum = received[0] if received else signal.SIGINT
       _stop_running(running, results, signum)
@@ -440,7 +447,7 @@ def _stop_running(running, results, signum=signal.SIGINT) -> None:
     _log(f'stopped {run.workdir}: {last}')
 
 
-def _run_pending(config_path, overrides, parallel, pending, running, results, env, total) -> None:
+def _run_pending(config_path, parallel, pending, running, results, env, total) -> None:
   started = 0
   while pending or running:
     while pending and len(running) < max(1, parallel):
@@ -458,10 +465,11 @@ def _run_pending(config_path, overrides, parallel, pending, running, results, en
         _log(f'skip    {run.workdir} (finished since the plan: round {run.num_rounds})')
         continue
       os.makedirs(run.workdir, exist_ok=True)
-      command = _command(config_path, run, overrides)
+      command = _command(config_path, run, list(run.overrides))
       with open(os.path.join(run.workdir, 'sweep.json'), 'w') as f:
         json.dump({'config': config_path.partition(':')[0], 'config_name': run.config_name,
-                   'args': run.args, 'overrides': overrides, 'command': command}, f, indent=2)
+                   'args': run.args, 'overrides': list(run.overrides), 'command': command}, f,
+                  indent=2)
       log = open(os.path.join(run.workdir, 'train.log'), 'a')
       log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} {run.status}: {" ".join(command)}\n')
       log.flush()

@@ -152,7 +152,7 @@ def test_print_config_shows_the_resolved_config_with_help_and_exits():
   assert lines[0] == f'# {DEFAULT}:eps=1, resolved'
   by_field = {l.split(' = ')[0]: l for l in lines[1:] if ' = ' in l}
   assert set(by_field) == {p for p in cli.field_paths(base_config())
-                           if p not in ('dp', 'dsu', 'local')}
+                           if p not in ('dp', 'dsu', 'local', 'eval')}
   assert re.fullmatch(r'dp\.clip_norm = 0\.25 +# C, clip of .*', by_field['dp.clip_norm'])
   assert by_field['dp.target_epsilon'].startswith('dp.target_epsilon = None ')
   assert by_field['dp.noise_multiplier'].startswith('dp.noise_multiplier = 1.5 ')

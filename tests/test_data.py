@@ -405,3 +405,48 @@ def test_make_federated_data_fashion_mnist():
   np.testing.assert_array_equal(fd.train_count, 2700)  # 3000 each (20 * 2 / 10 = 4 per class)
   np.testing.assert_array_equal(fd.test_count, 300)
   assert sources.FASHION_MNIST_MEAN == fd.mean
+
+
+def _row_id_federation(counts, test_counts):
+  """Image rows whose pixel 0 (and label) encodes the row's index: a row is found by its content."""
+  total, total_test = sum(counts), sum(test_counts)
+  x = np.zeros((total, 2, 2, 1), np.uint8)
+  x[:, 0, 0, 0] = np.arange(total) % 251
+  x[:, 0, 1, 0] = np.arange(total) // 251
+  tx = np.full((total_test, 2, 2, 1), 255, np.uint8)
+  return data.from_flat_arrays(
+      train_x=x, train_y=np.arange(total) % 7, train_offsets=np.concatenate([[0], np.cumsum(counts)]),
+      test_x=tx, test_y=np.zeros(total_test, np.int32),
+      test_offsets=np.concatenate([[0], np.cumsum(test_counts)]), num_classes=7, mean=(0.5,),
+      std=(0.25,))
+
+
+def test_validation_split_carves_each_clients_own_rows_seeded_and_leaves_test_alone():
+  counts, test_counts = [1, 2, 5, 10, 40], [1, 0, 2, 3, 4]
+  fed = _row_id_federation(counts, test_counts)
+  train, validation = data.split_validation(fed, 0.25, seed=3)
+  row = lambda x: np.asarray(x)[:, 0, 0, 0].astype(int) + 251 * np.asarray(x)[:, 0, 1, 0]
+  n_val = np.diff(np.asarray(validation.test_offsets))
+  np.testing.assert_array_equal(n_val, [0, 1, 1, 3, 10])  # round half up, one training row kept
+  np.testing.assert_array_equal(np.diff(np.asarray(train.train_offsets)), np.array(counts) - n_val)
+  offsets = np.concatenate([[0], np.cumsum(counts)])
+  t_off, v_off = train.train_offsets, validation.test_offsets
+  for i in range(len(counts)):
+    kept = row(train.train_x[int(t_off[i]):int(t_off[i + 1])])
+    held = row(validation.test_x[int(v_off[i]):int(v_off[i + 1])])
+    own = np.arange(offsets[i], offsets[i + 1])
+    assert not set(kept) & set(held)  # disjoint, and together exactly the client's rows
+    np.testing.assert_array_equal(np.sort(np.concatenate([kept, held])), own)
+    assert list(kept) == sorted(kept) and list(held) == sorted(held)  # stored order kept
+  np.testing.assert_array_equal(np.asarray(train.train_y), row(train.train_x) % 7)
+  # The test split is the original one, and the validation data trains on the same rows.
+  for a, b in ((train.test_x, fed.test_x), (train.test_offsets, fed.test_offsets),
+               (validation.train_x, train.train_x), (validation.train_offsets, train.train_offsets)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert (train.max_train, validation.max_test) == (30, 10)
+  again, _ = data.split_validation(fed, 0.25, seed=3)
+  other, _ = data.split_validation(fed, 0.25, seed=4)
+  np.testing.assert_array_equal(np.asarray(again.train_x), np.asarray(train.train_x))
+  assert not np.array_equal(np.asarray(other.train_x), np.asarray(train.train_x))
+  with pytest.raises(ValueError, match='validation_fraction'):
+    data.split_validation(fed, 0.0, seed=3)

@@ -8,6 +8,7 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
                               cached across commands), through the binary's own flag parsing
   launch.sweep                --plan, in this process (every run's config is validated;
                               --seed_from copies into a fresh root, and those runs are finished)
+  launch.tune                 --plan, in this process, in a fresh root (K, the candidates, the cost)
   experiments.audit           flags parsed, every audited config validated
   experiments.report          run on an empty --root: the flags parse and it says there is nothing
   benchmarks.client_throughput  --dry_run, in a subprocess
@@ -36,7 +37,7 @@ from dp2fedsam_jax.privacy import accounting
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ('README.md', 'WORKSPACE.md')
 BINARIES = ('experiments.train', 'launch.sweep', 'experiments.report', 'experiments.audit',
-            'benchmarks.client_throughput', 'benchmarks.cohort_scaling')
+            'benchmarks.client_throughput', 'benchmarks.cohort_scaling', 'launch.tune')
 
 
 def _bash_commands(text: str) -> list[str]:
@@ -156,6 +157,15 @@ def _check_sweep(argv, tmp_path):
   assert runs and sweep.plan_summary(runs).startswith(f'{len(runs)} runs: {len(seeded)} finished')
 
 
+def _check_tune(argv, tmp_path, capsys):
+  from launch import tune
+  fv = _flag_values(tune.define_flags, [a for a in argv if not a.startswith('--config.')])
+  capsys.readouterr()
+  tune.tune(fv.config, str(tmp_path / 'root'), fv.study,
+            [a for a in argv if a.startswith('--config.')], plan_only=True)
+  assert 'selection eps' in capsys.readouterr().out
+
+
 def _check_audit(argv):
   from experiments import audit
   fv = _flag_values(audit.define_flags, argv)
@@ -177,6 +187,8 @@ def test_doc_command_works(doc, command, tmp_path, capsys, cached_experiments):
     _check_sweep(argv, tmp_path)
   elif binary == 'experiments.audit':
     _check_audit(argv)
+  elif binary == 'launch.tune':
+    _check_tune(argv, tmp_path, capsys)
   elif binary == 'experiments.report':
     argv = [a for a in argv if not a.startswith(('--root=', '--out='))]
     out = _run([binary, *argv, f'--root={tmp_path}', f'--out={tmp_path / "out"}'], tmp_path)

@@ -97,11 +97,16 @@ INVALID = {
     'sampling_rate': NOT_A_FRACTION,
     'keep_fraction': NOT_A_FRACTION,
     'dsu.keep_fraction': NOT_A_FRACTION,
+    'validation_fraction': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
     'local.momentum': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN),
     **{f'server_{decay}': _floats(max_value=-1e-300) | _floats(min_value=1.0) | st.just(NAN)
        for decay in ('momentum', 'beta1', 'beta2')},
     'dp.delta': _floats(max_value=0.0) | _floats(min_value=1.0) | st.just(NAN),
     'init_checkpoint': st.text(min_size=1, max_size=12).map(lambda s: '/nonexistent/' + s),
+    'eval.adapt_epochs': NEGATIVE_INT,
+    'eval.adapt_lr': NON_POSITIVE,
+    'eval.adapt_part': _other_text(CHOICES['eval.adapt_part']),
+    'eval.head_init': _other_text(CHOICES['eval.head_init']),
 }
 # Any string is a valid directory name here; a missing one fails at load with the dataset's hint.
 # private_metrics_only is a bool (ConfigDict refuses other types); True is refused only with a

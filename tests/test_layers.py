@@ -22,11 +22,13 @@ LAYERS = (
      'metric_writers', 'compilation_cache', 'server_optimizer'),  # leaves
     ('cli', 'run_files'),        # what binaries share; a workdir's lock, config.json and metrics
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
-    ('privacy', 'local'),        # DP primitives; one client's local training (SGD / SAM / ASAM)
+    ('privacy', 'local'),        # DP primitives (selection: tuning's eps); one client's local training
     ('algorithms',),             # MethodSpec registry and the pieces methods compose
     ('state',),                  # ServerState, split/merge of shared and personal params
-    ('client', 'evaluation'),    # one client's round; per-client test accuracy
-    ('federated_round',),        # the jitted round step and its executors
+    ('client', 'evaluation', 'adaptation'),  # one client's round; per-client test accuracy;
+                                 # the test-time protocol (evaluation takes its hook as an argument)
+    ('federated_round', 'local_only'),  # the jitted round step and its executors; the local-only
+                                 # baseline
     ('config',),                 # validate_config checks against the choice lists of the layers below
     ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
 )
@@ -204,3 +206,14 @@ def test_config_import_is_cheap():
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, check=True).stdout
   assert out.split() == ["['dp2fedsam_jax',", "'dp2fedsam_jax.config',", "'dp2fedsam_jax.errors']"], out
+
+
+def test_selection_import_is_cheap():
+  """privacy/selection.py (the tuner's accounting) sits in the privacy layer but loads no JAX:
+  launch/tune.py's plan and the cost table need numpy and dp_accounting only."""
+  code = ('import sys, dp2fedsam_jax.privacy.selection; '
+          'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "dp2fedsam_jax")))')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, check=True).stdout
+  assert out.split() == ["['dp2fedsam_jax',", "'dp2fedsam_jax.privacy',",
+                         "'dp2fedsam_jax.privacy.selection']"], out

@@ -336,6 +336,33 @@ def _count_over_realised_cohort(mp):
   mp.setattr(DPMechanism, 'next_clip_state', next_clip_state)
 
 
+# ---------------------------------------------------------------- private selection (tuning)
+import numpy as np  # noqa: E402  (this block stays apart: the accounting of launch/tune.py)
+import test_selection  # noqa: E402
+from dp2fedsam_jax.privacy import selection  # noqa: E402
+
+SELECTION_TNB = Killer(
+    'test_selection.py::test_truncated_negative_binomial_epsilon_is_theorem_2_by_hand[0.0-0.05]',
+    functools.partial(test_selection.test_truncated_negative_binomial_epsilon_is_theorem_2_by_hand,
+                      0.0, 0.05))
+SELECTION_SAMPLER = Killer(
+    'test_selection.py::test_the_sampler_draws_k_from_its_distribution[spec0]',
+    functools.partial(test_selection.test_the_sampler_draws_k_from_its_distribution,
+                      {'name': 'poisson', 'mu': 4.0}))
+KILLERS.update({k.name: k.run for k in (SELECTION_TNB, SELECTION_SAMPLER)})
+
+
+@mutant("tuning: the selection reported at one trial's epsilon", SELECTION_TNB)
+def _selection_at_one_trial(mp):
+  mp.setattr(selection, 'selection_rdp', lambda rdp, distribution, orders=selection.ORDERS:
+             np.asarray(rdp, np.float64))
+
+
+@mutant('tuning: K fixed at round(E[K]) but accounted as random', SELECTION_SAMPLER)
+def _fixed_number_of_trials(mp):
+  mp.setattr(selection.TrialDistribution, 'sample', lambda self, rng: max(1, round(self.mean)))
+
+
 _PASSED_HERE = set()
 
 

@@ -451,3 +451,52 @@ def test_readme_results_table_is_the_committed_paper_regime_table():
       assert cell == f'{mean:.2f} ± {std:.2f}', (method, column, cell)
       checked += 1
   assert checked == 18
+
+
+def test_local_only_is_the_zero_epsilon_point_and_pooled_accuracy_gets_its_table(curve_root,
+                                                                                  tmp_path):
+  """local_only (nothing released) reads ε = 0 in the table and is a line in the plot against ε;
+  runs that record the pooled accuracy get a table of it (older runs: none, tables unchanged)."""
+  before = open(report.write_report(curve_root, str(tmp_path / 'before'))['markdown']).read()
+  assert 'Accuracy pooled over all test targets' not in before
+  workdir = make_workdir(curve_root, 'cfg', 'local_only', 0, math.inf, 0.5, rounds=(3,))
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'round': 3, 'epsilon': 0.0, 'released': 'nothing', 'seconds': 1.0,
+                        'test_accuracy': 0.5, 'test_accuracy_pooled': 0.625,
+                        'test_accuracy_pooled_participated': 0.625,
+                        'test_accuracy_never_sampled': None,
+                        'test_accuracy_pooled_never_sampled': None}) + '\n')
+  out = report.write_report(curve_root, str(tmp_path / 'report'))
+  md = open(out['markdown']).read()
+  assert '| eps=inf | local_only | 0 (nothing released) | 1 | 3 | 50.00 |' in md
+  assert '| eps=inf | local_only | 62.50 | 62.50 | – | – |' in md
+  assert any(p.endswith('_accuracy_vs_eps.png') for p in out['plots'])
+  rows = list(csv.DictReader(open(out['csv'])))
+  assert next(r for r in rows if r['method'] == 'local_only')['test_accuracy_pooled_mean'] == '0.625'
+
+
+def test_re_evaluations_under_other_protocols_are_rows_of_their_own(curve_root, tmp_path):
+  """experiments.evaluate's lines at a finished run's final round, one row per protocol (the last
+  line of each); the run's own protocol and earlier rounds are not repeated; no plot, no copy."""
+  workdir = os.path.join(curve_root, 'cfg', 'dp2fedsam', 'eps=1', 'seed=0')
+  protocol = {'eval.adapt_epochs': 10, 'eval.adapt_lr': 0.1, 'eval.adapt_part': 'head',
+              'eval.head_init': 'own', 'eval_clients': None}
+  lines = [{'round': 3, **protocol, 'test_accuracy': 0.5, 'epsilon': 1.0},
+           {'round': 3, **protocol, 'test_accuracy': 0.95, 'epsilon': 1.0},  # the last one counts
+           {'round': 3, **protocol, 'eval.adapt_epochs': 0, 'test_accuracy': 0.1, 'epsilon': 1.0},
+           {'round': 2, **protocol, 'eval.head_init': 'random', 'test_accuracy': 0.2, 'epsilon': 1.0},
+           {'round': 3, **protocol, 'eval.head_init': 'random', 'test_accuracy': 0.97,
+            'epsilon': 1.0, 'test_accuracy_pooled': 0.96}]
+  with open(os.path.join(workdir, 'evaluations.jsonl'), 'w') as f:
+    f.write(''.join(json.dumps(l) + '\n' for l in lines))
+  runs = report.load_runs(curve_root)
+  extra = sorted((r.method, r.records[-1]['test_accuracy']) for r in runs if r.protocol)
+  assert extra == [('dp2fedsam [adapt head 10 ep lr 0.1, head random]', 0.97),
+                   ('dp2fedsam [adapt head 10 ep lr 0.1]', 0.95)]
+  out = report.write_report(curve_root, str(tmp_path / 'report'), copy_runs=True)
+  md = open(out['markdown']).read()
+  assert '| eps=1 | dp2fedsam [adapt head 10 ep lr 0.1] | 1 | 1 | 3 | 95.00 |' in md
+  assert not any('adapt' in p for p in out['plots'])
+  assert sorted(os.listdir(os.path.join(tmp_path, 'report', 'runs', 'cfg', 'dp2fedsam', 'eps=1',
+                                        'seed=0'))) == ['config.json', 'evaluations.jsonl',
+                                                        'metrics.jsonl', 'sweep.json']

@@ -90,6 +90,7 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
     assert key in lines[-1] and math.isfinite(lines[-1][key])
   assert lines[0]['epsilon'] < lines[1]['epsilon']
   assert final == lines[-1]
+  assert not [k for k in final if k.startswith('validation')]  # validation_fraction = 0: none
   # The spread over clients (tests/test_diagnostics.py), in metrics.jsonl and TensorBoard.
   spread = [lines[-1][f'test_accuracy_{k}'] for k in ('worst10', 'p10', 'p50', 'p90')]
   assert spread == sorted(spread) and spread[0] <= lines[-1]['test_accuracy'] <= spread[-1]
@@ -110,6 +111,23 @@ def test_train_and_evaluate_writes_config_and_metrics(tmp_path):
   # 'auto' (the default) is written as the executor it chose.
   assert config.executor == 'auto'
   assert written['executor'] == ('sequential' if jax.default_backend() == 'cpu' else 'vmap')
+
+
+def test_a_validation_fraction_carves_validation_rows_and_writes_their_metrics(tmp_path):
+  config = tiny_config(num_rounds=2, eval_every=2, validation_fraction=0.3)
+  exp = train.build_experiment(config)
+  plain = train.build_experiment(tiny_config(num_rounds=2, eval_every=2))
+  full, kept = np.diff(np.asarray(plain.data.train_offsets)), np.diff(np.asarray(exp.data.train_offsets))
+  held = np.diff(np.asarray(exp.validation.test_offsets))
+  np.testing.assert_array_equal(held, np.floor(0.3 * full + 0.5))
+  np.testing.assert_array_equal(kept + held, full)
+  np.testing.assert_array_equal(np.asarray(exp.data.test_x), np.asarray(plain.data.test_x))
+  final = train.train_and_evaluate(config, str(tmp_path))
+  assert final['validation_clients'] == 6 and 0 <= final['validation_accuracy'] <= 1
+  assert final['validation_accuracy_sum'] == pytest.approx(6 * final['validation_accuracy'])
+  assert math.isfinite(final['validation_loss']) and math.isfinite(final['test_accuracy'])
+  written = json.loads((tmp_path / 'config.json').read_text())
+  assert written['validation_fraction'] == 0.3
 
 
 def test_auto_executor_is_resolved_per_backend_and_a_resume_keeps_the_recorded_one(tmp_path):

@@ -342,6 +342,7 @@ class TopKOfNoisedSum(NoPostprocess):
 # `finetunes`: the evaluation trains a copy first (on the client's training data, inside the
 # evaluation, never touching the server state); `finetune(...)` does it. `own_weights`: every client
 # ends with its own whole model (the sequential executor then evaluates one client at a time).
+# `adapt_part`: what config.eval's test-time protocol trains by default ('auto'; adaptation.py).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,6 +351,7 @@ class TestGlobal:
   name = 'global'
   finetunes = False
   own_weights = False
+  adapt_part = 'none'
 
   def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
     del model, phase, x, y, count, key, local_config, decay, loss_mask
@@ -360,6 +362,7 @@ class TestGlobal:
 class TestPersonal(TestGlobal):
   """The global shared part with the client's own personal part (head or head offset)."""
   name = 'personal'
+  adapt_part = 'head'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +371,7 @@ class FineTune(TestGlobal):
   name = 'finetune'
   finetunes = True
   own_weights = True
+  adapt_part = 'full'
 
   def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
     loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y, loss_mask(y, mask))
@@ -380,6 +384,7 @@ class FineTuneHead(TestGlobal):
   """The global model with its head fine-tuned on the client's data (DP-FedAvg-fb)."""
   name = 'finetune_head'
   finetunes = True
+  adapt_part = 'head'
 
   def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
     features = model.features(params['extractor'], x)

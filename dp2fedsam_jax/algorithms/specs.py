@@ -64,6 +64,8 @@ class MethodSpec:
   private: bool = True         # clip the shared update and add Gaussian noise (client-level DP)
   evaluation: object = TEST_GLOBAL  # the model each client tests
   paper: str = ''
+  # False: no rounds, nothing released; each client trains alone (local_only.py).
+  federated: bool = True
 
   def __post_init__(self):
     for field, types in _PIECE_TYPES.items():
@@ -78,6 +80,8 @@ class MethodSpec:
       raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
     if (self.weight_mask == DSU_WEIGHTS) != (self.upload_mask == DSU_MASK):
       raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
+    if not self.federated and (self.private or self.personal != GLOBAL_MODEL):
+      raise ValueError(f'method {self.name!r}: a method without rounds releases nothing')
     if self.postprocess.reads_noise and not self.private:
       raise ValueError(f'method {self.name!r}: top-k of the noised update needs noise')
 
@@ -177,6 +181,11 @@ register(MethodSpec('fedsam', shared_optimizer='sam', private=False,
                     paper='FedAvg with SAM as local optimizer (Qu et al., 2022)'))
 register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
                     paper='FedRep: head epochs, then body epochs, SGD (Collins et al., 2021)'))
+
+# The reference every personalization claim is measured against: each client trains its own model
+# from the initial one on its own data, nothing is released (epsilon 0).
+register(MethodSpec('local_only', private=False, federated=False,
+                    paper='local training only: no communication, each client its own model'))
 
 # Global-model DP baselines (dp-fedsam-topk.txt, dp2-fedsam.txt section 5).
 register(MethodSpec('dp_fedavg', paper='DP-FedAvg, dp2-fedsam.txt Algorithm 1'))

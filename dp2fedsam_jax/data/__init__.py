@@ -9,6 +9,7 @@ from dp2fedsam_jax.data.federated import build_federated_data
 from dp2fedsam_jax.data.federated import from_flat_arrays
 from dp2fedsam_jax.data.federated import padded_bytes
 from dp2fedsam_jax.data.federated import select_clients
+from dp2fedsam_jax.data.federated import split_validation
 from dp2fedsam_jax.data.federated import make_federated_data
 from dp2fedsam_jax.data.partition import NATURAL
 from dp2fedsam_jax.data.partition import PARTITIONS
@@ -40,6 +41,7 @@ __all__ = [
     'from_flat_arrays',
     'padded_bytes',
     'select_clients',
+    'split_validation',
     'dataset_names',
     'dirichlet',
     'iid',

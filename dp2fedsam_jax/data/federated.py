@@ -257,6 +257,41 @@ def select_clients(data: FederatedData, client_ids) -> FederatedData:
       max_test=max(1, int(np.diff(test_offsets).max())))
 
 
+# The stream of numpy's generator that carves the validation rows (beside config.seed).
+VALIDATION_STREAM = 44
+
+
+def split_validation(data: FederatedData, fraction: float,
+                     seed: int) -> tuple[FederatedData, FederatedData]:
+  """(training data, validation data): a seeded share of each client's training rows set aside.
+
+  Client i with n_i training rows gives min(n_i - 1, round(fraction * n_i)) of them (half up; at
+  least one row stays for training), chosen uniformly from np.random.default_rng([seed,
+  VALIDATION_STREAM]), to its validation split; both keep the rows' stored order. The test split is
+  never touched. The validation data is the training data with its validation rows as the test
+  split, so the evaluation tests it unchanged (and fine-tunes on the remaining training rows only).
+  """
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f'config.validation_fraction={fraction!r}: must lie in (0, 1) to split.')
+  offsets = np.asarray(data.train_offsets, np.int64)
+  counts = np.diff(offsets)
+  n_val = np.minimum(counts - 1, np.floor(fraction * counts + 0.5).astype(np.int64))
+  owner = np.repeat(np.arange(counts.size), counts)
+  u = np.random.default_rng([seed, VALIDATION_STREAM]).random(owner.size)
+  order = np.lexsort((u, owner))  # rows grouped by client, uniformly shuffled within each
+  rank = np.empty(owner.size, np.int64)
+  rank[order] = np.arange(owner.size) - offsets[owner[order]]
+  is_val = rank < n_val[owner]
+  x, y = np.asarray(data.train_x), np.asarray(data.train_y)
+  new_offsets = lambda c: jnp.asarray(np.concatenate([[0], np.cumsum(c)]), jnp.int32)
+  train = data.replace(train_x=jnp.asarray(x[~is_val]), train_y=jnp.asarray(y[~is_val]),
+                       train_offsets=new_offsets(counts - n_val),
+                       max_train=int((counts - n_val).max()))
+  validation = train.replace(test_x=jnp.asarray(x[is_val]), test_y=jnp.asarray(y[is_val]),
+                             test_offsets=new_offsets(n_val), max_test=max(1, int(n_val.max())))
+  return train, validation
+
+
 def padded_bytes(offsets, example_bytes: int) -> tuple[int, int]:
   """(padded, ragged) bytes of one split: N x the largest client against the total.
 

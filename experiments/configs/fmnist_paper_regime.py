@@ -70,6 +70,15 @@ The report draws final accuracy against eps (log axis, seed-std error bars, the 
 as horizontal lines) and tabulates DP2-FedSAM's gap to every other method at each eps, in points
 and in pooled seed stds.
 
+Tuning with its privacy cost (`tuning_space()`, launch/tune.py): DP2-FedSAM (lr_shared, C, SAM rho)
+and DP-FedAvg-FT (lr_shared, C) at eps = 1 per trial, K logarithmic with E[K] = 10; each client keeps
+10 % of its 54 training rows (5) as its validation split, and the score is the mean over the 1,000
+clients of their validation accuracies with N(0, 10^2) on the sum (std 1 point on the mean).
+The plan prints K, the candidates and the cost (selection eps against one trial's and naive):
+
+  python3 -m launch.tune --config=experiments/configs/fmnist_paper_regime.py --study=dp2fedsam \
+      --root=$HOME/tuning --plan
+
 Arguments: `:method=dp2fedsam,S=2,eps=1,seed=0,noise=independent,bands=2,clip=fixed,server=sgd`
 (`noise` = independent | banded | tree, `bands`: BandMF's b, `clip` = fixed | adaptive, `server` =
 sgd | momentum).
@@ -158,3 +167,23 @@ def sweep_grid() -> list[dict]:
   toolkit = [dict(method=m, eps=e, seed=s, **variant) for s in (0, 1, 2) for e in TOOLKIT_EPS
              for variant in TOOLKIT_VARIANTS for m in TOOLKIT]
   return issue14 + seeds_at_eps1 + compared + [e for e in curve if e not in compared] + toolkit
+
+
+# Tuning (launch/tune.py): ranges around the hand-tuned values (lr_shared 0.05, C = 0.1, rho = 0.1).
+TUNING_EPS = 1.0
+TUNING_TRIALS = {'name': 'truncated_negative_binomial', 'eta': 0.0, 'mean': 10.0}  # logarithmic
+
+
+def tuning_space() -> dict:
+  """Two studies at eps = 1 per trial; seconds_per_run: the measured run times above, plus the
+  validation evaluation (an -FT evaluation fine-tunes twice: once for validation, once for test)."""
+  common = dict(fixed={'validation_fraction': 0.1}, trials=TUNING_TRIALS,
+                selected_by='validation_accuracy', score_noise=10.0)
+  space = {'local.lr_shared': ('log_uniform', 0.01, 0.1), 'dp.clip_norm': ('log_uniform', 0.02, 0.5)}
+  return {
+      'dp2fedsam': dict(common, args=dict(method='dp2fedsam', eps=TUNING_EPS), seed=0,
+                        space={**space, 'local.sam_rho': ('log_uniform', 0.02, 0.5)},
+                        seconds_per_run=25 * 60),
+      'dp_fedavg_ft': dict(common, args=dict(method='dp_fedavg_ft', eps=TUNING_EPS), seed=1,
+                           space=space, seconds_per_run=70 * 60),
+  }
