@@ -46,6 +46,8 @@ _EXTRA = {
 def cases() -> dict[str, tuple[str, dict]]:
   out = {}
   for name in sorted(METHODS):
+    if not METHODS[name].federated:  # local_only runs no round (tests/test_protocol.py)
+      continue
     placement = 'distributed' if name in _DISTRIBUTED else 'central'
     out[name] = (name, {'dp.noise_placement': placement})
   out.update(_EXTRA)
