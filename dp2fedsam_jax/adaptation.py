@@ -87,7 +87,7 @@ def check_config(config, spec: MethodSpec | None = None) -> None:
     raise ConfigError(f'config.eval.adapt_epochs={epochs!r}, head_init={p.head_init!r}: '
                       f'{spec.name} trains each client\'s whole model on its own data; a test-time '
                       'protocol does not apply. Leave config.eval at its defaults.')
-  if spec is not None and p.head_init == 'shared' and 'head' not in spec.shared_keys:
+  if spec is not None and p.head_init == 'shared' and 'head' not in spec.personal.shared_keys:
     raise ConfigError(f"config.eval.head_init='shared': {spec.name} has no global head (its heads "
                       "are personal); use 'own' or 'random'.")
 
