@@ -54,8 +54,9 @@ TOKEN_MODELS = ('char_lstm', 'char_lstm_small')  # input (seq_len,) ids; classes
 _MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES) + list(TOKEN_MODELS), 'Model.')
 _SEQ_LEN = flags.DEFINE_integer('seq_len', 80, 'Token models: ids per row (TFF Shakespeare: 80).')
 _VOCAB = flags.DEFINE_integer('vocab', 90, 'Token models: vocabulary size incl. pad id 0 (TFF: 90).')
-_LSTM_CELL = flags.DEFINE_enum('lstm_cell', 'optimized', ['optimized', 'lstm'], 'Token models: fused '
-                               'gates (OptimizedLSTMCell) or one matmul per gate (LSTMCell).')
+_LSTM_CELL = flags.DEFINE_enum('lstm_cell', 'fused', ['fused', 'optimized', 'lstm'], 'Token models: '
+                               "the model's FusedLSTM layer, or flax's OptimizedLSTMCell (fused "
+                               'gates) or LSTMCell (one matmul per gate) scanned by nn.RNN.')
 _LSTM_UNROLL = flags.DEFINE_integer('lstm_unroll', 1, 'Token models: time steps per scan iteration.')
 _CLIENTS = flags.DEFINE_list('clients', ['10', '50'], 'Cohort sizes (clients trained per round).')
 _SAMPLES = flags.DEFINE_integer('samples_per_client', 45, 'Training examples per client (the most, '
