@@ -31,41 +31,31 @@ import jax.numpy as jnp
 CELLS = ('fused', 'optimized', 'lstm')
 
 
-def _forward(xproj, wh, unroll=1):
-  """xproj [T, B, 4H] (input projection + bias, gates in (i, f, o, g) order), wh [H, 4H] ->
-  hs [T, B, H] and what the backward pass needs: every step's c_{t-1} and gate activations."""
+def _forward(xs, wh, table=None, unroll=1):
+  """The recurrence from zero state: xs [T, B, 4H] every step's input projection + bias (gates in
+  (i, f, o, g) order), or with `table` [V, 4H] token ids [T, B] whose rows of the table are the
+  projections (gathered step by step: no [T, B, 4H] array); wh [H, 4H]. Returns hs [T, B, H] and
+  what the backward pass needs: every step's c_{t-1} and gate activations."""
   hidden = wh.shape[0]
-  zeros = jnp.zeros(xproj.shape[1:-1] + (hidden,), xproj.dtype)
+  zeros = jnp.zeros(xs.shape[1:2] + (hidden,), wh.dtype)
 
-  def step(carry, z):
+  def step(carry, x):
     c_prev, h = carry
-    z = z + h @ wh
+    z = (x if table is None else table[x]) + h @ wh
     act = jnp.concatenate([jax.nn.sigmoid(z[..., :3 * hidden]), jnp.tanh(z[..., 3 * hidden:])], -1)
     i, f, o, g = jnp.split(act, 4, axis=-1)
     c = f * c_prev + i * g
     h = o * jnp.tanh(c)
     return (c, h), (h, c_prev, act)
 
-  _, (hs, c_prevs, acts) = jax.lax.scan(step, (zeros, zeros), xproj, unroll=unroll)
+  _, (hs, c_prevs, acts) = jax.lax.scan(step, (zeros, zeros), xs, unroll=unroll)
   return hs, (c_prevs, acts)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def lstm_recurrence(xproj, wh, unroll=1):
-  """The LSTM over time from zero state, given every step's input projection: xproj [T, B, 4H]
-  (gates (i, f, o, g)) -> hs [T, B, H]. `unroll`: time steps per scan iteration."""
-  return _forward(xproj, wh, unroll)[0]
-
-
-def _recurrence_fwd(xproj, wh, unroll):
-  hs, res = _forward(xproj, wh, unroll)
-  return hs, (wh, hs, res)
-
-
-def _recurrence_bwd(unroll, saved, dhs):
-  # The reverse scan carries dh, dc: one [B, 4H] x [4H, H] GEMM a step; dWh is one GEMM over all
-  # steps after it (XLA's own transpose of the scan accumulates dWh and dWi inside the loop).
-  wh, hs, (c_prevs, acts) = saved
+def _backward(wh, hs, c_prevs, acts, dhs, unroll):
+  """dz [T, B, 4H] (the cotangent of every step's pre-activations) and dWh. The reverse scan carries
+  dh, dc: one [B, 4H] x [4H, H] GEMM a step; dWh is one GEMM over all steps after it (XLA's own
+  transpose of the scan accumulates dWh and dWi inside the loop)."""
   zeros = jnp.zeros_like(hs[0])
   wh_t = wh.T
 
@@ -86,14 +76,53 @@ def _recurrence_bwd(unroll, saved, dhs):
   return dz, jnp.einsum('tbh,tbg->hg', h_prev, dz)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def lstm_recurrence(xproj, wh, unroll=1):
+  """The LSTM over time from zero state, given every step's input projection: xproj [T, B, 4H]
+  (gates (i, f, o, g)) -> hs [T, B, H]. `unroll`: time steps per scan iteration."""
+  return _forward(xproj, wh, unroll=unroll)[0]
+
+
+def _recurrence_fwd(xproj, wh, unroll):
+  hs, res = _forward(xproj, wh, unroll=unroll)
+  return hs, (wh, hs, res)
+
+
+def _recurrence_bwd(unroll, saved, dhs):
+  wh, hs, (c_prevs, acts) = saved
+  return _backward(wh, hs, c_prevs, acts, dhs, unroll)
+
+
 lstm_recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def lstm_from_table(table, ids, wh, unroll=1):
+  """`lstm_recurrence` of the projections table[ids]: table [V, 4H], ids [T, B] -> hs [T, B, H]."""
+  return _forward(ids, wh, table, unroll)[0]
+
+
+def _table_fwd(table, ids, wh, unroll):
+  hs, res = _forward(ids, wh, table, unroll)
+  return hs, (table, ids, wh, hs, res)
+
+
+def _table_bwd(unroll, saved, dhs):
+  table, ids, wh, hs, (c_prevs, acts) = saved
+  dz, dwh = _backward(wh, hs, c_prevs, acts, dhs, unroll)
+  dtable = jax.ops.segment_sum(dz.reshape(-1, dz.shape[-1]), ids.reshape(-1), table.shape[0])
+  return dtable, None, dwh
+
+
+lstm_from_table.defvjp(_table_fwd, _table_bwd)
 
 
 class FusedLSTM(nn.Module):
   """One LSTM layer, time-major [T, B, in] -> [T, B, H] from zero state, with OptimizedLSTMCell's
   parameters ('ii', 'if', 'ig', 'io': kernels [in, H]; 'hi', 'hf', 'hg', 'ho': kernels [H, H] and
   biases). Called with `ids` [T, B], x is an embedding table [V, in] and the input projection is
-  the table's (x @ Wi)[ids]: a [V, in] GEMM and a gather, not a [T*B, in] GEMM of the rows."""
+  the table's (x @ Wi + b)[ids]: a [V, in] GEMM and a gather of B rows a step, not a [T*B, in] GEMM
+  of the rows and its [T, B, 4H] result."""
   features: int
   unroll: int = 1  # time steps per scan iteration (1 is fastest on CPU; larger for FLOP counts)
 
@@ -110,8 +139,9 @@ class FusedLSTM(nn.Module):
     wi = jnp.concatenate([ki[k] for k in order], -1)
     wh = jnp.concatenate([kh[k][0] for k in order], -1)
     b = jnp.concatenate([kh[k][1] for k in order], -1)
-    xproj = (x @ wi)[ids] if ids is not None else x @ wi  # every step's projection at once
-    return lstm_recurrence(xproj + b, wh, self.unroll)
+    if ids is not None:  # the table's projections, gathered per step
+      return lstm_from_table(x @ wi + b, ids, wh, self.unroll)
+    return lstm_recurrence(x @ wi + b, wh, self.unroll)  # every step's projection at once
 
 
 class CharLSTMExtractor(nn.Module):
