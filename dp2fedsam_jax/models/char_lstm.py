@@ -31,11 +31,11 @@ import jax.numpy as jnp
 CELLS = ('fused', 'optimized', 'lstm')
 
 
-def _forward(xs, wh, table=None, unroll=1):
+def _forward(xs, wh, table=None, unroll=1, residuals=True):
   """The recurrence from zero state: xs [T, B, 4H] every step's input projection + bias (gates in
   (i, f, o, g) order), or with `table` [V, 4H] token ids [T, B] whose rows of the table are the
-  projections (gathered step by step: no [T, B, 4H] array); wh [H, 4H]. Returns hs [T, B, H] and
-  what the backward pass needs: every step's c_{t-1} and gate activations."""
+  projections (gathered step by step: no [T, B, 4H] array); wh [H, 4H]. Returns hs [T, B, H] and,
+  with `residuals`, what the backward pass needs: every step's c_{t-1} and gate activations."""
   hidden = wh.shape[0]
   zeros = jnp.zeros(xs.shape[1:2] + (hidden,), wh.dtype)
 
@@ -46,10 +46,10 @@ def _forward(xs, wh, table=None, unroll=1):
     i, f, o, g = jnp.split(act, 4, axis=-1)
     c = f * c_prev + i * g
     h = o * jnp.tanh(c)
-    return (c, h), (h, c_prev, act)
+    return (c, h), (h, c_prev, act) if residuals else h
 
-  _, (hs, c_prevs, acts) = jax.lax.scan(step, (zeros, zeros), xs, unroll=unroll)
-  return hs, (c_prevs, acts)
+  _, ys = jax.lax.scan(step, (zeros, zeros), xs, unroll=unroll)
+  return (ys[0], ys[1:]) if residuals else (ys, None)
 
 
 def _backward(wh, hs, c_prevs, acts, dhs, unroll):
@@ -80,7 +80,7 @@ def _backward(wh, hs, c_prevs, acts, dhs, unroll):
 def lstm_recurrence(xproj, wh, unroll=1):
   """The LSTM over time from zero state, given every step's input projection: xproj [T, B, 4H]
   (gates (i, f, o, g)) -> hs [T, B, H]. `unroll`: time steps per scan iteration."""
-  return _forward(xproj, wh, unroll=unroll)[0]
+  return _forward(xproj, wh, unroll=unroll, residuals=False)[0]
 
 
 def _recurrence_fwd(xproj, wh, unroll):
@@ -99,7 +99,7 @@ lstm_recurrence.defvjp(_recurrence_fwd, _recurrence_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def lstm_from_table(table, ids, wh, unroll=1):
   """`lstm_recurrence` of the projections table[ids]: table [V, 4H], ids [T, B] -> hs [T, B, H]."""
-  return _forward(ids, wh, table, unroll)[0]
+  return _forward(ids, wh, table, unroll, residuals=False)[0]
 
 
 def _table_fwd(table, ids, wh, unroll):
