@@ -16,6 +16,11 @@ vocabulary of `--vocab` (TFF's 80 and 90; id 0 is the pad id, which the rows nev
 
     python -m benchmarks.client_throughput --model=char_lstm --clients=10 --samples_per_client=16 \
         --batch_size=8 --personal_epochs=1 --shared_epochs=1 --rounds=3 --torch_threads=1,2
+
+For them the limit is printed too: the step's own GEMMs ([B, H] x [H, 4H], [B, 4H] x [4H, H] and
+[B, in + H] x [in + H, 4H] per layer) timed as a recurrence runs them, one per iteration of a scan,
+and the round's FLOPs at the first one's rate (`% step GEMM`). `--lstm_cell=optimized` times flax's
+cell (the same parameters) instead of the models' FusedLSTM.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ TOKEN_MODELS = ('char_lstm', 'char_lstm_small')  # input (seq_len,) ids; classes
 _MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES) + list(TOKEN_MODELS), 'Model.')
 _SEQ_LEN = flags.DEFINE_integer('seq_len', 80, 'Token models: ids per row (TFF Shakespeare: 80).')
 _VOCAB = flags.DEFINE_integer('vocab', 90, 'Token models: vocabulary size incl. pad id 0 (TFF: 90).')
-_LSTM_CELL = flags.DEFINE_enum('lstm_cell', 'optimized', ['optimized', 'lstm'], 'Token models: fused '
-                               'gates (OptimizedLSTMCell) or one matmul per gate (LSTMCell).')
+_LSTM_CELL = flags.DEFINE_enum('lstm_cell', 'fused', ['fused', 'optimized', 'lstm'], 'Token models: '
+                               "the model's FusedLSTM layer, or flax's OptimizedLSTMCell (fused "
+                               'gates) or LSTMCell (one matmul per gate) scanned by nn.RNN.')
 _LSTM_UNROLL = flags.DEFINE_integer('lstm_unroll', 1, 'Token models: time steps per scan iteration.')
 _CLIENTS = flags.DEFINE_list('clients', ['10', '50'], 'Cohort sizes (clients trained per round).')
 _SAMPLES = flags.DEFINE_integer('samples_per_client', 45, 'Training examples per client (the most, '
@@ -67,6 +73,9 @@ _MIN_SAMPLES = flags.DEFINE_integer('min_samples_per_client', None, 'Unequal cli
 _BATCH = flags.DEFINE_integer('batch_size', 10, 'Local batch size.')
 _HEAD_EPOCHS = flags.DEFINE_integer('personal_epochs', 2, 'Head-phase epochs (tau_h).')
 _BODY_EPOCHS = flags.DEFINE_integer('shared_epochs', 2, 'Shared-phase epochs (tau_phi).')
+# The names before the shared / personal renaming still work (commands in notes and issues use them).
+flags.DEFINE_alias('head_epochs', 'personal_epochs')
+flags.DEFINE_alias('body_epochs', 'shared_epochs')
 _MODES = flags.DEFINE_list('modes', ['vmap', 'sequential'], 'Executors: vmap, sequential, sharded.')
 _METHOD = flags.DEFINE_string('method', 'dp2fedsam', 'Method (algorithms registry name).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); the median is reported.')
@@ -118,6 +127,36 @@ def matmul_peak_gflops(n: int, repeats: int = 10) -> float:
     f(a).block_until_ready()
     times.append(time.perf_counter() - start)
   return 2 * n ** 3 / min(times) / 1e9
+
+
+def loop_gemm_gflops(m: int, k: int, n: int, steps: int = 80, repeats: int = 20) -> dict:
+  """An [m, k] x [k, n] f32 GEMM as a recurrent step runs it: one per iteration of a lax.scan of
+  `steps` (inputs streamed in, products stacked out). Median and best GFLOP/s over `repeats` scans."""
+  a = jax.random.normal(jax.random.key(0), (steps, m, k), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+  f = jax.jit(lambda a, w: jax.lax.scan(lambda c, x: (c, x @ w), 0.0, a)[1])
+  f(a, w).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    f(a, w).block_until_ready()
+    times.append((time.perf_counter() - start) / steps)
+  flop = 2 * m * k * n
+  return {'shape': [[m, k], [k, n]], 'us_per_gemm': 1e6 * statistics.median(times),
+          'gflops_median': flop / statistics.median(times) / 1e9, 'gflops_best': flop / min(times) / 1e9}
+
+
+def lstm_step_gemms(model, batch: int) -> list[dict]:
+  """The char LSTM's per-step GEMMs at batch `batch`, timed in a loop: [B, H] x [H, 4H] (the fused
+  layer's forward), [B, 4H] x [4H, H] (its backward), [B, in + H] x [in + H, 4H] (a cell that
+  multiplies input and carry in the loop), for each layer size."""
+  embed, hidden = model.extractor.embed_dim, tuple(model.extractor.hidden)
+  shapes = []
+  for in_dim, h in zip((embed, *hidden[:-1]), hidden):
+    for shape in ((batch, h, 4 * h), (batch, 4 * h, h), (batch, in_dim + h, 4 * h)):
+      if shape not in shapes:
+        shapes.append(shape)
+  return [loop_gemm_gflops(*shape) for shape in shapes]
 
 
 def peak_memory() -> dict:
@@ -264,6 +303,9 @@ def main(argv):
   if _MATMUL.value:
     machine['matmul_peak_gflops'] = matmul_peak_gflops(_MATMUL.value)
     machine['matmul_size'] = _MATMUL.value
+  if _MATMUL.value and tokens:  # the limit: the step's own GEMM shapes, timed in a loop
+    machine['step_gemms'] = lstm_step_gemms(model, _BATCH.value)
+    machine['step_gemm_peak_gflops'] = machine['step_gemms'][0]['gflops_median']
   result = {
       'config': {'model': _MODEL.value, 'num_params': count_params(jax.eval_shape(
                      model.init, jax.random.key(0))), 'conv_impl': model.conv_impl,
@@ -289,6 +331,9 @@ def main(argv):
       row['gflops_per_second'] = cohort * cf.total / row['seconds_per_round'] / 1e9
       if 'matmul_peak_gflops' in machine:
         row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
+      if 'step_gemm_peak_gflops' in machine:
+        row['percent_of_step_gemm_peak'] = (100 * row['gflops_per_second']
+                                            / machine['step_gemm_peak_gflops'])
       result['results'].append(row)
       print(f"{mode:>10} {cohort:>5} clients: {row['seconds_per_round']:.3f} s/round", flush=True)
   if (_TORCH.value and _MODEL.value in ('cifar_cnn', *TOKEN_MODELS) and _METHOD.value == 'dp2fedsam'
@@ -297,6 +342,9 @@ def main(argv):
     for row in torch_rows(torch_cohorts, lc, cf.total / 1e9):
       if 'matmul_peak_gflops' in machine:
         row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
+      if 'step_gemm_peak_gflops' in machine:
+        row['percent_of_step_gemm_peak'] = (100 * row['gflops_per_second']
+                                            / machine['step_gemm_peak_gflops'])
       result['results'].append(row)
 
   print(f"\n{machine.get('cpu_model') or machine['device_kind']} ({machine['platform']}, "
@@ -304,6 +352,15 @@ def main(argv):
         f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
         f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
         f"(head phase {cf.personal_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
+  if 'step_gemms' in machine:
+    for g in machine['step_gemms']:
+      (m, k), (_, n) = g['shape']
+      print(f"step GEMM [{m}, {k}] x [{k}, {n}] in a scan: {g['us_per_gemm']:.1f} us, "
+            f"{g['gflops_median']:.1f} GFLOP/s (best {g['gflops_best']:.1f})")
+    peak = machine['step_gemm_peak_gflops']
+    for cohort in cohorts:
+      print(f'limit at {cohort} clients: {cohort * cf.total / 1e9 / peak:.3f} s/round (every FLOP at '
+            f'[B, H] x [H, 4H] loop rate, {peak:.1f} GFLOP/s)')
   # x PyTorch: seconds per round over the fastest PyTorch line's (of --torch_threads) at the cohort.
   torch_seconds = {}
   for r in result['results']:
@@ -314,7 +371,7 @@ def main(argv):
     if r['clients'] in torch_seconds:
       r['x_torch'] = r['seconds_per_round'] / torch_seconds[r['clients']]
   header = ('mode', 'clients', 's/round', 'x PyTorch', 'clients/s', 'examples/s', 'GFLOP/s', '% peak',
-            'compile s', 'peak mem MB', 'load')
+            '% step GEMM', 'compile s', 'peak mem MB', 'load')
   print(' | '.join(header))
   for r in result['results']:
     mem = r.get('peak_device_memory_bytes', r.get('peak_rss_bytes_process'))
@@ -323,6 +380,7 @@ def main(argv):
                       f"{r['clients_per_second']:.2f}", f"{r['examples_per_second']:.0f}",
                       f"{r['gflops_per_second']:.1f}",
                       f"{r.get('percent_of_matmul_peak', float('nan')):.0f}",
+                      f"{r.get('percent_of_step_gemm_peak', float('nan')):.0f}",
                       f"{r.get('compile_seconds', float('nan')):.1f}",
                       f"{mem / 2**20:.0f}" if mem else '-', str(r['load_before'][0])]))
   if _JSON_OUT.value:

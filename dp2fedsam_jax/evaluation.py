@@ -41,6 +41,9 @@ EVAL_SAMPLE_STREAM = 33
 # The smallest test buffer: a block of clients with fewer test examples is padded to it. Image
 # federations of equal clients (a few test examples each) keep one buffer: one compiled forward.
 SMALLEST_TEST_BUFFER = 8
+# Forward-only evaluations test a block of clients in about this many buffer rows: clients_per_batch
+# clients of the small buffers, fewer of the large ones (Shakespeare: 64 of 8 rows, 6 of 152).
+TEST_ROWS_PER_BLOCK = 1024
 
 
 def evaluation_batch_size(spec: MethodSpec, executor: str) -> int:
@@ -128,42 +131,61 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
     (client_ids order): accuracy = correct / targets (images: examples; tokens: non-pad tokens less
     accuracy_ignore_ids), targets = 0 for a client without test data.
 
-    The clients are tested in blocks (clients_per_batch), largest test sets first, so that a block
-    holds clients of similar size and is tested in the smallest of `test_buffer_sizes` that fits
-    its largest client: the cost follows the real test rows, not N x max_test. Padding changes no
-    result beyond float rounding (tests/test_evaluation_buckets.py; against the [max_test] buffer
-    every client had before: targets and accuracy bit-identical, the loss within 2 ulp)."""
+    The clients are tested in blocks, largest test sets first, each block in the smallest of
+    `test_buffer_sizes` that holds its first (largest) client: the cost follows the real test rows,
+    not N x max_test. A forward-only block of buffer b holds TEST_ROWS_PER_BLOCK // b clients (at
+    most clients_per_batch, at least one), so the large buffers do not pad many smaller clients to
+    them; a fine-tuning block holds clients_per_batch (their cost is the fine-tuning). Padding
+    changes no result beyond float rounding (tests/test_evaluation_buckets.py; against the
+    [max_test] buffer every client had before: targets and accuracy bit-identical, the loss within
+    2 ulp)."""
     ids = (jnp.arange(data.num_clients, dtype=jnp.int32) if client_ids is None
            else jnp.asarray(client_ids, jnp.int32))
     num = ids.shape[0]
     sizes = test_buffer_sizes(data.max_test)
+    finetunes = adapt is not None or spec.evaluation.finetunes  # once a block, whichever buffer
+    cap = max(1, min(clients_per_batch, num))
+    per_block = [cap if finetunes else max(1, min(cap, TEST_ROWS_PER_BLOCK // b)) for b in sizes]
     order = jnp.argsort(-data.test_count[ids], stable=True)
-    # Blocks of one size (one compiled body); the last filled up with repeats of the smallest
-    # client, whose results are dropped: fewer than num_blocks of them.
-    num_blocks = -(-num // (1 if clients_per_batch == 1 else min(clients_per_batch, num)))
-    per_block = -(-num // num_blocks)
-    order_filled = jnp.concatenate([order, jnp.full(num_blocks * per_block - num, order[-1])])
-    blocks = ids[order_filled].reshape(num_blocks, per_block)
+    # The sorted ids, then repeats of the smallest client filling the last block (dropped).
+    slots = num + max(per_block)
+    sorted_ids = ids[jnp.concatenate([order, jnp.full(slots - num, order[-1])])]
+    sorted_count = data.test_count[sorted_ids]
     # One client at a time is a plain loop (what evaluation_batch_size asks for), not a vmap.
-    over_block = jax.vmap if per_block > 1 else (
+    over_block = lambda k: jax.vmap if k > 1 else (
         lambda f: lambda *a: jax.tree.map(lambda v: v[None], f(*jax.tree.map(lambda v: v[0], a))))
 
-    def test_block(block_ids):
-      finetuned = None
-      if adapt is not None or spec.evaluation.finetunes:  # once a block
-        finetuned = over_block(lambda i: client_model(
-            state, jax.tree.map(lambda p: p[i], state.personal), data, i,
-            jax.random.fold_in(key, i)))(block_ids)
-      # The smallest buffer that holds the block's largest test set.
-      size_index = jnp.searchsorted(jnp.asarray(sizes), jnp.max(data.test_count[block_ids]))
-      branches = [over_block(lambda i, p, b=buffer: test_one(state, data, key, i, p, b))
-                  for buffer in sizes]
-      return jax.lax.switch(size_index, branches, block_ids, finetuned)
+    def finetuned(k, block_ids):
+      if not finetunes:
+        return None
+      return over_block(k)(lambda i: client_model(
+          state, jax.tree.map(lambda p: p[i], state.personal), data, i,
+          jax.random.fold_in(key, i)))(block_ids)
+
+    def branch(buffer, k):
+      def run(start, results):
+        block_ids = jax.lax.dynamic_slice_in_dim(sorted_ids, start, k)
+        out = over_block(k)(lambda i, p: test_one(state, data, key, i, p, buffer))(
+            block_ids, finetuned(k, block_ids))
+        return start + k, tuple(jax.lax.dynamic_update_slice_in_dim(r, o.astype(r.dtype), start, 0)
+                                for r, o in zip(results, out))
+      return run
+
+    branches = [branch(b, k) for b, k in zip(sizes, per_block)]
+
+    def test_block(carry):
+      start, results = carry
+      # The smallest buffer that holds the block's largest (first) test set.
+      size_index = jnp.searchsorted(jnp.asarray(sizes), sorted_count[start])
+      return jax.lax.switch(size_index, branches, start, results)
 
     # Streams the blocks: a block's test data is gathered inside, never all clients' at once.
-    results = jax.lax.map(test_block, blocks)
-    accuracy, loss, targets, correct = (
-        jnp.zeros(num, r.dtype).at[order].set(r.reshape(-1)[:num]) for r in results)
+    empty = (jnp.zeros(slots, jnp.float32), jnp.zeros(slots, jnp.float32),
+             jnp.zeros(slots, data.test_count.dtype), jnp.zeros(slots, data.test_count.dtype))
+    _, results = jax.lax.while_loop(lambda carry: carry[0] < num, test_block,
+                                    (jnp.zeros((), jnp.int32), empty))
+    accuracy, loss, targets, correct = (jnp.zeros(num, r.dtype).at[order].set(r[:num])
+                                        for r in results)
     return {'accuracy': accuracy, 'loss': loss, 'targets': targets, 'correct': correct,
             'took_part': state.times_sampled[ids] > 0}
 

@@ -49,13 +49,56 @@ def test_extractor_then_head_is_the_model_at_every_time_step():
 
 def test_cells_and_unroll_give_the_same_function():
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, VOCAB, (2, 6)), jnp.int32)
-  base, unrolled, lstm = (get_model('char_lstm', VOCAB, (6,), hidden=(8, 8), **kw)
-                          for kw in ({}, {'unroll': 2}, {'cell': 'lstm'}))
+  base, unrolled, optimized, lstm = (get_model('char_lstm', VOCAB, (6,), hidden=(8, 8), **kw)
+                                     for kw in ({}, {'unroll': 2}, {'cell': 'optimized'},
+                                                {'cell': 'lstm'}))
+  assert base.extractor.cell == 'fused'
   params = base.init(jax.random.key(1))
   assert jax.tree.map(jnp.shape, lstm.init(jax.random.key(1))) == jax.tree.map(jnp.shape, params)
-  want, *others = jax.jit(lambda p, t: [m.apply(p, t) for m in (base, unrolled, lstm)])(params, tokens)
+  want, *others = jax.jit(lambda p, t: [m.apply(p, t) for m in (base, unrolled, optimized, lstm)])(
+      params, tokens)
   for got in others:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _assert_close(got, want, rtol=1e-5):
+  """Within rtol of the largest entry of each array: float32 rounding of sums in another order."""
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=0, atol=rtol * float(np.max(np.abs(w))) + 1e-30)
+
+
+@pytest.mark.parametrize('name, hidden', [('char_lstm_small', (32,)), ('char_lstm', (24, 16))])
+def test_fused_layer_is_flax_optimized_cell_with_the_same_params(name, hidden):
+  """The fused layer (hoisted input projection, custom backward pass) against flax's
+  OptimizedLSTMCell under nn.RNN: the same parameter tree and initial values (checkpoints load
+  either way), the same features, logits and gradients of every parameter to float32 rounding,
+  for one client and vmapped over clients with their own weights (the vmap executor)."""
+  fused, optimized = (get_model(name, VOCAB, (20,), hidden=hidden, cell=c)
+                      for c in ('fused', 'optimized'))
+  params = optimized.init(jax.random.key(2))
+  assert jax.tree.structure(fused.init(jax.random.key(2))) == jax.tree.structure(params)
+  jax.tree.map(np.testing.assert_array_equal, fused.init(jax.random.key(2)), params)
+  rng = np.random.default_rng(3)
+  # Trained-looking weights: larger than the initialisation, so every gate saturates somewhere.
+  params = jax.tree.map(lambda p: p + 0.3 * jnp.asarray(rng.standard_normal(p.shape), p.dtype),
+                        params)
+  tokens = jnp.asarray(rng.integers(0, VOCAB, (5, 20)), jnp.uint8)
+  labels = jnp.asarray(rng.integers(0, VOCAB, (5, 20)), jnp.int32)
+
+  def outputs(model, p, t):
+    loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply(p, t), labels).mean()
+    return model.features(p['extractor'], t), model.apply(p, t), jax.grad(loss)(p)
+
+  want = jax.jit(lambda p: outputs(optimized, p, tokens))(params)
+  got = jax.jit(lambda p: outputs(fused, p, tokens))(params)
+  _assert_close(got, want)
+  assert float(jnp.max(jnp.abs(want[0]))) > 0.5  # the comparison is not of near-zero features
+  # Three clients with their own weights and rows, as the vmap executor runs them.
+  stacked = jax.tree.map(lambda p: jnp.stack([p, 0.9 * p, 1.1 * p]), params)
+  rows = jnp.stack([tokens, tokens[::-1], (tokens + 7) % VOCAB])
+  per_client = lambda model: jax.jit(jax.vmap(lambda p, t: outputs(model, p, t)))(stacked, rows)
+  _assert_close(per_client(fused), per_client(optimized))
 
 
 def test_sgd_steps_learn_a_toy_sequence():

@@ -121,3 +121,16 @@ def test_no_buffer_size_block_size_or_sample_changes_a_client_result(kind, metho
   sample = np.array([5, 0, 2], np.int32)  # any order: results come back in client_ids order
   _assert_same(_per_client(spec, model, local_config, state, data, client_ids=sample,
                            clients_per_batch=2), jax.tree.map(lambda a: a[sample], reference))
+
+
+@pytest.mark.parametrize('kind', ['image', 'tokens'])
+@pytest.mark.parametrize('method', ['dp_fedavg', 'dp2fedsam'])
+@pytest.mark.parametrize('rows', [1, 16, 10**6])
+def test_rows_per_block_changes_no_client_result(kind, method, rows, monkeypatch):
+  """Forward-only blocks hold TEST_ROWS_PER_BLOCK // buffer clients: one per block, 2 of 8 rows
+  and 1 of the larger buffers, or every client at once; each client's result is the one it gets
+  tested alone."""
+  spec, model, data, state, local_config = _setup(kind, method)
+  reference = _per_client(spec, model, local_config, state, data, clients_per_batch=1)
+  monkeypatch.setattr(evaluation, 'TEST_ROWS_PER_BLOCK', rows)
+  _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=64), reference)

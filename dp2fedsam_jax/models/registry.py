@@ -108,7 +108,7 @@ def _mlp(conv_impl: str, hidden: int = 64) -> nn.Module:
   return cnn.MLPExtractor(hidden=hidden)
 
 
-def _char_lstm(vocab_size: int, hidden: tuple = (256, 256), embed_dim: int = 8, cell: str = 'optimized',
+def _char_lstm(vocab_size: int, hidden: tuple = (256, 256), embed_dim: int = 8, cell: str = 'fused',
                unroll: int = 1) -> nn.Module:
   # McMahan et al. 2017 / TFF / fedjax: 820,522 params at 90 ids (char_lstm.py).
   return char_lstm.CharLSTMExtractor(vocab_size=vocab_size, embed_dim=embed_dim, hidden=tuple(hidden),
@@ -153,7 +153,7 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
   model_kwargs go to the builder: `hidden` for 'mlp'; `pool_impl` ('reshape' or
   'reduce_window') for the CNNs; `num_groups` (GroupNorm, default 2) for the ResNets and
   `shortcut` ('A' default, or 'B') for 'resnet20'; `hidden` (LSTM sizes), `embed_dim`, `cell`
-  ('optimized' | 'lstm') and `unroll` for the char LSTMs, whose input_shape is (T,) and whose
+  ('fused' default | 'optimized' | 'lstm', the same parameters) and `unroll` for the char LSTMs, whose input_shape is (T,) and whose
   vocabulary is num_classes.
   """
   if is_token_model(name):
