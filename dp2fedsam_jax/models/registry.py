@@ -153,8 +153,8 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
   model_kwargs go to the builder: `hidden` for 'mlp'; `pool_impl` ('reshape' or
   'reduce_window') for the CNNs; `num_groups` (GroupNorm, default 2) for the ResNets and
   `shortcut` ('A' default, or 'B') for 'resnet20'; `hidden` (LSTM sizes), `embed_dim`, `cell`
-  ('fused' default | 'optimized' | 'lstm', the same parameters) and `unroll` for the char LSTMs, whose input_shape is (T,) and whose
-  vocabulary is num_classes.
+  ('fused' default | 'optimized' | 'lstm', the same parameters) and `unroll` for the char LSTMs,
+  whose input_shape is (T,) and whose vocabulary is num_classes.
   """
   if is_token_model(name):
     return _get_token_model(name, num_classes, input_shape, **model_kwargs)
