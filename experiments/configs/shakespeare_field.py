@@ -71,18 +71,20 @@ cores at load average 2.6-4.1 by `uptime`, 2026-11-26; smoke runs of 5 rounds, s
 cohorts were 23, 23, 29, 32, 20): FedAvg at the starting point (batch 10, max_examples 160) 2.7 s a
 round over rounds 2-5 (0.11 s a client); batch 4 with max_examples None (a full epoch of every
 role) 2.8 s; P-FedSAM with head_epochs 10 4.2 s in the rounds no other job shared (8.5 s mean with a
-test run beside it); compile 7-23 s; one evaluation of all 1,063 roles ~5-15 s. Per 1,000-round run
-(20 evaluations): FedAvg / DP-FedAvg ~0.85 h, FedRep / CENTAUR ~1.0 h, P-FedSAM / DP2-FedSAM
-~1.5 h, DP-FedAvg-FT ~2 h (each evaluation fine-tunes every role), local_only ~0.3 h (54 s a visit
-of every role, docs/evaluation.md). Planned CPU hours: tuning K = 9 trials x ~1-1.3 h (a second,
-validation evaluation) = ~10 h; protocol block 3 x 6.2 h = ~18.5 h; privacy block 3 x 2 x 5.35 h
-= ~32 h; 42 re-evaluations ~9 h (10 epochs of full fine-tuning of every role ~0.6 h, of a head
-~0.1 h); centralized bounds ~1.5 h (87 s and ~440 s an epoch, 10 epochs); ~70 CPU hours in all.
+test run beside it); compile 7-23 s; one evaluation of all 1,063 roles ~5-15 s. A re-evaluation
+(experiments.evaluate on that 5-round state, load 2.1-3.3): the 10-epoch head re-fit of all 1,063
+roles 78 s wall, the 10-epoch full fine-tune of 100 random roles 51 s (~6 min for all). Per
+1,000-round run (20 evaluations): FedAvg / DP-FedAvg ~0.85 h, FedRep / CENTAUR ~1.0 h, P-FedSAM /
+DP2-FedSAM ~1.5 h, DP-FedAvg-FT ~1.1 h (each evaluation fine-tunes every role one epoch), local_only
+~0.3 h (54 s a visit of every role, docs/evaluation.md). Planned CPU hours: tuning K = 9 trials x
+~1-1.3 h (a second, validation evaluation) = ~10 h; protocol block 3 x 6.2 h = ~18.5 h; privacy
+block 3 x 2 x 4.45 h = ~27 h; 42 re-evaluations ~1.5 h; centralized bounds ~1.5 h (87 s and ~440 s
+an epoch, 10 epochs); ~60 CPU hours in all.
 GPU, estimated, not measured here: the vmapped char_lstm round ran 12-18x faster than sequential on
 an H200 at cohorts 50-500 (benchmarks/README.md) and ~0.01 s per vmapped local step at cohort 10
 (0.048 s for a DP2-FedSAM round of 2 batches, 2 gradients each); at that rate a 1,000-round run of
-16-32 local steps a round takes ~3-6 min, the whole grid with the tuning ~5-6 GPU hours per model,
-in line with ~70 CPU hours / 12-18. max_examples None pads every vmapped client to the largest
+16-32 local steps a round takes ~3-6 min, the whole grid with the tuning ~4-5 GPU hours per model,
+in line with ~60 CPU hours / 12-18. max_examples None pads every vmapped client to the largest
 role (62 steps at batch 10, 155 at batch 4): if the tuning selects it, 4-10x that. Neither fits one
 15-minute device call: SECONDS_LEFT in launch/shakespeare_field.sh bounds a call, the next resumes.
 
@@ -121,7 +123,7 @@ REEVALUATIONS = {'fedavg': ('head', 'full'), 'dp_fedavg': ('head',), 'p_fedsam':
 LOCAL_ONLY_VISITS = 20
 EVAL_EVERY = 50
 PROTOCOL_METHODS = ('fedavg', 'p_fedsam', 'fedrep', 'local_only')
-HEAD_EPOCHS = (1, 10)
+HEAD_METHODS, HEAD_EPOCHS = ('p_fedsam', 'fedrep'), (1, 10)  # personal heads: 1 or 10 epochs a visit
 PRIVATE = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedavg_ft')
 EPSILONS = (2.0, 8.0)
 TARGET_QUANTILE, CLIP_LR, INITIAL_CLIP_NORM = 0.4, 0.2, 0.5
@@ -174,7 +176,7 @@ def get_config(arg: str | None = None):
 # Hours of one 1,000-round run (20 evaluations) as measured above; launch.sweep --plan sums them.
 PLANNED_ON = 'CPU hours, 2 shared cores, char_lstm_small before the LSTM speed-up; a GPU ~12-18x less'
 RUN_HOURS = {'fedavg': 0.85, 'dp_fedavg': 0.85, 'fedrep': 1.0, 'centaur': 1.0, 'p_fedsam': 1.5,
-             'dp2fedsam': 1.5, 'dp_fedavg_ft': 2.0, 'local_only': 0.3}
+             'dp2fedsam': 1.5, 'dp_fedavg_ft': 1.1, 'local_only': 0.3}
 LARGE_MODEL_FACTOR = 5.0  # char_lstm's SGD step of 10 rows against char_lstm_small's: 0.097 / 0.019 s
                           # (the centralized smoke checks, docs/evaluation.md section 5)
 
@@ -188,7 +190,7 @@ def protocol_grid() -> list[dict]:
   out = []
   for s in _common.SEEDS:
     for m in PROTOCOL_METHODS:
-      heads = HEAD_EPOCHS if METHODS[m].personal.__class__.__name__ != 'NoPersonal' else (None,)
+      heads = HEAD_EPOCHS if m in HEAD_METHODS else (None,)
       for h in heads:
         out.append(dict(method=m, seed=s) if h is None else dict(method=m, seed=s, head_epochs=h))
   return out
