@@ -101,7 +101,7 @@ for d, _, files in sorted(os.walk(sys.argv[1])):
 EOF
 while read -r workdir flags; do
   # shellcheck disable=SC2086
-  bounded python3 -m experiments.evaluate --workdir="$workdir" $flags
+  bounded python3 -m experiments.evaluate --workdir="$workdir" $flags < /dev/null
 done < "$ROOT/$NAME/reevaluations.txt"
 
 # 5. The report of the finished runs (FedAvg the reference: every gap is against it).
