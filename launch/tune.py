@@ -354,8 +354,9 @@ def _print_plan(plan, cost, runs, spec, path) -> dict:
   rounds = sum(r.num_rounds for r, _ in runs)
   seconds = spec.get('seconds_per_run')
   time_text = f', ~{k * seconds / 3600:.1f} h at {seconds / 60:.0f} min a run' if seconds else ''
-  print(f'cost: {k} runs, {rounds} rounds{time_text}; {_cost_text(cost)}' + (f'; proxy ({spec["proxy"]["kind"]}): no cost on the '
-                                          'private clients' if spec['proxy'] else ''))
+  proxy = spec['proxy']
+  print(f'cost: {k} runs, {rounds} rounds{time_text}; {_cost_text(cost)}'
+        + (f'; proxy ({proxy["kind"]}): no cost on the private clients' if proxy else ''))
   if k == 0:
     print('K = 0: nothing to train; the procedure outputs nothing.')
   return {'plan': plan, **cost}

@@ -20,11 +20,12 @@ local.max_examples (80, 160 rows, or None: one full epoch of every role, up to 6
 K ~ Poisson(8); seed 1, the first seed from 0 that draws K >= E[K] (K = 9; seed 0 drew 3): K and
 the candidates depend on the seed alone, never on the data, and FedAvg is not private, so this
 choice only buys search. Both studies draw the same 9 candidates (the plan prints them). Selection:
-the final round's validation accuracy on each role's 10 % validation split, never the test split. FedAvg is not
-private: its trials release unprotected models, so selecting among them spends no privacy (the tuner
-records cost 'none: non-private' and adds no score noise). Target: pooled accuracy >= 45 % and flat
-at the end (< 0.3 points per 100 rounds over the last 200); if the selected run misses it, the
-centralized bound (first step of launch/shakespeare_field.sh) says whether char_lstm_small can.
+the final round's validation accuracy on each role's 10 % validation split, never the test split.
+FedAvg is not private: its trials release unprotected models, so selecting among them spends no
+privacy (the tuner records private=false, no epsilon, and adds no score noise). Target: pooled
+accuracy >= 45 % and flat at the end (< 0.3 points per 100 rounds over the last 200); if the
+selected run misses it, the centralized bound (first step of launch/shakespeare_field.sh) says
+whether char_lstm_small can.
 The blocks below then train on every training row (validation_fraction 0).
 
 (b) Protocol study, non-private, seeds 0-2, 18 training runs: FedAvg; P-FedSAM and FedRep with
@@ -56,11 +57,11 @@ clipped 30 % at round 20 and nothing after ~80 (DP2-FedSAM) / ~150 (DP-FedAvg). 
 right-skewed (at mean norm 0.46, 30 % above 0.5; at 0.35, 9 %; at 0.25, 3 %). Adaptive clipping
 moves log C_t by clip_lr x (unclipped fraction - 0.4) a round: up to 12 % down and 8 % up, ten times
 the norms' drift, so C_t follows them and the clipped fraction stays near 0.6 (the count's noise
-on the unclipped fraction, s_b / 20 = 0.04-0.07 a round, jitters C_t by ~1 %). Any quantile <= 0.9 meets the target (mean
-clipped_fraction >= 0.05 over the last 50 rounds); 0.4 sits below the median, as the papers'
-argument (less clipping error for smaller norms) needs a clip that binds. sigma_fixed (PLD, q =
-20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628 (0.031); a cohort of 50 would
-give 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
+on the unclipped fraction, s_b / 20 = 0.04-0.07 a round, jitters C_t by ~1 %). Any quantile <= 0.9
+meets the target (mean clipped_fraction >= 0.05 over the last 50 rounds); 0.4 sits below the median,
+as the papers' argument (less clipping error for smaller norms) needs a clip that binds.
+sigma_fixed (PLD, q = 20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628 (0.031);
+a cohort of 50 would give 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
 
 Grid (`sweep_grid()`), 42 runs: the protocol block seed by seed (6 a seed), then the privacy block
 seed by seed, eps 2 first (8 a seed). `--grid=model=char_lstm` runs the same grid with the 2x256 LSTM
