@@ -187,6 +187,11 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
       if records:
         accuracy = f"{100 * records[-1]['test_accuracy']:.2f}"
     proxy = t.get('proxy')
+    if t.get('private') is False:  # a non-private method's tuning: no epsilon anywhere
+      lines.append(f"| {os.path.relpath(directory, root) or '.'} | {t['num_trials']} ({law['name']} "
+                   f"{law_text}) | {t['selected_run'] or 'none'} | {accuracy} | – | – | – | – | none: "
+                   'a non-private method (its models are released unprotected) |')
+      continue
     cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
             'only case in which the tuned values carry no cost on the private clients'
             if proxy else f"{t['selection_epsilon']:.3f} (the selection ε)")

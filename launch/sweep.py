@@ -4,7 +4,8 @@ r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unf
   python -m launch.sweep --config=experiments/configs/dp2fedsam_table2.py --root=runs \
       --only=dataset=cifar10 --only=N=1000 --methods=dp2fedsam,centaur --seeds=0 \
       --config.num_rounds=50
-  python -m launch.sweep ... --plan     # list the runs and their status, run nothing
+  python -m launch.sweep ... --plan     # list the runs and their status (and the config's
+                                        # planned_hours(args) summed, if it has one), run nothing
   python -m launch.sweep ... --seed_from=experiments/results/<name>/runs   # committed runs count
 
 The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
@@ -340,6 +341,18 @@ def plan_summary(runs: list[Run]) -> str:
   return text
 
 
+def planned_cost(config_path: str, runs: list[Run]) -> str | None:
+  """'planned cost: ...' from the config's planned_hours(args) (hours of one run, its docstring's
+  measured estimate), summed over the runs not finished; None when the config has no estimate."""
+  module = load_config_module(config_path.partition(':')[0])
+  if not hasattr(module, 'planned_hours'):
+    return None
+  left = [r for r in runs if r.status != 'done']
+  hours = sum(float(module.planned_hours(r.args)) for r in left)
+  machine = getattr(module, 'PLANNED_ON', 'the config\'s estimate')
+  return f'planned cost: ~{hours:.1f} h for the {len(left)} runs left ({machine})'
+
+
 def _command(config_path: str, run: Run, overrides: list[str]) -> list[str]:
   path = os.path.abspath(config_path.partition(':')[0])
   argstr = arg_string(run.args)
@@ -570,6 +583,9 @@ def main(argv):
       data = f'  [no data: {run.missing_data}]' if run.missing_data and run.status != 'done' else ''
       print(f'{run.status:24s} {run.workdir}{data}')
     print(f'plan: {plan_summary(runs)}')
+    cost = planned_cost(FLAGS.config, runs)
+    if cost:
+      print(cost)
     return
   cache_dir = os.path.join(FLAGS.root, '.jax_cache') if FLAGS.compilation_cache else None
   results = run_sweep(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.parallel, cache_dir,

@@ -80,15 +80,23 @@ def load_study(config_path: str, study: str | None):
   unknown = set(spec) - _SPEC_KEYS
   if unknown:
     raise ValueError(f'study {study!r}: unknown keys {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}')
-  return module, study, len(studies), _check_spec(study, spec)
+  return module, study, len(studies), _check_spec(study, spec, _is_private(module, spec))
 
 
-def _check_spec(study: str, spec: dict) -> dict:
+def _is_private(module, spec: dict) -> bool:
+  """Whether the study's method is private (its trials' args, with the proxy's)."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  args = {**spec.get('args', {}), **(spec.get('proxy') or {}).get('args', {})}
+  return METHODS[module.get_config(sweep.arg_string(args) or None).method].private
+
+
+def _check_spec(study: str, spec: dict, private: bool = True) -> dict:
   spec.setdefault('args', {})
   spec.setdefault('fixed', {})
   spec.setdefault('selected_by', PRIVATE_METRIC)
   spec.setdefault('proxy', None)
   spec['distribution'] = selection.TrialDistribution.from_dict(spec['trials'])
+  spec['private'] = private
   selected_by, proxy, noise = spec['selected_by'], spec['proxy'], spec.get('score_noise')
   if not selected_by.startswith('validation_'):
     raise ValueError(f'study {study!r}: selected_by={selected_by!r}; select by a metric of the '
@@ -97,7 +105,7 @@ def _check_spec(study: str, spec: dict) -> dict:
     if proxy.get('kind') not in PROXY_KINDS or not proxy.get('description'):
       raise ValueError(f"study {study!r}: proxy needs 'kind' in {PROXY_KINDS} and a 'description' "
                        'of the data it tunes on.')
-  elif selected_by != PRIVATE_METRIC or not (noise and noise > 0):
+  elif private and (selected_by != PRIVATE_METRIC or not (noise and noise > 0)):
     raise ValueError(f'study {study!r}: tuning on the private clients releases the score, so it '
                      f"must be selected_by='{PRIVATE_METRIC}' with score_noise > 0 (the Gaussian "
                      'on the sum of per-client accuracies); or declare a proxy.')
@@ -181,6 +189,8 @@ def privacy_cost(spec: dict, configs: list, naive_trials: int) -> dict:
   """The selection's epsilon over the trials' events (+ the score's Gaussian), and the comparison."""
   import dp_accounting  # pylint: disable=import-outside-toplevel
   noise = spec.get('score_noise') or 0.0
+  if not spec['private']:
+    return non_private_cost(spec, configs, naive_trials, noise)
   items = [trial_event(c) for c in configs]
   relations, deltas = {i[1] for i in items}, {i[2] for i in items}
   if len(relations) > 1 or len(deltas) > 1:
@@ -196,6 +206,33 @@ def privacy_cost(spec: dict, configs: list, naive_trials: int) -> dict:
   return {**cost.to_dict(), 'noise_multipliers': sorted({i[3] for i in items}),
           'score_noise': noise, 'naive_epsilon_at_mean_k': naive_at_mean,
           'naive_trials_at_mean_k': at_mean}
+
+
+def non_private_cost(spec: dict, configs: list, naive_trials: int, noise: float) -> dict:
+  """A non-private method's trials release unprotected models: no epsilon to spend or count."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  private = sorted({c.method for c in configs if METHODS[c.method].private})
+  if private:
+    raise ValueError(f'the study mixes non-private and private methods ({private}); tune one kind.')
+  mean = spec['distribution'].mean
+  return {'private': False, 'expected_trials': mean, 'delta': None, 'per_trial_epsilon': None,
+          'selection_epsilon': None, 'naive_epsilon': None, 'naive_trials': naive_trials,
+          'accountant': None, 'noise_multipliers': [], 'score_noise': noise,
+          'naive_epsilon_at_mean_k': None, 'naive_trials_at_mean_k': max(1, round(mean))}
+
+
+NON_PRIVATE_NOTE = ('a non-private method: its trials release unprotected models, so the '
+                    'selection has no epsilon to count')
+
+
+def _cost_text(cost: dict) -> str:
+  """The privacy part of the log and plan lines."""
+  if cost.get('private') is False:
+    return f'privacy: none ({NON_PRIVATE_NOTE})'
+  return (f'privacy at delta {cost["delta"]:.3g} (RDP): one trial eps {cost["per_trial_epsilon"]:.3f}, '
+          f'selection eps {cost["selection_epsilon"]:.3f}, naive {cost["naive_trials"]}-fold '
+          f'composition {cost["naive_epsilon"]:.3f} ({cost["naive_trials_at_mean_k"]}-fold at E[K]: '
+          f'{cost["naive_epsilon_at_mean_k"]:.3f})')
 
 
 def _trial_outcome(run: sweep.Run, config, spec: dict, index: int) -> dict:
@@ -253,9 +290,7 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
                          'resume them.')
     result = _result(plan, cost, spec, runs, outcomes, directory)
     run_files.write_json_atomic(path, result)
-  _log(f'tuning: {path}: selected {result["selected_run"]} of {k} trials; selection epsilon '
-       f'{cost["selection_epsilon"]:.3f} (one trial {cost["per_trial_epsilon"]:.3f}, naive '
-       f'{cost["naive_epsilon"]:.3f}) at delta {cost["delta"]:.3g}')
+  _log(f'tuning: {path}: selected {result["selected_run"]} of {k} trials; {_cost_text(cost)}')
   return result
 
 
@@ -277,6 +312,8 @@ def _result(plan, cost, spec, runs, outcomes, directory) -> dict:
                  'score); the selection epsilon bounds this outcome as every other.')
   elif best is None:
     notes.append('every trial failed: nothing is selected; they all count as trials.')
+  if cost.get('private') is False:
+    notes.append(NON_PRIVATE_NOTE + '.')
   if failed:
     notes.append(f'{len(failed)} failed trial(s) {failed} count as trials (they ran on the data: '
                  'their cost is in the selection epsilon) and are never selected.')
@@ -297,6 +334,7 @@ def _result(plan, cost, spec, runs, outcomes, directory) -> dict:
       'selected_score': outcomes[best]['score'] if best is not None else None,
       'failed_trials': failed,
       'proxy': proxy,
+      'private': cost.get('private', True),
       'cost_on_private_clients': 0.0 if proxy else cost['selection_epsilon'],
       'notes': notes,
       'trials': [{'run': os.path.relpath(r.workdir, directory), 'values': v, **o}
@@ -316,12 +354,9 @@ def _print_plan(plan, cost, runs, spec, path) -> dict:
   rounds = sum(r.num_rounds for r, _ in runs)
   seconds = spec.get('seconds_per_run')
   time_text = f', ~{k * seconds / 3600:.1f} h at {seconds / 60:.0f} min a run' if seconds else ''
-  print(f'cost: {k} runs, {rounds} rounds{time_text}; privacy at delta {cost["delta"]:.3g} '
-        f'(RDP): one trial eps {cost["per_trial_epsilon"]:.3f}, selection eps '
-        f'{cost["selection_epsilon"]:.3f}, naive {cost["naive_trials"]}-fold composition '
-        f'{cost["naive_epsilon"]:.3f} ({cost["naive_trials_at_mean_k"]}-fold at E[K]: '
-        f'{cost["naive_epsilon_at_mean_k"]:.3f})' + (f'; proxy ({spec["proxy"]["kind"]}): no cost on the '
-                                          'private clients' if spec['proxy'] else ''))
+  proxy = spec['proxy']
+  print(f'cost: {k} runs, {rounds} rounds{time_text}; {_cost_text(cost)}'
+        + (f'; proxy ({proxy["kind"]}): no cost on the private clients' if proxy else ''))
   if k == 0:
     print('K = 0: nothing to train; the procedure outputs nothing.')
   return {'plan': plan, **cost}

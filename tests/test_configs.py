@@ -25,7 +25,8 @@ CONFIG_NAMES = [n for n in ALL_CONFIG_NAMES if n not in OTHER_BINARIES]
 
 KNOWN_DATASETS = {'fashion_mnist', 'synthetic', 'cifar10', 'cifar100', 'femnist', _common.EMNIST_62,
                   'shakespeare'}
-KNOWN_MODELS = {'emnist_cnn', 'cifar_cnn', 'mlp', 'resnet18_gn', 'resnet20', 'char_lstm_small'}
+KNOWN_MODELS = {'emnist_cnn', 'cifar_cnn', 'mlp', 'resnet18_gn', 'resnet20', 'char_lstm_small',
+                'char_lstm'}
 
 # Runs per table, as each config's docstring states them.
 GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp2fedsam_fig1': 12,
@@ -33,7 +34,8 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'topk_table2': 168, 'topk_table3': 36, 'topk_fig5': 45, 'pfeddsu_table2': 120,
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
-              'fmnist_paper_regime': 93, 'shakespeare': 30, 'fmnist_bandmf_regime': 12}
+              'fmnist_paper_regime': 93, 'shakespeare': 30, 'fmnist_bandmf_regime': 12,
+              'shakespeare_field': 42}
 
 
 def _module(name):
@@ -331,3 +333,53 @@ def test_bandmf_regime_pairs_each_banded_run_with_an_independent_one_under_momen
       paper.dp.clip_norm, paper.local.lr_shared, paper.model, paper.num_clients)
   with pytest.raises(ValueError, match='independent | banded'):
     module.get_config('noise=tree')
+
+
+def test_shakespeare_field_reads_one_operating_point(monkeypatch):
+  """Every federated run of the grid takes OPERATING_POINT's values; a change there reaches them all."""
+  module = _module('shakespeare_field')
+  monkeypatch.setattr(module, 'OPERATING_POINT', {**module.OPERATING_POINT, 'num_rounds': 7,
+                                                  'local.lr_shared': 0.25, 'cohort': 50})
+  for entry in module.sweep_grid():
+    c = module.get_config(sweep.arg_string(entry))
+    if c.method == 'local_only':
+      assert c.num_rounds == module.LOCAL_ONLY_VISITS and c.eval.adapt_epochs == 0
+      continue
+    assert (c.num_rounds, c.local.lr_shared, round(c.sampling_rate * c.num_clients)) == (7, 0.25, 50)
+    assert c.validation_fraction == 0 and c.model == 'char_lstm_small'
+    assert c.local.personal_epochs == entry.get('head_epochs', module.PROTOCOL['head_epochs'])
+
+
+def test_shakespeare_field_privacy_block_clips_adaptively_below_the_median():
+  module = _module('shakespeare_field')
+  grid = module.sweep_grid()
+  protocol, private = grid[:18], grid[18:]
+  assert {e['method'] for e in protocol} == set(module.PROTOCOL_METHODS)
+  assert {(e['method'], e.get('head_epochs')) for e in protocol if e['method'] in ('p_fedsam', 'fedrep')} == {
+      (m, h) for m in ('p_fedsam', 'fedrep') for h in (1, 10)}
+  assert [e['seed'] for e in private] == [0] * 8 + [1] * 8 + [2] * 8
+  for entry in private[:8]:
+    c = module.get_config(sweep.arg_string(entry))
+    assert c.dp.clipping == 'adaptive' and c.dp.target_quantile < 0.5
+    sigma = module.fixed_clip_sigma(entry['eps'], c.sampling_rate, c.num_rounds)
+    assert c.dp.count_noise_multiplier == pytest.approx(1.2 * sigma, abs=1e-3)
+  assert module.fixed_clip_sigma(2.0, round(20 / 1063, 5), 1000) == pytest.approx(1.117, abs=2e-3)
+  assert module.get_config('model=char_lstm').model == 'char_lstm'
+  with pytest.raises(ValueError, match='model='):
+    module.get_config('model=gru')
+  for method, parts in module.REEVALUATIONS.items():
+    assert method in METHODS and parts
+
+
+def test_shakespeare_field_tunes_non_private_fedavg_on_a_validation_split(tmp_path):
+  from launch import tune
+  path = os.path.join(ROOT, 'experiments', 'configs', 'shakespeare_field.py')
+  for study in ('fedavg', 'fedavg_char_lstm'):
+    module, _, _, spec = tune.load_study(path, study)
+    assert spec['private'] is False and spec['selected_by'] == 'validation_accuracy'
+    k, candidates = tune.draw_plan(spec)
+    assert k >= 8  # the seed draws at least E[K] (K does not depend on the data)
+    runs = tune.trial_runs(module, path, spec, candidates, str(tmp_path), [])
+    for _, config in runs:
+      assert config.method == 'fedavg' and config.validation_fraction == 0.1
+      assert config.model == ('char_lstm' if study.endswith('char_lstm') else 'char_lstm_small')

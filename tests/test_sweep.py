@@ -270,3 +270,13 @@ def test_a_committed_sweep_json_with_renamed_override_fields_is_the_same_run(tin
   with open(path, 'w') as f:
     json.dump({'args': run.args, 'overrides': ['--config.local.lr_body=0.2']}, f)
   assert 'overrides differ' in run.conflict()
+
+
+def test_plan_sums_the_configs_planned_hours_over_the_runs_left(tiny_config_path, tmp_path):
+  runs = sweep.plan(tiny_config_path, str(tmp_path), [('method', ['centaur', 'fedrep'])], [])
+  assert sweep.planned_cost(tiny_config_path, runs) is None  # no estimate: nothing printed
+  with open(tiny_config_path, 'a') as f:
+    f.write("\nPLANNED_ON = 'test hours'\n"
+            "def planned_hours(args):\n  return {'centaur': 1.5, 'fedrep': 0.5}[args['method']]\n")
+  assert sweep.planned_cost(tiny_config_path, runs) == (
+      'planned cost: ~4.0 h for the 4 runs left (test hours)')  # 2 seeds each

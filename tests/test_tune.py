@@ -185,3 +185,30 @@ def test_a_study_without_a_validation_split_is_refused():
                                    'fixed': {}})
   with pytest.raises(ValueError, match='no validation split'):
     tune.trial_runs(sweep.load_config_module(CONFIG), CONFIG, spec, tune.draw_plan(spec)[1], '/x', [])
+
+
+def test_a_non_private_study_is_tuned_without_score_noise_and_records_no_epsilon(tmp_path):
+  """FedAvg's trials release unprotected models: no noise on the score, no epsilon anywhere."""
+  spec = tune.load_study(CONFIG, 'fedavg')[3]
+  assert spec['private'] is False and spec['score_noise'] == 0.0
+  with pytest.raises(ValueError, match='score_noise > 0'):  # the private study still needs it
+    tune._check_spec('tiny', {**sweep.load_config_module(CONFIG).tuning_space()['tiny'],
+                              'score_noise': 0.0})
+  result = tune.tune(CONFIG, str(tmp_path), 'fedavg')
+  assert result['private'] is False and result['selection_epsilon'] is None
+  assert result['num_trials'] == 2 and result['failed_trials'] == []
+  directory = os.path.join(str(tmp_path), 'tune_tiny', 'fedavg')
+  metrics = [[json.loads(l) for l in open(os.path.join(directory, t['run'], 'metrics.jsonl'))][-1]
+             for t in result['trials']]
+  assert [t['score'] for t in result['trials']] == [m['validation_accuracy'] for m in metrics]
+  assert result['selected_run'] == f"trial={int(np.argmax([m['validation_accuracy'] for m in metrics]))}"
+  assert any('non-private' in n for n in result['notes'])
+  text = '\n'.join(report.tuning_lines([(directory, result)], str(tmp_path)))
+  assert 'none: a non-private method' in text
+
+
+def test_a_study_mixing_private_and_non_private_trials_is_refused():
+  spec = tune.load_study(CONFIG, 'fedavg')[3]
+  config = sweep.load_config_module(CONFIG).get_config('method=dp2fedsam')
+  with pytest.raises(ValueError, match='mixes non-private and private'):
+    tune.non_private_cost(spec, [config], 1, 0.0)

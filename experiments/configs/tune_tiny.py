@@ -4,7 +4,8 @@ validation split 25 % of its training rows.
 
 Tuned: the extractor's learning rate (log-uniform in [0.01, 0.3]) and C (log-uniform in [0.3, 3]);
 K ~ Poisson(2) (seed 1 draws K = 2); the score is the sum of the clients' validation accuracies
-plus N(0, 0.5^2), over the 6 clients. Study `k0`: Poisson(1) at a seed that draws K = 0.
+plus N(0, 0.5^2), over the 6 clients. Study `k0`: Poisson(1) at a seed that draws K = 0. Study
+`fedavg`: the same search for non-private FedAvg, selected without score noise (no epsilon).
 
   python3 -m launch.tune --config=experiments/configs/tune_tiny.py --study=tiny --root=/tmp/tune --plan
 """
@@ -37,4 +38,5 @@ def tuning_space() -> dict:
                       'dp.clip_norm': ('log_uniform', 0.3, 3.0)},
                trials={'name': 'poisson', 'mu': 2.0}, seed=1, selected_by='validation_accuracy',
                score_noise=0.5)
-  return {'tiny': study, 'k0': {**study, 'trials': {'name': 'poisson', 'mu': 1.0}, 'seed': 2}}
+  return {'tiny': study, 'k0': {**study, 'trials': {'name': 'poisson', 'mu': 1.0}, 'seed': 2},
+          'fedavg': {**study, 'args': {'method': 'fedavg'}, 'score_noise': 0.0}}

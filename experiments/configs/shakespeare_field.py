@@ -1,0 +1,225 @@
+"""Shakespeare at the field's operating point: FedAvg tuned first, then the protocol and privacy studies.
+
+Replaces the protocol of `shakespeare.py` (200 rounds, client lr decayed 0.99 a round, at most 8
+local steps, personal heads never re-fit, C = 0.5 fixed), under which FedAvg ended at 33.8 % where the
+field reports 53-57 % (FedAvg on TFF's Shakespeare: 56.9 %, Reddi et al. 2021, 10 clients a round,
+1,200 rounds, 1 local epoch, batch 4, constant tuned lrs, 2x256 LSTM; FedML on LEAF: 53.1 %; McMahan
+et al. 2017's target: 54 %). Data as there: 1,063 roles of 38 plays, rows of 80 ids (docs/datasets.md).
+Every number compared is `test_accuracy_pooled` (correct over all test characters, docs/evaluation.md).
+
+OPERATING_POINT (below) is the ONE place the training settings live; the protocol and privacy blocks
+read it. Its values are the tuning's starting point, not yet its result: after the tuning, copy
+tuning.json's `selected_values` into it (one line) and run the blocks.
+
+(a) Operating point: `tuning_space()`, study `fedavg` (char_lstm_small, CPU) and `fedavg_char_lstm`
+(2x256, for a GPU): non-private FedAvg, T = 1,000 rounds, a cohort of 20 (Poisson q = 20/1,063; each
+role is sampled ~19 times), server SGD at lr 1, every round's client lr constant or decayed by at most
+0.999 a round (0.37x at the end, against 0.134x before). Searched: the client lr (log-uniform
+0.3-3; TFF/FedML use ~1), lr decay (1 or 0.999), batch (4 as Reddi et al., or 10), local budget
+local.max_examples (80, 160 rows, or None: one full epoch of every role, up to 619 rows).
+K ~ Poisson(8); seed 1, the first seed from 0 that draws K >= E[K] (K = 9; seed 0 drew 3): K and
+the candidates depend on the seed alone, never on the data, and FedAvg is not private, so this
+choice only buys search. Both studies draw the same 9 candidates (the plan prints them). Selection:
+the final round's validation accuracy on each role's 10 % validation split, never the test split.
+FedAvg is not private: its trials release unprotected models, so selecting among them spends no
+privacy (the tuner records private=false, no epsilon, and adds no score noise). Target: pooled
+accuracy >= 45 % and flat at the end (< 0.3 points per 100 rounds over the last 200); if the
+selected run misses it, the centralized bound (first step of launch/shakespeare_field.sh) says
+whether char_lstm_small can.
+The blocks below then train on every training row (validation_fraction 0).
+
+(b) Protocol study, non-private, seeds 0-2, 18 training runs: FedAvg; P-FedSAM and FedRep with
+head_epochs 1 and 10 (the head epochs of a visit; FedRep's own protocol is ~10); local_only
+(LOCAL_ONLY_VISITS visits of one epoch, chosen before any run). Test-time protocol ADAPT (10 epochs
+at the head lr, the same for every method) by re-evaluating each finished run (experiments.evaluate,
+nothing trains twice): FedAvg [adapt head] is FedAvg + head fine-tune, FedAvg [adapt full] is
+FedAvg-FT, P-FedSAM / FedRep [adapt auto] re-fit their own heads on the final representation.
+
+Decision rule (fixed before any run): for each personal-head row R (P-FedSAM or FedRep, head_epochs
+1 or 10, each with the re-fit) against the FedAvg + head fine-tune row F (the same test-time budget):
+d = mean over seeds of R's pooled accuracy minus F's, s = the pooled seed std sqrt((s_R^2 + s_F^2)/2).
+R *helps* if d >= max(1 point, 2 s), *hurts* if d <= -max(1 point, 2 s), else it is *level*.
+Output-layer personalization helps (hurts) on this data if FedRep with head_epochs 10 and the re-fit
+-- FedRep's own protocol, the pre-declared primary row -- helps (hurts); the other rows are reported
+with their labels and do not change the verdict. local_only and plain FedAvg are references.
+
+(c) Privacy study, seeds 0-2, 24 runs: DP2-FedSAM, CENTAUR, DP-FedAvg, DP-FedAvg-FT at eps 2 and 8
+(delta = 1/N, PLD; sigma calibrated by the engine from dp.target_epsilon for the operating point's T
+and cohort), personal heads with PROTOCOL's head epochs, each run re-evaluated under ADAPT
+(REEVALUATIONS: the personal-head methods re-fit their heads, DP-FedAvg-FT fine-tunes, DP-FedAvg
+gets the head fine-tune). The mean over clients is reported beside the pooled number. Clip:
+adaptive (Andrew et al. 2021), target_quantile 0.4 (C_t tracks the 40 % quantile of the update
+norms, so ~60 % are clipped), C_0 = 0.5, clip_lr 0.2, count noise s_b = 1.2 sigma_fixed(eps) (the
+update's sigma is then 1.1 sigma_fixed, as in fmnist_paper_regime.py). Why this binds: in the
+committed shakespeare runs (train_metrics.jsonl, seed 0) the pre-clip norm fell with the decayed lr,
+~1 % a round (DP2-FedSAM 0.69 -> 0.056 over 200 rounds; DP-FedAvg 1.09 -> 0.11), so the fixed C = 0.5
+clipped 30 % at round 20 and nothing after ~80 (DP2-FedSAM) / ~150 (DP-FedAvg). Their norms were
+right-skewed (at mean norm 0.46, 30 % above 0.5; at 0.35, 9 %; at 0.25, 3 %). Adaptive clipping
+moves log C_t by clip_lr x (unclipped fraction - 0.4) a round: up to 12 % down and 8 % up, ten times
+the norms' drift, so C_t follows them and the clipped fraction stays near 0.6 (the count's noise
+on the unclipped fraction, s_b / 20 = 0.04-0.07 a round, jitters C_t by ~1 %). Any quantile <= 0.9
+meets the target (mean clipped_fraction >= 0.05 over the last 50 rounds); 0.4 sits below the median,
+as the papers' argument (less clipping error for smaller norms) needs a clip that binds.
+sigma_fixed (PLD, q = 20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628 (0.031);
+a cohort of 50 would give 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
+
+Grid (`sweep_grid()`), 42 runs: the protocol block seed by seed (6 a seed), then the privacy block
+seed by seed, eps 2 first (8 a seed). `--grid=model=char_lstm` runs the same grid with the 2x256 LSTM
+(a GPU's: ~5x the CPU time of the small one per step).
+
+Time, measured before the LSTM speed-up (char_lstm_small, executor sequential, the 2 shared CPU
+cores at load average 2.6-4.1 by `uptime`, 2026-11-26; smoke runs of 5 rounds, seed 0, whose
+cohorts were 23, 23, 29, 32, 20): FedAvg at the starting point (batch 10, max_examples 160) 2.7 s a
+round over rounds 2-5 (0.11 s a client); batch 4 with max_examples None (a full epoch of every
+role) 2.8 s; P-FedSAM with head_epochs 10 4.2 s in the rounds no other job shared (8.5 s mean with a
+test run beside it); compile 7-23 s; one evaluation of all 1,063 roles ~5-15 s. A re-evaluation
+(experiments.evaluate on that 5-round state, load 2.1-3.3): the 10-epoch head re-fit of all 1,063
+roles 78 s wall, the 10-epoch full fine-tune of 100 random roles 51 s (~6 min for all). Per
+1,000-round run (20 evaluations): FedAvg / DP-FedAvg ~0.85 h, FedRep / CENTAUR ~1.0 h, P-FedSAM /
+DP2-FedSAM ~1.5 h, DP-FedAvg-FT ~1.1 h (each evaluation fine-tunes every role one epoch), local_only
+~0.3 h (54 s a visit of every role, docs/evaluation.md). Planned CPU hours: tuning K = 9 trials x
+~1-1.3 h (a second, validation evaluation) = ~10 h; protocol block 3 x 6.2 h = ~18.5 h; privacy
+block 3 x 2 x 4.45 h = ~27 h; 42 re-evaluations ~1.5 h; centralized bounds ~1.5 h (87 s and ~440 s
+an epoch, 10 epochs); ~60 CPU hours in all.
+GPU, estimated, not measured here: the vmapped char_lstm round ran 12-18x faster than sequential on
+an H200 at cohorts 50-500 (benchmarks/README.md) and ~0.01 s per vmapped local step at cohort 10
+(0.048 s for a DP2-FedSAM round of 2 batches, 2 gradients each); at that rate a 1,000-round run of
+16-32 local steps a round takes ~3-6 min, the whole grid with the tuning ~4-5 GPU hours per model,
+in line with ~60 CPU hours / 12-18. max_examples None pads every vmapped client to the largest
+role (62 steps at batch 10, 155 at batch 4): if the tuning selects it, 4-10x that. Neither fits one
+15-minute device call: SECONDS_LEFT in launch/shakespeare_field.sh bounds a call, the next resumes.
+
+  python3 -m launch.tune --config=experiments/configs/shakespeare_field.py --study=fedavg \
+      --root=$HOME/sweeps --plan
+  python3 -m launch.sweep --config=experiments/configs/shakespeare_field.py --root=$HOME/sweeps --plan
+  bash launch/shakespeare_field.sh          # the whole study in order, resumable
+
+Arguments: `:method=fedavg,eps=inf,seed=0,head_epochs=1,model=char_lstm_small`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.config import base_config
+from experiments.configs import _common
+
+NUM_CLIENTS = 1063  # data/shakespeare.py with its defaults
+# The one place of the training settings (the tuning's starting point; replace by its selected_values).
+OPERATING_POINT = {
+    'num_rounds': 1000, 'cohort': 20, 'server_lr': 1.0,
+    'local.lr_shared': 1.0, 'local.lr_decay': 1.0, 'local.batch_size': 10, 'local.max_examples': 160,
+}
+# Head epochs a visit for the privacy block's personal-head methods: set from the protocol study.
+PROTOCOL = {'head_epochs': 1}
+HEAD_LR = 0.5  # local.lr_personal, as shakespeare.py
+# The test-time protocol of every re-evaluation (docs/evaluation.md section 2).
+ADAPT = {'eval.adapt_epochs': 10, 'eval.adapt_lr': HEAD_LR}
+# What each method is re-evaluated with (eval.adapt_part under ADAPT); local_only keeps no state.
+REEVALUATIONS = {'fedavg': ('head', 'full'), 'dp_fedavg': ('head',), 'p_fedsam': ('auto',),
+                 'fedrep': ('auto',), 'dp2fedsam': ('auto',), 'centaur': ('auto',),
+                 'dp_fedavg_ft': ('auto',)}
+LOCAL_ONLY_VISITS = 20
+EVAL_EVERY = 50
+PROTOCOL_METHODS = ('fedavg', 'p_fedsam', 'fedrep', 'local_only')
+HEAD_METHODS, HEAD_EPOCHS = ('p_fedsam', 'fedrep'), (1, 10)  # personal heads: 1 or 10 epochs a visit
+PRIVATE = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedavg_ft')
+EPSILONS = (2.0, 8.0)
+TARGET_QUANTILE, CLIP_LR, INITIAL_CLIP_NORM = 0.4, 0.2, 0.5
+COUNT_NOISE_PER_SIGMA = 1.2
+MODELS = ('char_lstm_small', 'char_lstm')
+DEFAULTS = dict(method='fedavg', eps=math.inf, seed=0, head_epochs=PROTOCOL['head_epochs'],
+                model='char_lstm_small')
+
+
+@functools.lru_cache(maxsize=None)
+def fixed_clip_sigma(eps: float, q: float, rounds: int) -> float:
+  """sigma for eps at delta = 1/N with a fixed C (PLD): the count noise's scale."""
+  from dp2fedsam_jax.privacy import accounting  # pylint: disable=import-outside-toplevel
+  return accounting.calibrate_noise_multiplier(eps, q, rounds, 1 / NUM_CLIENTS, accountant='pld')
+
+
+def get_config(arg: str | None = None):
+  args = _common.parse_args(arg, **DEFAULTS)
+  if args['model'] not in MODELS:
+    raise ValueError(f"config argument model={args['model']!r}: choose from {MODELS}")
+  op = dict(OPERATING_POINT)
+  c = base_config()
+  c.method, c.seed = args['method'], args['seed']
+  c.dataset, c.model, c.partition = 'shakespeare', args['model'], 'natural'
+  c.num_clients = NUM_CLIENTS
+  c.num_rounds, c.eval_every = op.pop('num_rounds'), EVAL_EVERY
+  c.sampling_rate = round(op.pop('cohort') / NUM_CLIENTS, 5)
+  c.server_lr = op.pop('server_lr')
+  c.executor = 'auto'  # sequential on a CPU, vmap on a GPU
+  _common.set_fields(c, {
+      'local.personal_epochs': args['head_epochs'], 'local.shared_epochs': 1,
+      'local.finetune_epochs': 1, 'local.lr_personal': HEAD_LR, 'local.momentum': 0.0,
+      'local.sam_rho': 0.05, 'dp.clip_norm': INITIAL_CLIP_NORM, 'dp.sampling': 'poisson',
+      'dp.accountant': 'pld', **op})
+  c.dp.delta = None  # 1 / N
+  if c.method == 'local_only':
+    c.num_rounds = LOCAL_ONLY_VISITS  # visits of one epoch each; no round runs
+  if METHODS[c.method].private:
+    if math.isinf(args['eps']):
+      c.dp.noise_multiplier = 0.0  # clipped, no noise
+    else:
+      c.dp.target_epsilon = args['eps']
+      c.dp.clipping, c.dp.initial_clip_norm = 'adaptive', INITIAL_CLIP_NORM
+      c.dp.target_quantile, c.dp.clip_lr = TARGET_QUANTILE, CLIP_LR
+      sigma = fixed_clip_sigma(args['eps'], c.sampling_rate, c.num_rounds)
+      c.dp.count_noise_multiplier = round(COUNT_NOISE_PER_SIGMA * sigma, 3)
+  return c
+
+
+# Hours of one 1,000-round run (20 evaluations) as measured above; launch.sweep --plan sums them.
+PLANNED_ON = 'CPU hours, 2 shared cores, char_lstm_small before the LSTM speed-up; a GPU ~12-18x less'
+RUN_HOURS = {'fedavg': 0.85, 'dp_fedavg': 0.85, 'fedrep': 1.0, 'centaur': 1.0, 'p_fedsam': 1.5,
+             'dp2fedsam': 1.5, 'dp_fedavg_ft': 1.1, 'local_only': 0.3}
+LARGE_MODEL_FACTOR = 5.0  # char_lstm's SGD step of 10 rows against char_lstm_small's: 0.097 / 0.019 s
+                          # (the centralized smoke checks, docs/evaluation.md section 5)
+
+
+def planned_hours(args: dict) -> float:
+  hours = RUN_HOURS[args['method']]
+  return hours * (LARGE_MODEL_FACTOR if args.get('model', 'char_lstm_small') == 'char_lstm' else 1.0)
+
+
+def protocol_grid() -> list[dict]:
+  out = []
+  for s in _common.SEEDS:
+    for m in PROTOCOL_METHODS:
+      heads = HEAD_EPOCHS if m in HEAD_METHODS else (None,)
+      for h in heads:
+        out.append(dict(method=m, seed=s) if h is None else dict(method=m, seed=s, head_epochs=h))
+  return out
+
+
+def privacy_grid() -> list[dict]:
+  return [dict(method=m, eps=e, seed=s) for s in _common.SEEDS for e in EPSILONS for m in PRIVATE]
+
+
+def sweep_grid() -> list[dict]:
+  """The protocol block seed by seed, then the privacy block seed by seed (eps 2 first)."""
+  return protocol_grid() + privacy_grid()
+
+
+TUNING_SPACE = {
+    'local.lr_shared': ('log_uniform', 0.3, 3.0),
+    'local.lr_decay': ('choice', [1.0, 0.999]),
+    'local.batch_size': ('choice', [4, 10]),
+    'local.max_examples': ('choice', [80, 160, None]),
+}
+
+
+def tuning_space() -> dict:
+  """Non-private FedAvg: selection by validation accuracy, no score noise (nothing to protect)."""
+  common = dict(fixed={'validation_fraction': 0.1}, space=TUNING_SPACE,
+                trials={'name': 'poisson', 'mu': 8.0}, selected_by='validation_accuracy',
+                score_noise=0.0)
+  return {
+      'fedavg': dict(common, args=dict(method='fedavg'), seed=1, seconds_per_run=3900),
+      'fedavg_char_lstm': dict(common, args=dict(method='fedavg', model='char_lstm'), seed=1),
+  }

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The Shakespeare study of experiments/configs/shakespeare_field.py, in order, resumable: rerun the
+# same command and every finished step is skipped, every stopped run resumes from its checkpoint.
+#   1. the centralized bound of each model (experiments.centralized; a partial file is redone)
+#   2. the FedAvg tuning (launch.tune, root $ROOT/tuning), then a check that the config's
+#      OPERATING_POINT holds the selected values (stops here until it does; ACCEPT_OP=1 runs anyway)
+#   3. the protocol and privacy blocks (launch.sweep, root $ROOT)
+#   4. every finished run re-evaluated under the config's ADAPT protocol, with the parts its
+#      REEVALUATIONS lists (FedAvg: head and full fine-tune), skipped where evaluations.jsonl has it
+#   5. the report of the finished runs into experiments/results/shakespeare_field
+# Environment: ROOT (default $HOME/sweeps), MODELS (default "char_lstm_small"; on a GPU
+# "char_lstm_small char_lstm"), EPOCHS (centralized epochs, default 10), SECONDS_LEFT (stop every
+# step with SIGTERM after this many seconds: runs checkpoint at a round boundary; for a bounded
+# device call), PLAN=1 (print the plans only). executor 'auto': sequential on a CPU, vmap on a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${ROOT:-$HOME/sweeps}
+MODELS=${MODELS:-char_lstm_small}
+EPOCHS=${EPOCHS:-10}
+CONFIG=experiments/configs/shakespeare_field.py
+NAME=shakespeare_field
+START=$(date +%s)
+
+bounded() {  # runs "$@", stopped by SIGTERM when SECONDS_LEFT is spent (exit 143: resume later)
+  if [ -n "${SECONDS_LEFT:-}" ]; then
+    local left=$(( SECONDS_LEFT - ($(date +%s) - START) ))
+    if [ "$left" -le 30 ]; then echo "time budget spent: rerun to resume" >&2; exit 143; fi
+    timeout -s TERM -k 120 "$left" "$@"
+  else
+    "$@"
+  fi
+}
+
+study_of() { [ "$1" = char_lstm_small ] && echo fedavg || echo "fedavg_$1"; }
+
+if [ "${PLAN:-0}" = 1 ]; then
+  for model in $MODELS; do
+    python3 -m launch.tune --config=$CONFIG --study="$(study_of "$model")" --root="$ROOT/tuning" --plan
+  done
+  python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --plan
+  for model in $MODELS; do
+    [ "$model" = char_lstm_small ] || python3 -m launch.sweep --config=$CONFIG --root="$ROOT" \
+        --grid=model="$model" --plan
+  done
+  exit 0
+fi
+
+# 1. The centralized bound (SGD lr 1, batch 10, as docs/evaluation.md section 5).
+mkdir -p "$ROOT/$NAME"
+for model in $MODELS; do
+  out="$ROOT/$NAME/centralized_$model.jsonl"
+  if [ -f "$out" ] && [ "$(wc -l < "$out")" -ge "$EPOCHS" ]; then
+    echo "skip    centralized $model ($out)"; continue
+  fi
+  rm -f "$out"
+  bounded python3 -m experiments.centralized --config="$CONFIG:model=$model" --epochs="$EPOCHS" \
+      --batch_size=10 --lr=1.0 --out="$out"
+done
+
+# 2. The FedAvg tuning and the operating-point check.
+for model in $MODELS; do
+  bounded python3 -m launch.tune --config=$CONFIG --study="$(study_of "$model")" --root="$ROOT/tuning"
+done
+python3 - "$ROOT/tuning/$NAME/fedavg/tuning.json" <<'EOF' || [ "${ACCEPT_OP:-0}" = 1 ]
+import json, sys
+from experiments.configs import shakespeare_field as c
+selected = json.load(open(sys.argv[1]))['selected_values'] or {}
+differ = {k: (c.OPERATING_POINT.get(k), v) for k, v in selected.items() if c.OPERATING_POINT.get(k) != v}
+if differ:
+  sys.exit(f'OPERATING_POINT differs from the tuning\'s selection (config, selected): {differ}; copy the '
+           'selected values into experiments/configs/shakespeare_field.py (or ACCEPT_OP=1), then rerun.')
+print('operating point = the tuning\'s selection')
+EOF
+
+# 3. The protocol and privacy blocks (char_lstm_small's workdirs do not name the model).
+for model in $MODELS; do
+  if [ "$model" = char_lstm_small ]; then
+    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT"
+  else
+    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --grid=model="$model"
+  fi
+done
+
+# 4. Re-evaluations under the config's test-time protocol (nothing trains twice).
+python3 - "$ROOT/$NAME" > "$ROOT/$NAME/reevaluations.txt" <<'EOF'
+import json, os, sys
+from experiments.configs import shakespeare_field as c
+for d, _, files in sorted(os.walk(sys.argv[1])):
+  if 'config.json' not in files or 'checkpoints' not in os.listdir(d):
+    continue
+  config = json.load(open(os.path.join(d, 'config.json')))
+  records = [json.loads(l) for l in open(os.path.join(d, 'metrics.jsonl'))] if 'metrics.jsonl' in files else []
+  if not records or records[-1]['round'] < config['num_rounds']:
+    continue
+  parts = c.REEVALUATIONS.get(config['method'], ())
+  done = [json.loads(l) for l in open(os.path.join(d, 'evaluations.jsonl'))] if 'evaluations.jsonl' in files else []
+  for part in parts:
+    protocol = {**c.ADAPT, 'eval.adapt_part': part}
+    if not any(all(r.get(k) == v for k, v in protocol.items()) for r in done):
+      print(d + ' ' + ' '.join(f'--config.{k}={v}' for k, v in protocol.items()))
+EOF
+while read -r workdir flags; do
+  # shellcheck disable=SC2086
+  bounded python3 -m experiments.evaluate --workdir="$workdir" $flags < /dev/null
+done < "$ROOT/$NAME/reevaluations.txt"
+
+# 5. The report of the finished runs (FedAvg the reference: every gap is against it).
+python3 -m experiments.report --root="$ROOT/$NAME" --out=experiments/results/$NAME --copy_runs \
+    --finished_only --reference=fedavg
