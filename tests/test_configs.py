@@ -347,7 +347,7 @@ def test_shakespeare_field_reads_one_operating_point(monkeypatch):
       continue
     assert (c.num_rounds, c.local.lr_shared, round(c.sampling_rate * c.num_clients)) == (7, 0.25, 50)
     assert c.validation_fraction == 0 and c.model == 'char_lstm_small'
-    assert c.local.personal_epochs == entry.get('head_epochs', module.PROTOCOL['head_epochs'])
+    assert c.local.personal_epochs == entry.get('personal_epochs', module.PROTOCOL['personal_epochs'])
 
 
 def test_shakespeare_field_privacy_block_clips_adaptively_below_the_median():
@@ -355,7 +355,7 @@ def test_shakespeare_field_privacy_block_clips_adaptively_below_the_median():
   grid = module.sweep_grid()
   protocol, private = grid[:18], grid[18:]
   assert {e['method'] for e in protocol} == set(module.PROTOCOL_METHODS)
-  assert {(e['method'], e.get('head_epochs')) for e in protocol if e['method'] in ('p_fedsam', 'fedrep')} == {
+  assert {(e['method'], e.get('personal_epochs')) for e in protocol if e['method'] in ('p_fedsam', 'fedrep')} == {
       (m, h) for m in ('p_fedsam', 'fedrep') for h in (1, 10)}
   assert [e['seed'] for e in private] == [0] * 8 + [1] * 8 + [2] * 8
   for entry in private[:8]:

@@ -29,17 +29,17 @@ whether char_lstm_small can.
 The blocks below then train on every training row (validation_fraction 0).
 
 (b) Protocol study, non-private, seeds 0-2, 18 training runs: FedAvg; P-FedSAM and FedRep with
-head_epochs 1 and 10 (the head epochs of a visit; FedRep's own protocol is ~10); local_only
+personal_epochs 1 and 10 (the head epochs of a visit; FedRep's own protocol is ~10); local_only
 (LOCAL_ONLY_VISITS visits of one epoch, chosen before any run). Test-time protocol ADAPT (10 epochs
 at the head lr, the same for every method) by re-evaluating each finished run (experiments.evaluate,
 nothing trains twice): FedAvg [adapt head] is FedAvg + head fine-tune, FedAvg [adapt full] is
 FedAvg-FT, P-FedSAM / FedRep [adapt auto] re-fit their own heads on the final representation.
 
-Decision rule (fixed before any run): for each personal-head row R (P-FedSAM or FedRep, head_epochs
+Decision rule (fixed before any run): for each personal-head row R (P-FedSAM or FedRep, personal_epochs
 1 or 10, each with the re-fit) against the FedAvg + head fine-tune row F (the same test-time budget):
 d = mean over seeds of R's pooled accuracy minus F's, s = the pooled seed std sqrt((s_R^2 + s_F^2)/2).
 R *helps* if d >= max(1 point, 2 s), *hurts* if d <= -max(1 point, 2 s), else it is *level*.
-Output-layer personalization helps (hurts) on this data if FedRep with head_epochs 10 and the re-fit
+Output-layer personalization helps (hurts) on this data if FedRep with personal_epochs 10 and the re-fit
 -- FedRep's own protocol, the pre-declared primary row -- helps (hurts); the other rows are reported
 with their labels and do not change the verdict. local_only and plain FedAvg are references.
 
@@ -71,7 +71,7 @@ Time, measured before the LSTM speed-up (char_lstm_small, executor sequential, t
 cores at load average 2.6-4.1 by `uptime`, 2026-11-26; smoke runs of 5 rounds, seed 0, whose
 cohorts were 23, 23, 29, 32, 20): FedAvg at the starting point (batch 10, max_examples 160) 2.7 s a
 round over rounds 2-5 (0.11 s a client); batch 4 with max_examples None (a full epoch of every
-role) 2.8 s; P-FedSAM with head_epochs 10 4.2 s in the rounds no other job shared (8.5 s mean with a
+role) 2.8 s; P-FedSAM with personal_epochs 10 4.2 s in the rounds no other job shared (8.5 s mean with a
 test run beside it); compile 7-23 s; one evaluation of all 1,063 roles ~5-15 s. A re-evaluation
 (experiments.evaluate on that 5-round state, load 2.1-3.3): the 10-epoch head re-fit of all 1,063
 roles 78 s wall, the 10-epoch full fine-tune of 100 random roles 51 s (~6 min for all). Per
@@ -94,7 +94,7 @@ role (62 steps at batch 10, 155 at batch 4): if the tuning selects it, 4-10x tha
   python3 -m launch.sweep --config=experiments/configs/shakespeare_field.py --root=$HOME/sweeps --plan
   bash launch/shakespeare_field.sh          # the whole study in order, resumable
 
-Arguments: `:method=fedavg,eps=inf,seed=0,head_epochs=1,model=char_lstm_small`.
+Arguments: `:method=fedavg,eps=inf,seed=0,personal_epochs=1,model=char_lstm_small`.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ OPERATING_POINT = {
     'local.lr_shared': 1.0, 'local.lr_decay': 1.0, 'local.batch_size': 10, 'local.max_examples': 160,
 }
 # Head epochs a visit for the privacy block's personal-head methods: set from the protocol study.
-PROTOCOL = {'head_epochs': 1}
+PROTOCOL = {'personal_epochs': 1}
 HEAD_LR = 0.5  # local.lr_personal, as shakespeare.py
 # The test-time protocol of every re-evaluation (docs/evaluation.md section 2).
 ADAPT = {'eval.adapt_epochs': 10, 'eval.adapt_lr': HEAD_LR}
@@ -130,7 +130,7 @@ EPSILONS = (2.0, 8.0)
 TARGET_QUANTILE, CLIP_LR, INITIAL_CLIP_NORM = 0.4, 0.2, 0.5
 COUNT_NOISE_PER_SIGMA = 1.2
 MODELS = ('char_lstm_small', 'char_lstm')
-DEFAULTS = dict(method='fedavg', eps=math.inf, seed=0, head_epochs=PROTOCOL['head_epochs'],
+DEFAULTS = dict(method='fedavg', eps=math.inf, seed=0, personal_epochs=PROTOCOL['personal_epochs'],
                 model='char_lstm_small')
 
 
@@ -155,7 +155,7 @@ def get_config(arg: str | None = None):
   c.server_lr = op.pop('server_lr')
   c.executor = 'auto'  # sequential on a CPU, vmap on a GPU
   _common.set_fields(c, {
-      'local.personal_epochs': args['head_epochs'], 'local.shared_epochs': 1,
+      'local.personal_epochs': args['personal_epochs'], 'local.shared_epochs': 1,
       'local.finetune_epochs': 1, 'local.lr_personal': HEAD_LR, 'local.momentum': 0.0,
       'local.sam_rho': 0.05, 'dp.clip_norm': INITIAL_CLIP_NORM, 'dp.sampling': 'poisson',
       'dp.accountant': 'pld', **op})
@@ -193,7 +193,7 @@ def protocol_grid() -> list[dict]:
     for m in PROTOCOL_METHODS:
       heads = HEAD_EPOCHS if m in HEAD_METHODS else (None,)
       for h in heads:
-        out.append(dict(method=m, seed=s) if h is None else dict(method=m, seed=s, head_epochs=h))
+        out.append(dict(method=m, seed=s) if h is None else dict(method=m, seed=s, personal_epochs=h))
   return out
 
 
