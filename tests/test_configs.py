@@ -355,8 +355,9 @@ def test_shakespeare_field_privacy_block_clips_adaptively_below_the_median():
   grid = module.sweep_grid()
   protocol, private = grid[:18], grid[18:]
   assert {e['method'] for e in protocol} == set(module.PROTOCOL_METHODS)
-  assert {(e['method'], e.get('personal_epochs')) for e in protocol if e['method'] in ('p_fedsam', 'fedrep')} == {
-      (m, h) for m in ('p_fedsam', 'fedrep') for h in (1, 10)}
+  heads = {(e['method'], e.get('personal_epochs')) for e in protocol
+           if e['method'] in ('p_fedsam', 'fedrep')}
+  assert heads == {(m, h) for m in ('p_fedsam', 'fedrep') for h in (1, 10)}
   assert [e['seed'] for e in private] == [0] * 8 + [1] * 8 + [2] * 8
   for entry in private[:8]:
     c = module.get_config(sweep.arg_string(entry))
