@@ -468,33 +468,26 @@ def _gap_cell(gap: float, units: float, ref: Row, other: Row) -> str:
   return f'{100 * gap:+.2f} / {size} ({ref.num_seeds} v {other.num_seeds})'
 
 
-def _spread_table(rows: list[Row], config_name: str) -> list[str]:
-  """The spread over clients at the final round, for the rows whose runs record it."""
-  rows = [r for r in rows if r.config_name == config_name and r.has_spread]
+def _final_round_table(rows: list[Row], config_name: str, kind: str) -> list[str]:
+  """The final round's per-client spread (kind 'spread') or pooled accuracy ('pooled'), for the
+  rows whose runs record it; mean ± std over seeds."""
+  columns, intro = {
+      'spread': (SPREAD, 'Spread over the clients with test data at the final round (each client '
+                 'tests its own model): the std over clients, the mean over the worst 10 % of them, '
+                 'and the 10th, 50th and 90th percentiles; mean ± std over seeds.'),
+      'pooled': (POOLED, 'Accuracy pooled over all test targets of the evaluated clients (correct / '
+                 'targets: a client weighs by its number of targets, as TFF and fedjax count), over '
+                 'the clients sampled at least once, and the clients never sampled apart (their mean '
+                 'over clients, and pooled; – where there are none); final round, mean ± std over '
+                 'seeds.'),
+  }[kind]
+  rows = [r for r in rows if r.config_name == config_name and getattr(r, f'has_{kind}')]
   if not rows:
     return []
-  return ['', 'Spread over the clients with test data at the final round (each client tests its '
-          'own model): the std over clients, the mean over the worst 10 % of them, and the 10th, '
-          '50th and 90th percentiles; mean ± std over seeds.', '',
-          '| setting | method | ' + ' | '.join(SPREAD.values()) + ' |',
-          '|---|---|' + '---|' * len(SPREAD)] + [
-              f'| {r.setting} | {r.method} | ' + ' | '.join(_pct(r.spread[k]) for k in SPREAD) + ' |'
-              for r in rows]
-
-
-def _pooled_table(rows: list[Row], config_name: str) -> list[str]:
-  """Accuracy pooled over the test targets, for the rows whose runs record it."""
-  rows = [r for r in rows if r.config_name == config_name and r.has_pooled]
-  if not rows:
-    return []
-  return ['', 'Accuracy pooled over all test targets of the evaluated clients (correct / targets: '
-          'a client weighs by its number of targets, as TFF and fedjax count), over the clients '
-          'sampled at least once, and the clients never sampled apart (their mean over clients, '
-          'and pooled; – where there are none); final round, mean ± std over seeds.', '',
-          '| setting | method | ' + ' | '.join(POOLED.values()) + ' |',
-          '|---|---|' + '---|' * len(POOLED)] + [
-              f'| {r.setting} | {r.method} | ' + ' | '.join(_pct(r.pooled[k]) for k in POOLED) + ' |'
-              for r in rows]
+  return ['', intro, '', '| setting | method | ' + ' | '.join(columns.values()) + ' |',
+          '|---|---|' + '---|' * len(columns)] + [
+              f'| {r.setting} | {r.method} | '
+              + ' | '.join(_pct(getattr(r, kind)[k]) for k in columns) + ' |' for r in rows]
 
 
 def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tuple[str, str]:
@@ -548,8 +541,8 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
       lines += [f'| {hi.setting} | {hi.method} | {lo.method} | {100 * gap:.2f} | '
                 f'{"–" if math.isnan(units) else f"{units:.1f}"} | '
                 f'{hi.num_seeds} v {lo.num_seeds} |' for hi, lo, gap, units in pairs]
-    lines += _spread_table(rows, config_name)
-    lines += _pooled_table(rows, config_name)
+    lines += _final_round_table(rows, config_name, 'spread')
+    lines += _final_round_table(rows, config_name, 'pooled')
     lines += _reference_table(rows, config_name, reference)
     lines += _variant_table(rows, config_name)
     lines.append('')
