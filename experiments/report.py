@@ -700,22 +700,19 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
                   label=f'{method} ({n} seed{"" if n == "1" else "s"})')
       bars = 100 * np.nan_to_num(std)
       low, high = min(low, *(100 * mean - bars)), max(high, *(100 * mean + bars))
-    unbounded = [p[1] for p in points[method] if not math.isfinite(p[0])]  # non-private: a line
-    if unbounded:
-      value = 100 * float(np.mean(unbounded))
+    # Horizontal lines: non-private runs (ε = ∞) and local_only (nothing released, ε = 0).
+    for at, linestyle, eps_text in ((lambda e: not math.isfinite(e), '--', '∞'),
+                                    (lambda e: e == 0, ':', '0')):
+      line = [p[1] for p in points[method] if at(p[0])]
+      if not line:
+        continue
+      value = 100 * float(np.mean(line))
       if keep[0] <= value <= keep[1]:
-        ax.axhline(value, linestyle='--', color=style['color'], label=f'{method} (ε = ∞)')
+        ax.axhline(value, linestyle=linestyle, color=style['color'],
+                   label=f'{method} (ε = {eps_text})')
         low, high = min(low, value), max(high, value)
       else:
-        off.append(f'{method} {value:.1f} % at ε = ∞')
-    alone = [p[1] for p in points[method] if p[0] == 0]  # local_only: nothing released, a line
-    if alone:
-      value = 100 * float(np.mean(alone))
-      if keep[0] <= value <= keep[1]:
-        ax.axhline(value, linestyle=':', color=style['color'], label=f'{method} (ε = 0)')
-        low, high = min(low, value), max(high, value)
-      else:
-        off.append(f'{method} {value:.1f} % at ε = 0')
+        off.append(f'{method} {value:.1f} % at ε = {eps_text}')
   finite_eps = sorted({round(p[0], 6) for pts in curves.values() for p in pts})
   if finite_eps and finite_eps[0] > 0 and finite_eps[-1] / finite_eps[0] >= 4:
     ax.set_xscale('log')
