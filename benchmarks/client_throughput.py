@@ -76,7 +76,12 @@ _BODY_EPOCHS = flags.DEFINE_integer('shared_epochs', 2, 'Shared-phase epochs (ta
 # The names before the shared / personal renaming still work (commands in notes and issues use them).
 flags.DEFINE_alias('head_epochs', 'personal_epochs')
 flags.DEFINE_alias('body_epochs', 'shared_epochs')
-_MODES = flags.DEFINE_list('modes', ['vmap', 'sequential'], 'Executors: vmap, sequential, sharded.')
+_MODES = flags.DEFINE_list('modes', ['vmap', 'sequential', 'sharded'], 'Executors: vmap, '
+                          'sequential, sharded (skipped on one device).')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', None, 'CPU devices JAX splits the host into (jax_num_cpu_devices). The sharded '
+    'executor trains one slice of the cohort on each, one per core, where XLA runs a client\'s '
+    'small per-step GEMMs on one thread. Default: one per host core (os.cpu_count()).')
 _METHOD = flags.DEFINE_string('method', 'dp2fedsam', 'Method (algorithms registry name).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); the median is reported.')
 _CONV_IMPL = flags.DEFINE_enum('conv_impl', 'auto', ['auto', 'xla', 'im2col'], 'Conv lowering.')
@@ -270,6 +275,10 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
 def main(argv):
   if len(argv) > 1:
     raise ValueError(f'unexpected arguments: {argv[1:]}')
+  cpu_devices = os.cpu_count() or 1 if _CPU_DEVICES.value is None else _CPU_DEVICES.value
+  if cpu_devices < 1:
+    raise ValueError(f'--cpu_devices={cpu_devices}: at least 1')
+  jax.config.update('jax_num_cpu_devices', cpu_devices)  # before the backend starts
   spec = get_method(_METHOD.value)
   if _MODEL.value in TOKEN_MODELS and not 2 <= _VOCAB.value <= 256:
     raise ValueError(f'--vocab={_VOCAB.value}: token ids are stored as uint8; use 2..256')
@@ -327,6 +336,9 @@ def main(argv):
   }
   for cohort in cohorts:
     for mode in _MODES.value:
+      if mode == 'sharded' and jax.device_count() == 1:
+        print('sharded: skipped, one device (--cpu_devices=2 or more on a CPU)', flush=True)
+        continue
       row = time_mode(mode, cohort, spec, model, lc)
       row['gflops_per_second'] = cohort * cf.total / row['seconds_per_round'] / 1e9
       if 'matmul_peak_gflops' in machine:

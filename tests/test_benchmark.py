@@ -18,14 +18,16 @@ def test_client_throughput_binary_writes_positive_numbers(tmp_path):
   proc = subprocess.run(
       [sys.executable, '-m', 'benchmarks.client_throughput', '--model=mlp', '--clients=2',
        '--samples_per_client=8', '--batch_size=4', '--personal_epochs=1', '--shared_epochs=1',
-       '--modes=vmap,sequential', '--rounds=1', '--matmul_size=64', '--notorch',
+       '--cpu_devices=2', '--rounds=1', '--matmul_size=64', '--notorch',
        f'--json_out={out}'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 's/round' in proc.stdout  # the table
   result = json.loads(out.read_text())
   assert result['device']['platform'] == 'cpu' and result['device']['matmul_peak_gflops'] > 0
   assert result['client_flops']['personal_phase'] > 0 and result['client_flops']['body_phase'] > 0
-  assert [(r['mode'], r['clients']) for r in result['results']] == [('vmap', 2), ('sequential', 2)]
+  assert result['device']['device_count'] == 2  # --cpu_devices: the sharded row's 2 devices
+  assert [(r['mode'], r['clients']) for r in result['results']] == [
+      ('vmap', 2), ('sequential', 2), ('sharded', 2)]
   for row in result['results']:
     for field in ('seconds_per_round', 'clients_per_second', 'examples_per_second',
                   'gflops_per_second', 'compile_seconds', 'peak_rss_bytes_process',
