@@ -47,7 +47,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_beta2 = 0.99
   c.server_eps = 1e-3
   # 'auto' (sequential on CPU, vmap on GPU/TPU; federated_round.resolve_executor) | 'vmap' | 'sequential' |
-  # 'sharded' (cohort split over jax.devices()).
+  # 'sharded' (cohort split over jax.devices(); on a CPU, JAX_NUM_CPU_DEVICES=<cores> gives one per core).
   c.executor = 'auto'
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
   # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).

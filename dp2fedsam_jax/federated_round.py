@@ -143,8 +143,11 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
     return lambda f, *xs: jax.lax.map(lambda a: f(*a), xs, batch_size=chunk_size)
   if executor == 'sequential':
     return lambda f, *xs: jax.lax.map(lambda a: f(*a), xs)
-  # sharded: each device vmaps its slice of the slots (capacity <= chunk_size)
+  # sharded: each device trains its slice of the slots (capacity <= chunk_size), the way one device
+  # of its kind is fastest: a GPU/TPU vmaps it, a CPU device (one per core) loops over it
   mesh = sharding.client_mesh()
+  if jax.default_backend() == 'cpu':
+    return lambda f, *xs: sharding.map_one_slot_per_device(f, xs, mesh)
   return lambda f, *xs: jax.vmap(f)(*sharding.shard_clients(xs, mesh))
 
 

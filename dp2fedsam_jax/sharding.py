@@ -2,7 +2,9 @@
 
 One mesh axis, 'clients', over every device of every process (`jax.devices()` is global after
 `jax.distributed.initialize`). Inside the round step the stacked inputs of a chunk of client slots
-are constrained to `P('clients')`, so each device trains its own slice of the cohort; the server
+are constrained to `P('clients')`, so each device trains its own slice of the cohort (a GPU/TPU
+vmaps its slice; a CPU device, one per core with `JAX_NUM_CPU_DEVICES`, trains its slots one at a
+time, as the sequential executor does: map_one_slot_per_device); the server
 state and the federated data are replicated (every device can gather any client), and the sum of
 the uploads becomes an all-reduce. The same program runs on 1 device, 8 forced CPU devices, a GPU
 host or a TPU pod slice.
@@ -11,6 +13,7 @@ host or a TPU pod slice.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -44,6 +47,21 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def shard_clients(tree, mesh: Mesh):
   """Inside jit: constrain the leading axis of every leaf to be split over 'clients'."""
   return jax.lax.with_sharding_constraint(tree, client_sharding(mesh))
+
+
+def map_one_slot_per_device(f, xs, mesh: Mesh):
+  """f over the leading (slot) axis of `xs`, each device running its slots one at a time.
+
+  The CPU form of the sharded executor: slots [S, ...] become rows [S / n, n, ...], row k holding
+  the k-th slot of each device's block; a lax.map walks the rows and vmaps each row's n slots, split
+  over the n devices, so every device trains one client per step (as the 'sequential' executor does
+  on one device), on its own core. Outputs come back in slot order.
+  """
+  n = num_shards(mesh)
+  # Device d holds slots [d S/n, (d + 1) S/n), as P('clients') places them: row k is slot k of each.
+  rows = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(n, -1, *x.shape[1:]), 0, 1), xs)
+  out = jax.lax.map(lambda row: jax.vmap(f)(*shard_clients(row, mesh)), rows)
+  return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape(-1, *y.shape[2:]), out)
 
 
 def replicate(tree, mesh: Mesh | None = None):

@@ -43,7 +43,7 @@ def _child(devices: int) -> dict:
       state, metrics = step(state, data, key)
     return rc, step.as_text(), state, metrics
 
-  _, _, reference, ref_metrics = run(executor='vmap')
+  _, ref_hlo, reference, ref_metrics = run(executor='vmap')
   variants = {'sharded': dict(executor='sharded')}
   if devices > 1:
     variants['sharded_chunked'] = dict(executor='sharded', chunk_size=4)
@@ -61,7 +61,16 @@ def _child(devices: int) -> dict:
         'state_devices': len(leaf.sharding.device_set),
         'state_replicated': bool(leaf.sharding.is_fully_replicated),
         'all_reduce': 'all-reduce' in hlo,
+        # On a CPU each device loops over its slots: one while loop more than vmap's program.
+        'extra_loops': hlo.count(' while(') - ref_hlo.count(' while('),
     }
+  # The CPU loop keeps slot order: slot i's output is f of slot i's input.
+  mesh = sharding.client_mesh()
+  slots = np.arange(2 * devices * 3, dtype=np.float32).reshape(2 * devices, 3)
+  mapped = jax.jit(lambda x: sharding.map_one_slot_per_device(lambda r: (r * 2, r.sum()), (x,),
+                                                               mesh))(slots)
+  out['slot_order'] = bool(np.array_equal(mapped[0], 2 * slots)
+                           and np.array_equal(mapped[1], slots.sum(1)))
   return out
 
 
@@ -74,7 +83,10 @@ def test_sharded_executor_matches_vmap(devices):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result.pop('slot_order'), result
   for name, r in result.items():
+    if r['capacity'] > devices:  # CPU: each device trains its slots one at a time
+      assert r['extra_loops'] >= 1, (name, r)
     assert r['max_abs_diff'] <= 1e-5 and r['loss_diff'] <= 1e-5, (name, r)
     assert r['cohort'] > 0 and r['capacity'] % devices == 0, (name, r)
     assert r['state_devices'] == devices and r['state_replicated'], (name, r)
