@@ -298,7 +298,23 @@ SPREAD = {'test_accuracy_std': 'std over clients', 'test_accuracy_worst10': 'wor
 # Pooled over the test targets (evaluation.pooled_accuracy): record key -> label.
 POOLED = {'test_accuracy_pooled': 'pooled', 'test_accuracy_pooled_participated':
           'pooled, sampled clients', 'test_accuracy_never_sampled': 'never sampled (mean)',
-          'test_accuracy_pooled_never_sampled': 'never sampled (pooled)'}
+          'test_accuracy_pooled_never_sampled': 'never sampled (pooled)',
+          'pooled_gain_per_100_rounds': 'pooled gain / 100 rounds, last 200'}
+# Not a record key: the slope of the pooled accuracy over the last GAIN_WINDOW rounds (flat: under
+# 0.3 points per 100 rounds, the operating-point criterion of docs/evaluation.md).
+POOLED_GAIN, GAIN_WINDOW = 'pooled_gain_per_100_rounds', 200
+
+
+def pooled_gain_per_100_rounds(records: list[dict]) -> float:
+  """Least-squares slope of test_accuracy_pooled against the round over the last GAIN_WINDOW
+  rounds, per 100 rounds (nan with fewer than 2 evaluations there)."""
+  last = records[-1]['round'] if records else 0
+  points = [(r['round'], r['test_accuracy_pooled']) for r in records
+            if r['round'] >= last - GAIN_WINDOW and r.get('test_accuracy_pooled') is not None]
+  if len(points) < 2:
+    return float('nan')
+  rounds, accuracy = np.asarray(points, dtype=float).T
+  return float(np.polyfit(rounds, accuracy, 1)[0] * 100)
 
 
 def _mean_std_of(records: list[dict], key: str) -> tuple[float, float]:
@@ -346,7 +362,8 @@ def summarize(runs: list[RunResult]) -> list[Row]:
         participation=_mean_std_of(finals, 'participation')[0],
         setting_args=dict(everyone[0].setting),
         spread={k: _mean_std_of(finals, k) for k in SPREAD},
-        pooled={k: _mean_std_of(finals, k) for k in POOLED}))
+        pooled={k: (_mean_std([pooled_gain_per_100_rounds(r.records) for r in group])
+                    if k == POOLED_GAIN and group else _mean_std_of(finals, k)) for k in POOLED}))
   return rows
 
 
@@ -479,7 +496,8 @@ def _final_round_table(rows: list[Row], config_name: str, kind: str) -> list[str
                  'targets: a client weighs by its number of targets, as TFF and fedjax count), over '
                  'the clients sampled at least once, and the clients never sampled apart (their mean '
                  'over clients, and pooled; – where there are none); final round, mean ± std over '
-                 'seeds.'),
+                 f'seeds. The gain is the least-squares slope of the pooled accuracy over the last '
+                 f'{GAIN_WINDOW} rounds, in points per 100 rounds (flat: under 0.3).'),
   }[kind]
   rows = [r for r in rows if r.config_name == config_name and getattr(r, f'has_{kind}')]
   if not rows:

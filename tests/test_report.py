@@ -500,3 +500,14 @@ def test_re_evaluations_under_other_protocols_are_rows_of_their_own(curve_root, 
   assert sorted(os.listdir(os.path.join(tmp_path, 'report', 'runs', 'cfg', 'dp2fedsam', 'eps=1',
                                         'seed=0'))) == ['config.json', 'evaluations.jsonl',
                                                         'metrics.jsonl', 'sweep.json']
+
+
+def test_pooled_gain_is_the_slope_over_the_last_200_rounds_per_100_rounds():
+  """The operating point's flatness: a run rising 0.5 points per 100 rounds from round 800 on (and
+  faster before, which the window leaves out) reads 0.5; fewer than 2 pooled records read nan."""
+  def accuracy(r):
+    return 0.0005 * r if r < 800 else 0.4 + 0.00005 * (r - 800)
+  records = [{'round': r, 'test_accuracy_pooled': accuracy(r)} for r in range(50, 1001, 50)]
+  assert report.pooled_gain_per_100_rounds(records) == pytest.approx(0.005)
+  assert math.isnan(report.pooled_gain_per_100_rounds([{'round': 1000, 'test_accuracy_pooled': 0.5}]))
+  assert math.isnan(report.pooled_gain_per_100_rounds([{'round': 900}, {'round': 1000}]))
