@@ -358,6 +358,10 @@ def test_shakespeare_field_privacy_block_clips_adaptively_below_the_median():
   heads = {(e['method'], e.get('personal_epochs')) for e in protocol
            if e['method'] in ('p_fedsam', 'fedrep')}
   assert heads == {(m, h) for m in ('p_fedsam', 'fedrep') for h in (1, 10)}
+  assert len({sweep.arg_string(e) for e in protocol}) == 18  # each run once
+  # The decision rule's primary pair runs first, at every seed.
+  assert [(e['method'], e.get('personal_epochs'), e['seed']) for e in protocol[:6]] == [
+      (m, h, s) for s in (0, 1, 2) for m, h in (('fedavg', None), ('fedrep', 10))]
   assert [e['seed'] for e in private] == [0] * 8 + [1] * 8 + [2] * 8
   for entry in private[:8]:
     c = module.get_config(sweep.arg_string(entry))
