@@ -11,12 +11,15 @@
 # Environment: ROOT (default $HOME/sweeps), MODELS (default "char_lstm_small"; on a GPU
 # "char_lstm_small char_lstm"), EPOCHS (centralized epochs, default 10), SECONDS_LEFT (stop every
 # step with SIGTERM after this many seconds: runs checkpoint at a round boundary; for a bounded
-# device call), PLAN=1 (print the plans only). executor 'auto': sequential on a CPU, vmap on a GPU.
+# device call), PLAN=1 (print the plans only), PARALLEL (runs at a time for the tuning and the
+# sweep, default 1; the 2-core CPU ran 2: each run's small per-step GEMMs use one core).
+# executor 'auto': sequential on a CPU, vmap on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-$HOME/sweeps}
 MODELS=${MODELS:-char_lstm_small}
 EPOCHS=${EPOCHS:-10}
+PARALLEL=${PARALLEL:-1}
 CONFIG=experiments/configs/shakespeare_field.py
 NAME=shakespeare_field
 START=$(date +%s)
@@ -59,7 +62,8 @@ done
 
 # 2. The FedAvg tuning and the operating-point check.
 for model in $MODELS; do
-  bounded python3 -m launch.tune --config=$CONFIG --study="$(study_of "$model")" --root="$ROOT/tuning"
+  bounded python3 -m launch.tune --config=$CONFIG --study="$(study_of "$model")" --root="$ROOT/tuning" \
+      --parallel="$PARALLEL"
 done
 python3 - "$ROOT/tuning/$NAME/fedavg/tuning.json" <<'EOF' || [ "${ACCEPT_OP:-0}" = 1 ]
 import json, sys
@@ -75,9 +79,10 @@ EOF
 # 3. The protocol and privacy blocks (char_lstm_small's workdirs do not name the model).
 for model in $MODELS; do
   if [ "$model" = char_lstm_small ]; then
-    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT"
+    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --parallel="$PARALLEL"
   else
-    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --grid=model="$model"
+    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --grid=model="$model" \
+        --parallel="$PARALLEL"
   fi
 done
 

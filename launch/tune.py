@@ -369,7 +369,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       'and the trials\' workdirs beside it.', **fv)
   flags.DEFINE_string('study', None, 'The study of tuning_space() (needed when it has several).',
                       **fv)
-  flags.DEFINE_integer('parallel', 1, 'Trials at a time (on a CPU-only machine keep 1).', **fv)
+  flags.DEFINE_integer('parallel', 1, 'Trials at a time (as launch.sweep --parallel: one per core '
+                       'for the char LSTMs on a CPU, else 1).', **fv)
   flags.DEFINE_bool('plan', False, 'Print K, the candidates, their status and the cost; run '
                     'nothing.', **fv)
 
