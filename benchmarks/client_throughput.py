@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import flops as flops_lib
-from dp2fedsam_jax import cli
+from dp2fedsam_jax import cli, run_files
 from dp2fedsam_jax import sharding
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.algorithms.specs import MethodParams
@@ -397,8 +397,7 @@ def main(argv):
                       f"{mem / 2**20:.0f}" if mem else '-', str(r['load_before'][0])]))
   if _JSON_OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)
-    with open(_JSON_OUT.value, 'w') as f:
-      json.dump(result, f, indent=2)
+    run_files.write_json_atomic(_JSON_OUT.value, result)
 
 
 if __name__ == '__main__':

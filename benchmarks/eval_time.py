@@ -10,7 +10,6 @@ interleaved, one evaluation of each in turn, so a shared machine's load hits the
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -19,7 +18,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from dp2fedsam_jax import cli, evaluation
+from dp2fedsam_jax import cli, evaluation, run_files
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.train import build_experiment
 from experiments.configs import shakespeare
@@ -84,8 +83,7 @@ def main(argv):
           f"{r['compile_seconds']:.1f} s, test_accuracy {r['test_accuracy']:.4f}")
   if _JSON_OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)
-    with open(_JSON_OUT.value, 'w') as f:
-      json.dump(result, f, indent=2)
+    run_files.write_json_atomic(_JSON_OUT.value, result)
 
 
 if __name__ == '__main__':
