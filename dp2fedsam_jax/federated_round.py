@@ -31,6 +31,7 @@ the round counts such clients in `nonfinite_clients`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -135,20 +136,21 @@ def round_config_from(config, mechanism: DPMechanism) -> RoundConfig:
 
 
 def client_mapper(executor: str, chunk_size: int | None) -> Callable:
-  """map_clients(f, *stacked_args): the one place where executors differ; f is the same client fn."""
+  """map_clients(f, env, *stacked_args): f(env, *one_slot_args) over the stacked slots, `env` (the
+  round's values every client reads) shared by all: the one place where executors differ."""
   executor = resolve_executor(executor)
   if executor == 'vmap' and chunk_size is None:
-    return lambda f, *xs: jax.vmap(f)(*xs)
+    return lambda f, env, *xs: jax.vmap(functools.partial(f, env))(*xs)
   if executor == 'vmap':  # memory-bounded: a sequential loop over vmapped sub-chunks
-    return lambda f, *xs: jax.lax.map(lambda a: f(*a), xs, batch_size=chunk_size)
+    return lambda f, env, *xs: jax.lax.map(lambda a: f(env, *a), xs, batch_size=chunk_size)
   if executor == 'sequential':
-    return lambda f, *xs: jax.lax.map(lambda a: f(*a), xs)
+    return lambda f, env, *xs: jax.lax.map(lambda a: f(env, *a), xs)
   # sharded: each device trains its slice of the slots (capacity <= chunk_size), the way one device
   # of its kind is fastest: a GPU/TPU vmaps it, a CPU device (one per core) loops over it
   mesh = sharding.client_mesh()
   if jax.default_backend() == 'cpu':
-    return lambda f, *xs: sharding.map_one_slot_per_device(f, xs, mesh)
-  return lambda f, *xs: jax.vmap(f)(*sharding.shard_clients(xs, mesh))
+    return lambda f, env, *xs: sharding.map_slots_on_each_device(f, env, xs, mesh)
+  return lambda f, env, *xs: jax.vmap(functools.partial(f, env))(*sharding.shard_clients(xs, mesh))
 
 
 # Clients per block of the sampled-id search: a round reduces N booleans to N / _ID_BLOCK counts, then
@@ -244,11 +246,46 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   capacity = rc.capacity
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
-  def round_step(state: ServerState, data, key):
-    mech = rc.mechanism.at_clip_state(state.clip_state)  # the round's C (traced if adaptive)
+  def round_pieces(state: ServerState, data):
+    """The round's mechanism (its C traced under adaptive clipping) and one client's training."""
+    mech = rc.mechanism.at_clip_state(state.clip_state)
     client_update = make_client_update(spec, model, local_config, data.normalize, params,
                                        target_mask=data.loss_mask, clip_norm=mech.clip_norm)
+    return mech, client_update
+
+  def one_client(env, personal, client_id):
+    # Everything a client reads comes in `env`, never from a closure: the sharded CPU executor
+    # hands it to every device as an explicit, replicated input.
+    state, data, streams, cohort, round_mask = env
+    mech, client_update = round_pieces(state, data)
     budget = local_config.budget(data.max_train)  # examples per client slot (static)
+    # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
+    # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
+    client_key = keys.client_key(streams.clients, client_id)
+    x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key),
+                                       local_config.subset_draw)
+    train_key, upload_key = keys.train_and_upload(client_key)
+    result = client_update(state.shared, personal, x, y, count, train_key, state.round)
+    # A diverged client is a failed client: it uploads zero and keeps its old head.
+    finite = _all_finite((result.delta, result.personal, result.train_loss))
+    delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), result.delta)
+    if update_hook is not None:  # after the check: an audit canary uploads its vector even if
+      delta = update_hook(client_id, delta)  # its own training diverged
+    new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                result.personal, personal)
+    mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.keep_fraction)
+    if mask is not None:
+      delta = sparsify.apply_mask(delta, mask)
+    support = mask if spec.noise_on_mask else None
+    upload, norm = mech.clip(delta)                                            # line 18
+    clean = upload if mech.distributed else None  # for the diagnostics' un-noised sum
+    upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
+    upload = spec.postprocess.client(upload, params.keep_fraction)  # e.g. top-k of its noised upload
+    return (upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite,
+            clean)
+
+  def round_step(state: ServerState, data, key):
+    mech, _ = round_pieces(state, data)
     streams = keys.round_keys(key, state.round)
     sampled = mech.sample(streams.sample, state.round, key)                      # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
@@ -256,32 +293,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     id_blocks = sampled_id_blocks(sampled)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.keep_fraction)
-
-    def one_client(personal, client_id):
-      # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
-      # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
-      client_key = keys.client_key(streams.clients, client_id)
-      x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key),
-                                         local_config.subset_draw)
-      train_key, upload_key = keys.train_and_upload(client_key)
-      result = client_update(state.shared, personal, x, y, count, train_key, state.round)
-      # A diverged client is a failed client: it uploads zero and keeps its old head.
-      finite = _all_finite((result.delta, result.personal, result.train_loss))
-      delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), result.delta)
-      if update_hook is not None:  # after the check: an audit canary uploads its vector even if
-        delta = update_hook(client_id, delta)  # its own training diverged
-      new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                  result.personal, personal)
-      mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.keep_fraction)
-      if mask is not None:
-        delta = sparsify.apply_mask(delta, mask)
-      support = mask if spec.noise_on_mask else None
-      upload, norm = mech.clip(delta)                                            # line 18
-      clean = upload if mech.distributed else None  # for the diagnostics' un-noised sum
-      upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
-      upload = spec.postprocess.client(upload, params.keep_fraction)  # e.g. top-k of its noised upload
-      return (upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite,
-              clean)
+    env = (state, data, streams, cohort, round_mask)
 
     def chunk(carry):
       k, upload_sum, support, personal, stats = carry
@@ -290,7 +302,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
       safe_ids = jnp.where(valid, ids, 0)
       take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
       uploads, new_personal, norms, losses, masks, finite, clipped_uploads = map_clients(
-          one_client, take(personal), safe_ids)
+          one_client, env, take(personal), safe_ids)
       upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
       if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
         support = jax.tree.map(jnp.maximum, support, _masked_max(masks, valid))

@@ -239,9 +239,12 @@ def finished_record(config, workdir: str) -> dict | None:
   for k, default in ADDED_FIELDS.items():
     old.setdefault(k, default)
   resolved = ('dp.noise_multiplier', 'dp.delta')  # None in the config, filled in config.json
-  how_often = ('eval_every', 'checkpoint_every')  # change nothing about a finished run
+  # How often it evaluated and checkpointed, and which executor ran the cohort (the same clients,
+  # keys and steps; float rounding apart), change nothing about a finished run: a sweep's CPU-run
+  # seeds count on a GPU host, and a grid moved to another executor keeps its finished runs.
+  how_it_ran = ('eval_every', 'checkpoint_every', 'executor')
   same = all(old.get(k) == new.get(k) or (k in resolved and new.get(k) is None)
-             for k in set(old) | set(new) if k not in how_often)
+             for k in set(old) | set(new) if k not in how_it_ran)
   if (same and records and records[-1]['round'] >= config.num_rounds
       and checkpoint.latest_round(workdir) == records[-1]['round']):
     return records[-1]

@@ -3,10 +3,11 @@
 One mesh axis, 'clients', over every device of every process (`jax.devices()` is global after
 `jax.distributed.initialize`). Inside the round step the stacked inputs of a chunk of client slots
 are constrained to `P('clients')`, so each device trains its own slice of the cohort (a GPU/TPU
-vmaps its slice; a CPU device, one per core with `JAX_NUM_CPU_DEVICES`, trains its slots one at a
-time, as the sequential executor does: map_one_slot_per_device); the server
+vmaps its slice; a CPU device, one per core with `JAX_NUM_CPU_DEVICES`, loops over its slots as the
+sequential executor does: map_slots_on_each_device); the server
 state and the federated data are replicated (every device can gather any client), and the sum of
-the uploads becomes an all-reduce. The same program runs on 1 device, 8 forced CPU devices, a GPU
+the uploads becomes an all-reduce (on a CPU, where the slots run in a shard_map, a gather of the
+uploads). The same program runs on 1 device, 8 forced CPU devices, a GPU
 host or a TPU pod slice.
 """
 
@@ -49,19 +50,32 @@ def shard_clients(tree, mesh: Mesh):
   return jax.lax.with_sharding_constraint(tree, client_sharding(mesh))
 
 
-def map_one_slot_per_device(f, xs, mesh: Mesh):
-  """f over the leading (slot) axis of `xs`, each device running its slots one at a time.
+def map_slots_on_each_device(f, env, xs, mesh: Mesh):
+  """f(env, *slot) over the leading (slot) axis of `xs`, each device looping over its own slots
+  (jax.shard_map); `env`, what every slot reads, enters replicated.
 
-  The CPU form of the sharded executor: slots [S, ...] become rows [S / n, n, ...], row k holding
-  the k-th slot of each device's block; a lax.map walks the rows and vmaps each row's n slots, split
-  over the n devices, so every device trains one client per step (as the 'sequential' executor does
-  on one device), on its own core. Outputs come back in slot order.
+  The CPU form of the sharded executor: inside the shard_map each device runs a lax.map over its
+  slots, as the 'sequential' executor does on one device, so a padded step or an empty slot stays a
+  real lax.cond and is skipped (a vmap would turn it into a select and compute both branches: on
+  ragged clients, e.g. Shakespeare's roles, most steps are padding). Slot s goes to device s mod n:
+  a chunk's sampled clients fill its first slots, and this spreads them evenly. Outputs come back
+  in slot order. f must read the round's arrays from `env`, not from a closure: inside shard_map a
+  closed-over array still carries the outer (auto) mesh, which jax refuses to mix with the manual one.
   """
   n = num_shards(mesh)
-  # Device d holds slots [d S/n, (d + 1) S/n), as P('clients') places them: row k is slot k of each.
-  rows = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(n, -1, *x.shape[1:]), 0, 1), xs)
-  out = jax.lax.map(lambda row: jax.vmap(f)(*shard_clients(row, mesh)), rows)
-  return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape(-1, *y.shape[2:]), out)
+
+  def by_device(x):  # slot s = k n + d  ->  position d S/n + k
+    return jnp.swapaxes(x.reshape(-1, n, *x.shape[1:]), 0, 1).reshape(x.shape)
+
+  def by_slot(y):  # the inverse
+    return jnp.swapaxes(y.reshape(n, -1, *y.shape[1:]), 0, 1).reshape(y.shape)
+
+  def each_device(env, local):
+    return jax.lax.map(lambda a: f(env, *a), local)
+
+  out = jax.shard_map(each_device, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS),
+                      check_vma=False)(env, jax.tree.map(by_device, tuple(xs)))
+  return jax.tree.map(by_slot, out)
 
 
 def replicate(tree, mesh: Mesh | None = None):

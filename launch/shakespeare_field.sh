@@ -12,14 +12,17 @@
 # "char_lstm_small char_lstm"), EPOCHS (centralized epochs, default 10), SECONDS_LEFT (stop every
 # step with SIGTERM after this many seconds: runs checkpoint at a round boundary; for a bounded
 # device call), PLAN=1 (print the plans only), PARALLEL (runs at a time for the tuning and the
-# sweep, default 1; the 2-core CPU ran 2: each run's small per-step GEMMs use one core).
-# executor 'auto': sequential on a CPU, vmap on a GPU.
+# sweep, default 1), JAX_NUM_CPU_DEVICES (default: one per core).
+# The config's executor is 'sharded': on a CPU each device (one per core) loops over its share of
+# the cohort, 1.8x one sequential run on 2 cores and ~1.4x two of them at a time, so keep
+# PARALLEL=1 there; a GPU vmaps the cohort.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-$HOME/sweeps}
 MODELS=${MODELS:-char_lstm_small}
 EPOCHS=${EPOCHS:-10}
 PARALLEL=${PARALLEL:-1}
+export JAX_NUM_CPU_DEVICES=${JAX_NUM_CPU_DEVICES:-$(nproc)}
 CONFIG=experiments/configs/shakespeare_field.py
 NAME=shakespeare_field
 START=$(date +%s)

@@ -133,3 +133,21 @@ def test_a_committed_run_with_the_old_field_names_is_the_same_run(tmp_path):
   path.write_text(json.dumps(old))
   with pytest.raises(ValueError, match=r'local\.lr_shared: 0\.5 -> 0\.05'):
     run_files.check_same_run(str(tmp_path), resolved)
+
+
+def test_a_finished_run_is_found_under_another_executor_but_a_resume_is_not_moved(tmp_path):
+  """Which executor trained the cohort does not make another run: a finished run counts for a
+  config that names another executor (a sweep moved to 'sharded', CPU seeds read on a GPU host);
+  resuming a checkpoint under another executor is still refused (the resume would not repeat the
+  run bit for bit)."""
+  config = tiny_config(num_rounds=2, eval_every=2, executor='sequential')
+  final = train.train_and_evaluate(config, str(tmp_path))
+  for executor in ('sharded', 'vmap'):
+    other = config.copy_and_resolve_references()
+    other.executor = executor
+    assert run_files.finished_record(other, str(tmp_path)) == final
+  other.num_rounds = 3  # one round more: it resumes, so the executor must be the run's
+  assert run_files.finished_record(other, str(tmp_path)) is None
+  resolved = json.loads((tmp_path / 'config.json').read_text())
+  with pytest.raises(ValueError, match=r"executor: 'sequential' -> 'vmap'"):
+    run_files.check_same_run(str(tmp_path), dict(resolved, executor='vmap'))

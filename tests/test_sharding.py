@@ -60,15 +60,16 @@ def _child(devices: int) -> dict:
         'capacity': rc.capacity,
         'state_devices': len(leaf.sharding.device_set),
         'state_replicated': bool(leaf.sharding.is_fully_replicated),
-        'all_reduce': 'all-reduce' in hlo,
+        'collectives': sorted({c for c in ('all-reduce', 'all-gather', 'all-to-all', 'collective-permute')
+                               if c in hlo}),
         # On a CPU each device loops over its slots: one while loop more than vmap's program.
         'extra_loops': hlo.count(' while(') - ref_hlo.count(' while('),
     }
   # The CPU loop keeps slot order: slot i's output is f of slot i's input.
   mesh = sharding.client_mesh()
   slots = np.arange(2 * devices * 3, dtype=np.float32).reshape(2 * devices, 3)
-  mapped = jax.jit(lambda x: sharding.map_one_slot_per_device(lambda r: (r * 2, r.sum()), (x,),
-                                                               mesh))(slots)
+  mapped = jax.jit(lambda x: sharding.map_slots_on_each_device(
+      lambda env, r: (r * env, r.sum()), 2.0, (x,), mesh))(slots)
   out['slot_order'] = bool(np.array_equal(mapped[0], 2 * slots)
                            and np.array_equal(mapped[1], slots.sum(1)))
   return out
@@ -90,8 +91,9 @@ def test_sharded_executor_matches_vmap(devices):
     assert r['max_abs_diff'] <= 1e-5 and r['loss_diff'] <= 1e-5, (name, r)
     assert r['cohort'] > 0 and r['capacity'] % devices == 0, (name, r)
     assert r['state_devices'] == devices and r['state_replicated'], (name, r)
-  if devices > 1:  # the cohort really was split: the upload sum is a cross-device reduction
-    assert result['sharded']['all_reduce'], result
+  if devices > 1:  # the cohort really was split: its uploads cross devices to be summed (an
+    # all-reduce where each device sums its slice; the CPU loop gathers them back in slot order)
+    assert result['sharded']['collectives'], result
     # 10 default slots -> 16; chunk_size=4 caps a chunk at 4 slots, rounded up to 8 devices.
     assert result['sharded']['capacity'] == 16 and result['sharded_chunked']['capacity'] == 8
 

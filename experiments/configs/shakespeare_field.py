@@ -89,6 +89,11 @@ DP2-FedSAM ~1.5 h, DP-FedAvg-FT ~1.1 h (each evaluation fine-tunes every role on
 ~1-1.3 h (a second, validation evaluation) = ~10 h; protocol block 3 x 6.2 h = ~18.5 h; privacy
 block 3 x 2 x 4.45 h = ~27 h; 42 re-evaluations ~1.5 h; centralized bounds ~1.5 h (87 s and ~440 s
 an epoch, 10 epochs); ~60 CPU hours in all.
+Executor (2026-11-27, FedAvg at the operating point, rounds 6-30, nothing else running): sequential
+0.72 s a round; 'sharded' on 2 CPU devices 0.40 s (each device loops over every other slot, padded
+steps skipped); 2 sequential runs at a time ran ~1.1 s a round each (0.55 s a run-round). So the
+grid runs one at a time, sharded: ~1.4x the runs per hour of 2 sequential ones. The runs finished
+before (FedAvg seeds 0-2, FedRep seed 0-1) ran sequentially, 2 at a time.
 GPU, estimated, not measured here: the vmapped char_lstm round ran 12-18x faster than sequential on
 an H200 at cohorts 50-500 (benchmarks/README.md) and ~0.01 s per vmapped local step at cohort 10
 (0.048 s for a DP2-FedSAM round of 2 batches, 2 gradients each); at that rate a 1,000-round run of
@@ -161,7 +166,10 @@ def get_config(arg: str | None = None):
   c.num_rounds, c.eval_every = op.pop('num_rounds'), EVAL_EVERY
   c.sampling_rate = round(op.pop('cohort') / NUM_CLIENTS, 5)
   c.server_lr = op.pop('server_lr')
-  c.executor = 'auto'  # sequential on a CPU, vmap on a GPU
+  # Each device loops over its share of the cohort (a GPU vmaps it): one device per core with
+  # JAX_NUM_CPU_DEVICES (launch/shakespeare_field.sh sets it), else the sequential loop. Runs
+  # finished under 'auto' (sequential) still count (run_files.finished_record).
+  c.executor = 'sharded'
   _common.set_fields(c, {
       'local.personal_epochs': args['personal_epochs'], 'local.shared_epochs': 1,
       'local.finetune_epochs': 1, 'local.lr_personal': HEAD_LR, 'local.momentum': 0.0,
