@@ -416,6 +416,22 @@ def _gap(hi: Row, lo: Row) -> tuple[float, float]:
   return gap, gap / pooled if pooled > 0 else float('nan')
 
 
+def rule_label(candidate: Row, reference: Row, min_gap: float = 0.01, min_seeds: int = 3,
+               key: str = 'test_accuracy_pooled') -> tuple[str, float, float]:
+  """(label, d, s): a pre-declared rule between two rows (experiments/configs/shakespeare_field.py).
+
+  d = the candidate's mean over seeds of `key` minus the reference's, s = the pooled seed std
+  sqrt((s_c^2 + s_r^2) / 2). 'helps' if d >= max(min_gap, 2 s), 'hurts' if d <= -max(min_gap, 2 s),
+  else 'level'; 'undecided' while either row has fewer than min_seeds seeds."""
+  (c_mean, c_std), (r_mean, r_std) = candidate.pooled[key], reference.pooled[key]
+  d = c_mean - r_mean
+  s = math.sqrt((c_std ** 2 + r_std ** 2) / 2)
+  if min(candidate.num_seeds, reference.num_seeds) < min_seeds or math.isnan(d + s):
+    return 'undecided', d, s
+  bar = max(min_gap, 2 * s)
+  return ('helps' if d >= bar else 'hurts' if d <= -bar else 'level'), d, s
+
+
 def reference_gaps(rows: list[Row], reference: str) -> dict:
   """The reference method against every other method at the same eps: (config, setting without
   eps) -> {other method: {eps label: (reference row, other row, gap, gap / pooled std)}}, for the

@@ -511,3 +511,25 @@ def test_pooled_gain_is_the_slope_over_the_last_200_rounds_per_100_rounds():
   assert report.pooled_gain_per_100_rounds(records) == pytest.approx(0.005)
   assert math.isnan(report.pooled_gain_per_100_rounds([{'round': 1000, 'test_accuracy_pooled': 0.5}]))
   assert math.isnan(report.pooled_gain_per_100_rounds([{'round': 900}, {'round': 1000}]))
+
+
+def _row_with_pooled(values):
+  mean, std = report._mean_std(values)
+  return report.Row('c', 's', 'm', epsilon=math.inf, num_seeds=len(values), final_round=1,
+                    final_acc=(mean, std), best_acc=(mean, std), seconds_per_round=1.0, note='',
+                    pooled={'test_accuracy_pooled': (mean, std)})
+
+
+@pytest.mark.parametrize('candidate, reference, label', [
+    ([0.4479, 0.4477, 0.4480], [0.5197, 0.5198, 0.5203], 'hurts'),  # the field study's scale
+    ([0.530, 0.531, 0.532], [0.519, 0.520, 0.521], 'helps'),        # +1.1 points, s = 0.1
+    ([0.526, 0.527, 0.528], [0.519, 0.520, 0.521], 'level'),        # +0.7 points: under 1 point
+    ([0.60, 0.40, 0.62], [0.50, 0.51, 0.52], 'level'),              # +3 points, s ~ 8 points
+    ([0.45, 0.45], [0.52, 0.52, 0.52], 'undecided'),                # 2 seeds: no verdict yet
+])
+def test_the_decision_rule_labels_by_one_point_and_two_pooled_stds(candidate, reference, label):
+  got, d, s = report.rule_label(_row_with_pooled(candidate), _row_with_pooled(reference))
+  assert got == label
+  assert d == pytest.approx(np.mean(candidate) - np.mean(reference))
+  if len(candidate) > 1:
+    assert s == pytest.approx(math.sqrt((np.var(candidate, ddof=1) + np.var(reference, ddof=1)) / 2))
