@@ -49,6 +49,11 @@ R *helps* if d >= max(1 point, 2 s), *hurts* if d <= -max(1 point, 2 s), else it
 Output-layer personalization helps (hurts) on this data if FedRep with personal_epochs 10 and the re-fit
 -- FedRep's own protocol, the pre-declared primary row -- helps (hurts); the other rows are reported
 with their labels and do not change the verdict. local_only and plain FedAvg are references.
+PROTOCOL's head epochs (fixed before any 1-epoch row ran, 2026-11-27): those of the personal-head row
+(P-FedSAM or FedRep, 1 or 10 epochs, with the re-fit) with the highest mean pooled accuracy over
+its 3 seeds.
+Verdict (2026-11-27, report.rule_label): FedRep with 10 head epochs and the re-fit 44.83 +- 0.09 %
+against FedAvg + head fine-tune 51.99 +- 0.03 %: d = -7.17 points, s = 0.07: *hurts*.
 
 (c) Privacy study, seeds 0-2, 24 runs: DP2-FedSAM, CENTAUR, DP-FedAvg, DP-FedAvg-FT at eps 2 and 8
 (delta = 1/N, PLD; sigma calibrated by the engine from dp.target_epsilon for the operating point's T
@@ -125,7 +130,8 @@ OPERATING_POINT = {
     'num_rounds': 1000, 'cohort': 20, 'server_lr': 1.0,
     'local.lr_shared': 2.871, 'local.lr_decay': 1.0, 'local.batch_size': 10, 'local.max_examples': 80,
 }
-# Head epochs a visit for the privacy block's personal-head methods: set from the protocol study.
+# Head epochs a visit for the privacy block's personal-head methods: set from the protocol study
+# (the best personal-head row, docstring (b)); 10 hurts, the 1-epoch rows are running.
 PROTOCOL = {'personal_epochs': 1}
 HEAD_LR = 0.5  # local.lr_personal, as shakespeare.py
 # The test-time protocol of every re-evaluation (docs/evaluation.md section 2).
