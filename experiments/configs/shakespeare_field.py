@@ -196,16 +196,23 @@ def get_config(arg: str | None = None):
   return c
 
 
-# Hours of one 1,000-round run (20 evaluations) as measured above; launch.sweep --plan sums them.
-PLANNED_ON = 'CPU hours, 2 shared cores, char_lstm_small before the LSTM speed-up; a GPU ~12-18x less'
-RUN_HOURS = {'fedavg': 0.85, 'dp_fedavg': 0.85, 'fedrep': 1.0, 'centaur': 1.0, 'p_fedsam': 1.5,
-             'dp2fedsam': 1.5, 'dp_fedavg_ft': 1.1, 'local_only': 0.3}
+# Hours of one 1,000-round run (20 evaluations), one at a time, executor sharded on the 2 cores
+# (2026-11-27, with evaluations): measured whole, FedRep with 10 head epochs 0.42 h and P-FedSAM with 1
+# 0.45 h (1.55 s a round); FedAvg 0.13 h from 30 rounds at 0.40 s; the rest scaled from these (a head
+# epoch a visit as in FedRep - FedAvg, SAM as in P-FedSAM; DP-FedAvg-FT fine-tunes at every evaluation).
+PLANNED_ON = 'CPU hours, 2 cores as 2 devices (executor sharded), char_lstm_small; a GPU ~12-18x less'
+RUN_HOURS = {'fedavg': 0.13, 'dp_fedavg': 0.13, 'fedrep': 0.15, 'centaur': 0.15, 'p_fedsam': 0.45,
+             'dp2fedsam': 0.45, 'dp_fedavg_ft': 0.2, 'local_only': 0.3}
+TEN_HEAD_EPOCHS_HOURS = 0.27  # FedRep with 10 head epochs a visit (0.42 h) - with 1 (~0.15 h)
 LARGE_MODEL_FACTOR = 5.0  # char_lstm's SGD step of 10 rows against char_lstm_small's: 0.097 / 0.019 s
                           # (the centralized smoke checks, docs/evaluation.md section 5)
 
 
 def planned_hours(args: dict) -> float:
   hours = RUN_HOURS[args['method']]
+  head_epochs = args.get('personal_epochs', PROTOCOL['personal_epochs'])
+  if args['method'] in HEAD_METHODS + PRIVATE and head_epochs >= 10:
+    hours += TEN_HEAD_EPOCHS_HOURS
   return hours * (LARGE_MODEL_FACTOR if args.get('model', 'char_lstm_small') == 'char_lstm' else 1.0)
 
 
