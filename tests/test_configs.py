@@ -366,6 +366,7 @@ def test_shakespeare_field_privacy_block_clips_adaptively_below_the_median():
   for entry in private[:8]:
     c = module.get_config(sweep.arg_string(entry))
     assert c.dp.clipping == 'adaptive' and c.dp.target_quantile < 0.5
+    assert c.eval_every == module.PRIVATE_EVAL_EVERY and c.num_rounds % c.eval_every == 0
     sigma = module.fixed_clip_sigma(entry['eps'], c.sampling_rate, c.num_rounds)
     assert c.dp.count_noise_multiplier == pytest.approx(1.2 * sigma, abs=1e-3)
   assert module.fixed_clip_sigma(2.0, round(20 / 1063, 5), 1000) == pytest.approx(1.117, abs=2e-3)
