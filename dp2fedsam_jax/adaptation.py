@@ -27,7 +27,7 @@ import dataclasses
 
 import jax
 
-from dp2fedsam_jax import local
+from dp2fedsam_jax import local, sharding
 from dp2fedsam_jax.algorithms.specs import MethodSpec
 from dp2fedsam_jax.errors import ConfigError
 
@@ -131,7 +131,7 @@ def make_adapt(spec: MethodSpec, model, local_config: local.LocalConfig, protoco
 
 def evaluation_batch_size(protocol: Protocol, executor: str, default: int) -> int:
   """Clients the evaluation vmaps at once: adaptation gives each client its own weights, one at a
-  time under the sequential executor (as the -FT evaluation); `default` otherwise."""
-  if protocol.adapt_epochs > 0 and executor == 'sequential':
+  time where the round loops over clients (as the -FT evaluation); `default` otherwise."""
+  if protocol.adapt_epochs > 0 and sharding.loops_over_clients(executor):
     return 1
   return default

@@ -148,7 +148,7 @@ def client_mapper(executor: str, chunk_size: int | None) -> Callable:
   # sharded: each device trains its slice of the slots (capacity <= chunk_size), the way one device
   # of its kind is fastest: a GPU/TPU vmaps it, a CPU device (one per core) loops over it
   mesh = sharding.client_mesh()
-  if jax.default_backend() == 'cpu':
+  if sharding.loops_over_clients(executor):
     return lambda f, env, *xs: sharding.map_slots_on_each_device(f, env, xs, mesh)
   return lambda f, env, *xs: jax.vmap(functools.partial(f, env))(*sharding.shard_clients(xs, mesh))
 

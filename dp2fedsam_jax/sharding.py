@@ -50,6 +50,17 @@ def shard_clients(tree, mesh: Mesh):
   return jax.lax.with_sharding_constraint(tree, client_sharding(mesh))
 
 
+def loops_over_clients(executor: str, backend: str | None = None) -> bool:
+  """Whether each device trains one client at a time under the config's `executor`: 'sequential',
+  or 'sharded' and 'auto' on CPU devices ('auto' is 'sequential' there:
+  federated_round.resolve_executor; 'sharded': map_slots_on_each_device). Work that gives every
+  client its own weights outside the round (fine-tuning and adaptation evaluations, local_only)
+  loops there too: vmapped per-client weights make every GEMM a batched one, 4-5x slower on 2 CPU
+  cores (benchmarks/README.md)."""
+  on_cpu = (backend or jax.default_backend()) == 'cpu'
+  return executor == 'sequential' or (executor in ('auto', 'sharded') and on_cpu)
+
+
 def map_slots_on_each_device(f, env, xs, mesh: Mesh):
   """f(env, *slot) over the leading (slot) axis of `xs`, each device looping over its own slots
   (jax.shard_map); `env`, what every slot reads, enters replicated.

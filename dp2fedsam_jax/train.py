@@ -555,8 +555,8 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   start = time.perf_counter()
   evaluate = jax.jit(local_only.make_evaluate(
       exp.spec, exp.model, exp.local_config, config.num_rounds, exp.initial_params(),
-      # Every client trains its own model: one at a time in a loop on CPU, as -FT evaluations.
-      1 if exp.round_config.executor == 'sequential' else CLIENTS_PER_BATCH,
+      # Every client trains its own model: one at a time where the round loops, as -FT evaluations.
+      1 if sharding.loops_over_clients(exp.round_config.executor) else CLIENTS_PER_BATCH,
       eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed)))
   metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
   record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,

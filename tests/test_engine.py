@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import train
+from dp2fedsam_jax import adaptation, sharding, train
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
@@ -306,12 +306,18 @@ def test_evaluation_is_the_mean_own_head_accuracy_over_clients_with_test_data():
 
 
 def test_finetune_evaluation_is_the_same_one_client_at_a_time():
-  """-FT evaluations loop over clients on the sequential executor (evaluation_batch_size); the
-  result is the vmapped one up to float rounding."""
+  """-FT evaluations loop over clients where the round does (evaluation_batch_size: sequential, or
+  sharded on CPU devices); the result is the vmapped one up to float rounding."""
   from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
+  loops = sharding.loops_over_clients
+  assert loops('sequential', 'gpu') and loops('sharded', 'cpu') and loops('auto', 'cpu')
+  assert not (loops('sharded', 'gpu') or loops('vmap', 'cpu') or loops('auto', 'tpu'))
   exp = build(method='dp_fedavg_ft', **{'local.finetune_epochs': 1})
   assert evaluation_batch_size(exp.spec, 'sequential') == 1
+  assert evaluation_batch_size(exp.spec, 'sharded') == 1  # this test runs on CPU
   assert evaluation_batch_size(exp.spec, 'vmap') > 1
+  protocol = adaptation.Protocol(adapt_epochs=1, adapt_lr=0.1)
+  assert [adaptation.evaluation_batch_size(protocol, e, 64) for e in ('sharded', 'vmap')] == [1, 64]
   assert evaluation_batch_size(train.get_method('dp2fedsam'), 'sequential') > 1  # forward only
   state, _ = run_rounds(exp)
   key = exp.eval_key(1)
