@@ -72,6 +72,17 @@ def _child(devices: int) -> dict:
       lambda env, r: (r * env, r.sum()), 2.0, (x,), mesh))(slots)
   out['slot_order'] = bool(np.array_equal(mapped[0], 2 * slots)
                            and np.array_equal(mapped[1], slots.sum(1)))
+  # The audit's canary hook closes over traced canary directions and signs; the sharded round (a
+  # shard_map on a CPU) runs it too and releases what the vmapped one does.
+  from dp2fedsam_jax import canaries
+  settings = canaries.AuditSettings(num_trials=2, num_canaries=4, num_rounds=2)
+  projections = {}
+  for executor in ('vmap', 'sharded'):
+    audited = canaries.with_canary_clients(dataclasses.replace(
+        exp, round_config=dataclasses.replace(exp.round_config, executor=executor)), 4)
+    projections[executor] = canaries.audit_scores(audited, settings).projections
+  out['audit_max_abs_diff'] = float(np.max(np.abs(projections['vmap'] - projections['sharded'])))
+  out['audit_scores_nonzero'] = bool(np.any(projections['vmap'] != 0))
   return out
 
 
@@ -85,6 +96,7 @@ def test_sharded_executor_matches_vmap(devices):
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result.pop('slot_order'), result
+  assert result.pop('audit_scores_nonzero') and result.pop('audit_max_abs_diff') <= 1e-4, result
   for name, r in result.items():
     if r['capacity'] > devices:  # CPU: each device trains its slots one at a time
       assert r['extra_loops'] >= 1, (name, r)
