@@ -93,7 +93,8 @@ test run beside it); compile 7-23 s; one evaluation of all 1,063 roles ~5-15 s. 
 roles 78 s wall, the 10-epoch full fine-tune of 100 random roles 51 s (~6 min for all). Per
 1,000-round run (20 evaluations): FedAvg / DP-FedAvg ~0.85 h, FedRep / CENTAUR ~1.0 h, P-FedSAM /
 DP2-FedSAM ~1.5 h, DP-FedAvg-FT ~1.1 h (each evaluation fine-tunes every role one epoch), local_only
-~0.3 h (54 s a visit of every role, docs/evaluation.md; seed 0 ran vmapped, 92 s a visit). Planned CPU hours: tuning K = 9 trials x
+~0.3 h (54 s a visit of every role, docs/evaluation.md; seed 0 ran vmapped, 92 s a visit).
+Planned CPU hours: tuning K = 9 trials x
 ~1-1.3 h (a second, validation evaluation) = ~10 h; protocol block 3 x 6.2 h = ~18.5 h; privacy
 block 3 x 2 x 4.45 h = ~27 h; 42 re-evaluations ~1.5 h; centralized bounds ~1.5 h (87 s and ~440 s
 an epoch, 10 epochs); ~60 CPU hours in all.
