@@ -202,7 +202,33 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
         f"| {accuracy} | {t['selection_epsilon']:.3f} | {t['per_trial_epsilon']:.3f} | "
         f"{t['naive_epsilon']:.3f} ({t['naive_trials']}) | {t['delta']:.3g} | {cost} |")
   notes = [n for _, t in tunings for n in t.get('notes', [])]
-  return lines + [''] + [f'- {n}' for n in notes] + ([''] if notes else [])
+  return (lines + [''] + [f'- {n}' for n in notes] + ([''] if notes else [])
+          + trial_lines(tunings, root))
+
+
+def trial_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
+  """Every trial of every tuning: tuning.json's `trials`, the operator's record."""
+  lines = []
+  for directory, t in tunings:
+    if not t.get('trials'):
+      continue
+    names = sorted({k for trial in t['trials'] for k in trial.get('values', {})})
+    lines += [f"### Trials of {os.path.relpath(directory, root) or '.'}: the operator's record", '',
+              "Not covered by the selection ε: publishing every trial's score is K releases (the "
+              'naive composition). *Metric* is the un-noised selection metric '
+              f"({t.get('selected_by', '?').split(' ')[0]}), *score* what the selection compared.", '',
+              '| trial | ' + ' | '.join(names) + ' | status | metric | score | test acc |',
+              '|---|' + '---|' * (len(names) + 4)]
+    for trial in t['trials']:
+      def pct(key, trial=trial):
+        value = trial.get(key)
+        return '–' if value is None else f'{100 * value:.2f}'
+      run = trial['run'] + (' (selected)' if trial['run'] == t.get('selected_run') else '')
+      values = ' | '.join(_fmt(trial.get('values', {}).get(k, '–')) for k in names)
+      lines.append(f"| {run} | {values} | {trial['status']} | {pct('metric')} | {pct('score')} "
+                   f"| {pct('test_accuracy')} |")
+    lines.append('')
+  return lines
 PROTOCOL_FIELDS = ('eval.adapt_epochs', 'eval.adapt_lr', 'eval.adapt_part', 'eval.head_init',
                    'eval_clients')
 _PROTOCOL_DEFAULTS = (0, None, 'auto', 'own', None)
@@ -866,6 +892,11 @@ def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bo
   if copy_runs:
     copy_run_files([r for r in runs if not r.protocol], root, out)
     copy_tuning_files(tunings, root, out)
+  if not runs:  # tunings only: their trials are in their own section, not in the run tables
+    md = os.path.join(out, 'results.md')
+    with open(md, 'w') as f:
+      f.write('\n'.join(['# Results', ''] + tuning_lines(tunings, root)))
+    return {'markdown': md, 'csv': None, 'plots': [], 'num_runs': 0, 'failures': []}
   rows = summarize(runs)
   md, csv_path = write_tables(rows, out, reference)
   # Re-evaluations are one final point each: in the tables, not in the plots.

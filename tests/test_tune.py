@@ -180,6 +180,29 @@ def test_the_report_says_a_proxy_tuning_costs_the_private_clients_nothing_and_k0
   assert '- K = 0 was drawn' in text
 
 
+def test_the_report_lists_every_trial_as_the_operators_record_and_a_tuning_alone_has_no_run_table(
+    tmp_path):
+  tuning = {'status': 'done', 'trial_distribution': {'name': 'poisson', 'mu': 2.0},
+            'selection_epsilon': 3.0, 'per_trial_epsilon': 1.0, 'naive_epsilon': 2.0,
+            'naive_trials': 2, 'delta': 1e-3, 'num_trials': 2, 'selected_run': 'trial=1',
+            'proxy': None, 'selected_by': 'validation_accuracy + N(0, score_noise^2) ...',
+            'trials': [{'run': 'trial=0', 'status': 'failed', 'score': None,
+                        'values': {'dp.clip_norm': 0.5}},
+                       {'run': 'trial=1', 'status': 'finished', 'score': 0.9, 'metric': 0.8,
+                        'test_accuracy': 0.75, 'values': {'dp.clip_norm': 0.25}}]}
+  directory = tmp_path / 'cfg' / 'study'
+  directory.mkdir(parents=True)
+  (directory / 'tuning.json').write_text(json.dumps(tuning))
+  out = tmp_path / 'out'
+  paths = report.write_report(str(tmp_path), str(out))
+  text = (out / 'results.md').read_text()
+  assert "### Trials of cfg/study: the operator's record" in text and 'Not covered by' in text
+  assert '| trial=0 | 0.5 | failed | – | – | – |' in text
+  assert '| trial=1 (selected) | 0.25 | finished | 80.00 | 90.00 | 75.00 |' in text
+  assert paths['csv'] is None and not (out / 'results.csv').exists()
+  assert '## Plots' not in text and 'mean ± sample std over seeds' not in text
+
+
 def test_a_study_without_a_validation_split_is_refused():
   spec = tune._check_spec('tiny', {**sweep.load_config_module(CONFIG).tuning_space()['tiny'],
                                    'fixed': {}})
