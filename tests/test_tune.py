@@ -23,14 +23,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, 'experiments', 'configs', 'tune_tiny.py')
 
 
-def _independent_epsilon(config: dict, mean: float, score_noise: float) -> float:
-  """dp_accounting's own repeat-and-select event over the run's recorded sigma, q, T and delta."""
+def _independent_epsilon(config: dict, mean: float, score_noise: float, shape=np.inf) -> float:
+  """dp_accounting's own repeat-and-select event over the run's recorded sigma, q, T and delta
+  (shape inf: K ~ Poisson, 0: logarithmic)."""
   dp = config['dp']
   rounds = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       config['sampling_rate'], dp_accounting.GaussianDpEvent(dp['noise_multiplier'])),
       config['num_rounds'])
   trial = dp_accounting.ComposedDpEvent([rounds, dp_accounting.GaussianDpEvent(score_noise)])
-  event = dp_events.RepeatAndSelectDpEvent(trial, mean, np.inf)  # shape inf: Poisson
+  event = dp_events.RepeatAndSelectDpEvent(trial, mean, shape)
   return RdpAccountant().compose(event).get_epsilon(dp['delta'])
 
 
@@ -201,6 +202,33 @@ def test_the_report_lists_every_trial_as_the_operators_record_and_a_tuning_alone
   assert '| trial=1 (selected) | 0.25 | finished | 80.00 | 90.00 | 75.00 |' in text
   assert paths['csv'] is None and not (out / 'results.csv').exists()
   assert '## Plots' not in text and 'mean ± sample std over seeds' not in text
+
+
+COMMITTED = os.path.join(ROOT, 'experiments', 'results', 'fmnist_tuning', 'runs')
+
+
+@pytest.mark.parametrize('study', ['dp2fedsam', 'dp_fedavg_ft'])
+def test_the_committed_fashion_mnist_tuning_is_what_its_files_say(study):
+  """The README's tuned numbers: selection eps from dp_accounting over the selected run's recorded
+  sigma, q, T, delta; the selected run the best noised score (recomputed from its seed); its test
+  accuracy the run's last record."""
+  directory = os.path.join(COMMITTED, study)
+  result = json.load(open(os.path.join(directory, 'tuning.json')))
+  assert result['status'] == 'done' and result['trial_distribution']['eta'] == 0.0
+  config = json.load(open(os.path.join(directory, result['selected_run'], 'config.json')))
+  assert config['validation_fraction'] == 0.1 and config['dp']['target_epsilon'] == 1.0
+  assert result['selection_epsilon'] == pytest.approx(_independent_epsilon(
+      config, result['expected_trials'], result['score_noise'], shape=0.0), rel=1e-6)
+  assert result['expected_trials'] == pytest.approx(10.0)
+  scores = []
+  for index, trial in enumerate(result['trials']):
+    record = [json.loads(l) for l in open(os.path.join(directory, trial['run'], 'metrics.jsonl'))][-1]
+    assert record['round'] == 200 and trial['test_accuracy'] == record['test_accuracy']
+    z = np.random.default_rng([result['plan']['seed'], 2, index]).standard_normal()
+    scores.append((record['validation_accuracy_sum'] + result['score_noise'] * z) / 1000)
+    assert trial['score'] == pytest.approx(scores[-1], rel=1e-9)
+  assert result['selected_run'] == result['trials'][int(np.argmax(scores))]['run']
+  assert len(result['trials']) == result['num_trials'] == len(result['plan']['candidates'])
 
 
 def test_a_study_without_a_validation_split_is_refused():
