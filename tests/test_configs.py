@@ -42,6 +42,22 @@ def _module(name):
   return importlib.import_module(f'experiments.configs.{name}')
 
 
+@pytest.fixture(autouse=True)
+def _shakespeare_field_protocol_decided(monkeypatch):
+  """The whole shakespeare_field grid (its privacy block waits for PROTOCOL_DECIDED in the file)."""
+  monkeypatch.setattr(_module('shakespeare_field'), 'PROTOCOL_DECIDED', True)
+
+
+def test_shakespeare_field_privacy_block_waits_for_the_protocol_decision(monkeypatch):
+  module = _module('shakespeare_field')
+  monkeypatch.setattr(module, 'PROTOCOL_DECIDED', False)
+  grid = module.sweep_grid()
+  assert grid == module.protocol_grid() and len(grid) == 18
+  with pytest.raises(ValueError, match='PROTOCOL_DECIDED'):
+    module.get_config('method=dp2fedsam,eps=2')
+  assert module.get_config('method=fedrep,personal_epochs=10').method == 'fedrep'
+
+
 def _validate(config):
   config_lib.validate_config(config, set(METHODS))
   assert config.dataset in KNOWN_DATASETS, config.dataset

@@ -78,10 +78,10 @@ evaluation takes 2.6 s), and the report's gain column needs only the records fro
 sigma_fixed (PLD, q = 20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628 (0.031);
 a cohort of 50 would give 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
 
-Grid (`sweep_grid()`), 42 runs: the protocol block's primary pair (FedAvg, FedRep with 10 head
-epochs) at seeds 0-2 first, then its other rows seed by seed (4 a seed), then the privacy block seed
-by seed, eps 2 first (8 a seed). `--grid=model=char_lstm` runs the same grid with the 2x256 LSTM
-(a GPU's: ~5x the CPU time of the small one per step).
+Grid (`sweep_grid()`), 42 runs (18 until PROTOCOL_DECIDED): the protocol block's primary pair
+(FedAvg, FedRep with 10 head epochs) at seeds 0-2 first, then its other rows seed by seed (4 a
+seed), then the privacy block seed by seed, eps 2 first (8 a seed). `--grid=model=char_lstm` runs
+the same grid with the 2x256 LSTM (a GPU's: ~5x the CPU time of the small one per step).
 
 Time, measured before the LSTM speed-up (char_lstm_small, executor sequential, the 2 shared CPU
 cores at load average 2.6-4.1 by `uptime`, 2026-11-26; smoke runs of 5 rounds, seed 0, whose
@@ -137,6 +137,10 @@ OPERATING_POINT = {
 # Head epochs a visit for the privacy block's personal-head methods: set from the protocol study
 # (the best personal-head row, docstring (b)); 10 hurts, the 1-epoch rows are running.
 PROTOCOL = {'personal_epochs': 1}
+# False until the protocol block's 3 seeds have decided PROTOCOL by docstring (b)'s rule. Until then
+# the grid holds no privacy run and no private config is built: the privacy workdirs do not name the
+# head epochs, so a run started under the placeholder above would count as the study's.
+PROTOCOL_DECIDED = False
 HEAD_LR = 0.5  # local.lr_personal, as shakespeare.py
 # The test-time protocol of every re-evaluation (docs/evaluation.md section 2).
 ADAPT = {'eval.adapt_epochs': 10, 'eval.adapt_lr': HEAD_LR}
@@ -194,6 +198,10 @@ def get_config(arg: str | None = None):
   if c.method == 'local_only':
     c.num_rounds = LOCAL_ONLY_VISITS  # visits of one epoch each; no round runs
   if METHODS[c.method].private:
+    if not PROTOCOL_DECIDED:
+      raise ValueError(f'method={c.method}: the privacy block waits for PROTOCOL (its head epochs), '
+                       'which the protocol block decides (docstring (b)); set PROTOCOL and '
+                       'PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py first.')
     c.eval_every = PRIVATE_EVAL_EVERY
     if math.isinf(args['eps']):
       c.dp.noise_multiplier = 0.0  # clipped, no noise
@@ -249,8 +257,9 @@ def privacy_grid() -> list[dict]:
 
 
 def sweep_grid() -> list[dict]:
-  """The protocol block seed by seed, then the privacy block seed by seed (eps 2 first)."""
-  return protocol_grid() + privacy_grid()
+  """The protocol block seed by seed, then the privacy block seed by seed (eps 2 first), once
+  PROTOCOL_DECIDED."""
+  return protocol_grid() + (privacy_grid() if PROTOCOL_DECIDED else [])
 
 
 TUNING_SPACE = {
