@@ -4,7 +4,8 @@
 #   1. the centralized bound of each model (experiments.centralized; a partial file is redone)
 #   2. the FedAvg tuning (launch.tune, root $ROOT/tuning), then a check that the config's
 #      OPERATING_POINT holds the selected values (stops here until it does; ACCEPT_OP=1 runs anyway)
-#   3. the protocol and privacy blocks (launch.sweep, root $ROOT)
+#   3. the protocol and privacy blocks (launch.sweep, root $ROOT); the privacy block only once the
+#      config's PROTOCOL_DECIDED is True (the protocol block decides its head epochs: step 6 says so)
 #   4. every finished run re-evaluated under the config's ADAPT protocol, with the parts its
 #      REEVALUATIONS lists (FedAvg: head and full fine-tune), skipped where evaluations.jsonl has it
 #   5. the report of the finished runs into experiments/results/shakespeare_field
@@ -115,3 +116,12 @@ done < "$ROOT/$NAME/reevaluations.txt"
 # 5. The report of the finished runs (FedAvg the reference: every gap is against it).
 python3 -m experiments.report --root="$ROOT/$NAME" --out=experiments/results/$NAME --copy_runs \
     --finished_only --reference=fedavg
+
+# 6. The privacy block waits for the protocol decision.
+python3 - <<'EOF'
+from experiments.configs import shakespeare_field as c
+if not c.PROTOCOL_DECIDED:
+  print('The privacy block has not run: once the protocol block has 3 seeds of every row, set PROTOCOL '
+        'by the rule of experiments/configs/shakespeare_field.py (docstring (b)) and '
+        'PROTOCOL_DECIDED = True, then rerun this script.')
+EOF
