@@ -82,14 +82,17 @@ def eval_client_ids(num_clients: int, eval_clients: int | None, seed: int):
 
 def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
                   params: MethodParams = MethodParams(), clients_per_batch: int = CLIENTS_PER_BATCH,
-                  client_ids=None, adapt=None):
+                  client_ids=None, adapt=None, mesh=None):
   """Returns evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
   'test_accuracy_participated'}, averaged over the evaluated clients with test data, and the spread
   over them (`accuracy_spread`). `key` seeds the fine-tuning minibatch order (unused by other
   evaluations). `client_ids`: the clients tested (eval_client_ids; None: all).
   `evaluate.per_client(state, data, key)` gives the per-client arrays the means come from.
   `adapt`: None (the method's own evaluation), or `adapt(state, params, data, client_id, key) ->
-  params`, the test-time protocol applied to each client's model (adaptation.make_adapt)."""
+  params`, the test-time protocol applied to each client's model (adaptation.make_adapt).
+  `mesh`: where clients get their own weights one at a time (clients_per_batch 1), a mesh of CPU
+  devices that each loop over their share of the clients (the sharded executor's
+  sharding.map_slots_on_each_device); None: one device loops over all."""
   local.check_local_config(local_config)
   weight_mask = spec.weight_mask.for_model(spec.name, model, params)
   finetune = local.Phase(local_config.finetune_epochs, local_config.batch_size, 'sgd',
@@ -180,15 +183,35 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
       size_index = jnp.searchsorted(jnp.asarray(sizes), sorted_count[start])
       return jax.lax.switch(size_index, branches, start, results)
 
-    # Streams the blocks: a block's test data is gathered inside, never all clients' at once.
-    empty = (jnp.zeros(slots, jnp.float32), jnp.zeros(slots, jnp.float32),
-             jnp.zeros(slots, data.test_count.dtype), jnp.zeros(slots, data.test_count.dtype))
-    _, results = jax.lax.while_loop(lambda carry: carry[0] < num, test_block,
-                                    (jnp.zeros((), jnp.int32), empty))
-    accuracy, loss, targets, correct = (jnp.zeros(num, r.dtype).at[order].set(r[:num])
-                                        for r in results)
+    dtypes = (jnp.float32, jnp.float32, data.test_count.dtype, data.test_count.dtype)
+    if finetunes and cap == 1 and mesh is not None and sharding.num_shards(mesh) > 1:
+      results = spread_over_devices(state, data, key, sorted_ids[:num], sizes)
+    else:
+      # Streams the blocks: a block's test data is gathered inside, never all clients' at once.
+      empty = tuple(jnp.zeros(slots, dtype) for dtype in dtypes)
+      _, results = jax.lax.while_loop(lambda carry: carry[0] < num, test_block,
+                                      (jnp.zeros((), jnp.int32), empty))
+    accuracy, loss, targets, correct = (jnp.zeros(num, dtype).at[order].set(r[:num].astype(dtype))
+                                        for r, dtype in zip(results, dtypes))
     return {'accuracy': accuracy, 'loss': loss, 'targets': targets, 'correct': correct,
             'took_part': state.times_sampled[ids] > 0}
+
+  def spread_over_devices(state, data, key, sorted_ids, sizes):
+    """The loop's results for blocks of one client, the clients spread over the mesh's devices:
+    slot s on device s mod n, so each device gets a like share of the clients sorted by test rows;
+    each client in the smallest buffer that holds its test rows, as its block of one is."""
+    slots = sharding.round_up(sorted_ids.shape[0], sharding.num_shards(mesh))
+    sorted_ids = jnp.concatenate([sorted_ids, jnp.full(slots - sorted_ids.shape[0], sorted_ids[-1])])
+
+    def test_client(env, client_id):
+      state, data, key = env
+      params = client_model(state, jax.tree.map(lambda p: p[client_id], state.personal), data,
+                            client_id, jax.random.fold_in(key, client_id))
+      size_index = jnp.searchsorted(jnp.asarray(sizes), data.test_count[client_id])
+      return jax.lax.switch(size_index, [
+          lambda b=b: test_one(state, data, key, client_id, params, b) for b in sizes])
+
+    return sharding.map_slots_on_each_device(test_client, (state, data, key), (sorted_ids,), mesh)
 
   def evaluate(state, data, key):
     clients = per_client(state, data, key)

@@ -114,7 +114,10 @@ class Experiment:
                          adapt=adaptation.make_adapt(
                              self.spec, self.model, self.local_config, protocol,
                              self.initial_params()['head'] if protocol.head_init == 'random'
-                             else None))
+                             else None),
+                         # the sharded executor's devices share the clients that get own weights
+                         mesh=(sharding.client_mesh() if self.round_config.executor == 'sharded'
+                               else None))
 
   @property
   def protocol(self) -> adaptation.Protocol:

@@ -134,3 +134,26 @@ def test_rows_per_block_changes_no_client_result(kind, method, rows, monkeypatch
   reference = _per_client(spec, model, local_config, state, data, clients_per_batch=1)
   monkeypatch.setattr(evaluation, 'TEST_ROWS_PER_BLOCK', rows)
   _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=64), reference)
+
+
+@pytest.mark.parametrize('kind', ['image', 'tokens'])
+@pytest.mark.parametrize('method', ['dp_fedavg_ft', 'dp_fedavg_fb', 'dp2fedsam'])
+@pytest.mark.parametrize('devices', [2, 4, 8])
+def test_clients_spread_over_devices_get_their_one_device_results(kind, method, devices):
+  """Own-weights evaluations (fine-tuning, or dp2fedsam's heads re-fit by a test-time protocol)
+  under the sharded executor on CPU: each device loops over its share of the clients (6 clients on
+  4 or 8 devices: empty slots); each client's result is the one the one-device loop gives it."""
+  from dp2fedsam_jax import adaptation, sharding  # pylint: disable=import-outside-toplevel
+  spec, model, data, state, local_config = _setup(kind, method)
+  adapt = None
+  if not spec.evaluation.finetunes:
+    adapt = adaptation.make_adapt(spec, model, local_config,
+                                  adaptation.Protocol(adapt_epochs=2, adapt_lr=0.1), None)
+  reference = _per_client(spec, model, local_config, state, data, clients_per_batch=1, adapt=adapt)
+  mesh = sharding.client_mesh(jax.devices()[:devices])
+  _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=1, adapt=adapt,
+                           mesh=mesh), reference)
+  sample = np.array([5, 0, 2], np.int32)
+  _assert_same(_per_client(spec, model, local_config, state, data, client_ids=sample,
+                           clients_per_batch=1, adapt=adapt, mesh=mesh),
+               jax.tree.map(lambda a: a[sample], reference))
