@@ -137,8 +137,7 @@ def test_rows_per_block_changes_no_client_result(kind, method, rows, monkeypatch
 
 
 @pytest.mark.parametrize('kind', ['image', 'tokens'])
-@pytest.mark.parametrize('method', ['dp_fedavg_ft', 'dp_fedavg_fb', 'dp2fedsam'])
-@pytest.mark.parametrize('devices', [2, 4, 8])
+@pytest.mark.parametrize('method,devices', [('dp_fedavg_ft', 2), ('dp_fedavg_fb', 4), ('dp2fedsam', 8)])
 def test_clients_spread_over_devices_get_their_one_device_results(kind, method, devices):
   """Own-weights evaluations (fine-tuning, or dp2fedsam's heads re-fit by a test-time protocol)
   under the sharded executor on CPU: each device loops over its share of the clients (6 clients on
