@@ -214,14 +214,16 @@ def get_config(arg: str | None = None):
   return c
 
 
-# Hours of one 1,000-round run (20 evaluations), one at a time, executor sharded on the 2 cores
-# (2026-11-27, with evaluations): measured whole, FedRep with 10 head epochs 0.42 h and P-FedSAM with 1
-# 0.45 h (1.55 s a round); FedAvg 0.13 h from 30 rounds at 0.40 s; the rest scaled from these (a head
-# epoch a visit as in FedRep - FedAvg, SAM as in P-FedSAM; DP-FedAvg-FT fine-tunes at every evaluation).
+# Hours of one 1,000-round run, one at a time, executor sharded on the 2 cores: the sum of the rounds'
+# seconds (train_metrics.jsonl) of the runs that ran so, plus their evaluations (2026-11-27): FedRep
+# with 1 head epoch 0.19 h, P-FedSAM with 1 0.37 h; 10 head epochs a visit add 0.09-0.10 h (FedRep
+# 0.30 h, P-FedSAM 0.46 h); FedAvg 0.11 h from 30 rounds at 0.40 s. The private methods as their
+# non-private twins (DP-FedAvg-FT's 10 evaluations fine-tune every role: 18 s each); local_only 20
+# visits of every role, one at a time.
 PLANNED_ON = 'CPU hours, 2 cores as 2 devices (executor sharded), char_lstm_small; a GPU ~12-18x less'
-RUN_HOURS = {'fedavg': 0.13, 'dp_fedavg': 0.13, 'fedrep': 0.15, 'centaur': 0.15, 'p_fedsam': 0.45,
-             'dp2fedsam': 0.45, 'dp_fedavg_ft': 0.2, 'local_only': 0.3}
-TEN_HEAD_EPOCHS_HOURS = 0.27  # FedRep with 10 head epochs a visit (0.42 h) - with 1 (~0.15 h)
+RUN_HOURS = {'fedavg': 0.13, 'dp_fedavg': 0.13, 'fedrep': 0.21, 'centaur': 0.21, 'p_fedsam': 0.4,
+             'dp2fedsam': 0.4, 'dp_fedavg_ft': 0.18, 'local_only': 0.3}
+TEN_HEAD_EPOCHS_HOURS = 0.1  # FedRep / P-FedSAM with 10 head epochs a visit - with 1
 LARGE_MODEL_FACTOR = 5.0  # char_lstm's SGD step of 10 rows against char_lstm_small's: 0.097 / 0.019 s
                           # (the centralized smoke checks, docs/evaluation.md section 5)
 
@@ -229,7 +231,7 @@ LARGE_MODEL_FACTOR = 5.0  # char_lstm's SGD step of 10 rows against char_lstm_sm
 def planned_hours(args: dict) -> float:
   hours = RUN_HOURS[args['method']]
   head_epochs = args.get('personal_epochs', PROTOCOL['personal_epochs'])
-  if args['method'] in HEAD_METHODS + PRIVATE and head_epochs >= 10:
+  if METHODS[args['method']].personal_phase and head_epochs >= 10:  # a head trained each visit
     hours += TEN_HEAD_EPOCHS_HOURS
   return hours * (LARGE_MODEL_FACTOR if args.get('model', 'char_lstm_small') == 'char_lstm' else 1.0)
 
