@@ -54,13 +54,14 @@ def make_train_alone(model, local_config: local.LocalConfig, num_visits: int, in
 
 
 def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig, num_visits: int,
-                  initial_params, clients_per_batch: int, client_ids=None):
+                  initial_params, clients_per_batch: int, client_ids=None, mesh=None):
   """evaluate(data, key) -> evaluation.make_evaluate's metrics of the clients' own models;
-  evaluate.per_client(data, key) -> its per-client arrays."""
+  evaluate.per_client(data, key) -> its per-client arrays. `mesh`: as make_evaluate's (the
+  sharded executor's CPU devices share the clients)."""
   train_alone = make_train_alone(model, local_config, num_visits, initial_params)
   evaluate = evaluation.make_evaluate(spec, model, local_config,
                                       clients_per_batch=clients_per_batch, client_ids=client_ids,
-                                      adapt=train_alone)
+                                      adapt=train_alone, mesh=mesh)
 
   def state(data):
     # Every client trained: each counts as taking part (its model is its own, not an initial one).

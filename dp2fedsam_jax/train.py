@@ -560,7 +560,8 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
       exp.spec, exp.model, exp.local_config, config.num_rounds, exp.initial_params(),
       # Every client trains its own model: one at a time where the round loops, as -FT evaluations.
       1 if sharding.loops_over_clients(exp.round_config.executor) else CLIENTS_PER_BATCH,
-      eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed)))
+      eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed),
+      mesh=sharding.client_mesh() if exp.round_config.executor == 'sharded' else None))
   metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
   record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,
             'released': local_only.RELEASED,

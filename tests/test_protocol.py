@@ -16,7 +16,7 @@ from absl import flags
 
 from conftest import tiny_config
 from test_evaluation_buckets import EOS, PAD, _setup
-from dp2fedsam_jax import adaptation, cli, evaluation, local_only, run_files, train
+from dp2fedsam_jax import adaptation, cli, evaluation, local_only, run_files, sharding, train
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.state import model_params
@@ -192,6 +192,13 @@ def test_local_only_clients_train_alone_from_the_initial_model():
   untrained = _per_client(fedavg, model, local_config, state.replace(shared=initial), data)
   np.testing.assert_allclose(clients(data, 0)['loss'], untrained['loss'], rtol=1e-6)
   np.testing.assert_array_equal(clients(data, 0)['accuracy'], untrained['accuracy'])
+  # The sharded executor's 2 CPU devices share the clients, one at a time each: the same models.
+  looped, spread = (jax.device_get(jax.jit(local_only.make_evaluate(
+      spec, model, local_config, 2, initial, clients_per_batch=1, mesh=mesh).per_client)(
+          data, jax.random.key(1))) for mesh in (None, sharding.client_mesh(jax.devices()[:2])))
+  np.testing.assert_array_equal(spread['targets'], looped['targets'])
+  for name in ('accuracy', 'loss'):
+    np.testing.assert_allclose(spread[name], looped[name], rtol=2e-6, atol=1e-7, err_msg=name)
 
 
 def test_local_only_run_releases_nothing_and_is_not_run_twice(tmp_path, monkeypatch):
