@@ -297,6 +297,13 @@ class Row:
   # Accuracy pooled over all test targets, and the never-sampled clients apart: POOLED key ->
   # (mean, std) over seeds (nan where a run's records predate them).
   pooled: dict = dataclasses.field(default_factory=dict)
+  # Private runs only: CLIPPING key -> (mean, std) over seeds of its mean over the last CLIP_WINDOW
+  # rounds (train_metrics.jsonl); empty where a seed has no train_metrics.
+  clipping: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def has_clipping(self) -> bool:
+    return bool(self.clipping)
 
   @property
   def has_spread(self) -> bool:
@@ -341,6 +348,29 @@ def pooled_gain_per_100_rounds(records: list[dict]) -> float:
     return float('nan')
   rounds, accuracy = np.asarray(points, dtype=float).T
   return float(np.polyfit(rounds, accuracy, 1)[0] * 100)
+
+
+# Whether the clip binds: train_metrics key -> label, each averaged over the last CLIP_WINDOW rounds
+# of a run (clip_norm: C_t, recorded where the clip is adaptive). A clip that binds clips at least
+# CLIP_BINDS of the updates there (docs/privacy.md section 8); the papers' argument (smaller
+# update norms, less clipping error) needs one.
+CLIPPING = {'clipped_fraction': 'clipped fraction', 'clip_norm': 'clip norm C_t',
+            'mean_update_norm': 'pre-clip update norm'}
+CLIP_WINDOW, CLIP_BINDS = 50, 0.05
+
+
+def clipping_over_last_rounds(group: list[RunResult]) -> dict:
+  """CLIPPING key -> (mean, std) over the runs of each run's mean over its last CLIP_WINDOW rounds;
+  {} unless every run is private (0 < epsilon < inf) and recorded clipped_fraction every round."""
+  if not group or not all(r.rounds and r.records and 0 < r.records[-1]['epsilon'] < math.inf
+                          and all('clipped_fraction' in x for x in r.rounds) for r in group):
+    return {}
+  out = {}
+  for key in CLIPPING:
+    per_run = [[x[key] for x in r.rounds[-CLIP_WINDOW:] if x.get(key) is not None] for r in group]
+    if all(per_run):
+      out[key] = _mean_std([np.mean(v) for v in per_run])
+  return out
 
 
 def _mean_std_of(records: list[dict], key: str) -> tuple[float, float]:
@@ -389,7 +419,8 @@ def summarize(runs: list[RunResult]) -> list[Row]:
         setting_args=dict(everyone[0].setting),
         spread={k: _mean_std_of(finals, k) for k in SPREAD},
         pooled={k: (_mean_std([pooled_gain_per_100_rounds(r.records) for r in group])
-                    if k == POOLED_GAIN and group else _mean_std_of(finals, k)) for k in POOLED}))
+                    if k == POOLED_GAIN and group else _mean_std_of(finals, k)) for k in POOLED},
+        clipping=clipping_over_last_rounds(group)))
   return rows
 
 
@@ -555,19 +586,23 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
   # The spread columns only where some run records it (runs that predate it keep their tables).
   spread_columns = list(SPREAD) if any(r.has_spread for r in rows) else []
   spread_columns += list(POOLED) if any(r.has_pooled for r in rows) else []
+  clip_columns = list(CLIPPING) if any(r.has_clipping for r in rows) else []
   with open(csv_path, 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
                      'final_acc_mean', 'final_acc_std', 'best_round_acc_mean',
                      'best_round_acc_std', 'seconds_per_round', 'note', 'num_runs',
                      'participated_acc_mean', 'participated_acc_std', 'participation']
-                    + [f'{k}_{stat}' for k in spread_columns for stat in ('mean', 'std')])
+                    + [f'{k}_{stat}' for k in spread_columns for stat in ('mean', 'std')]
+                    + [f'{k}_last{CLIP_WINDOW}_{stat}' for k in clip_columns
+                       for stat in ('mean', 'std')])
     for r in rows:
       writer.writerow([r.config_name, r.setting, r.method, r.epsilon, r.num_seeds, r.final_round,
                        r.final_acc[0], r.final_acc[1], r.best_acc[0], r.best_acc[1],
                        r.seconds_per_round, r.note, r.num_runs, r.participated_acc[0],
                        r.participated_acc[1], r.participation]
-                      + [v for k in spread_columns for v in {**r.spread, **r.pooled}[k]])
+                      + [v for k in spread_columns for v in {**r.spread, **r.pooled}[k]]
+                      + [v for k in clip_columns for v in r.clipping.get(k, (math.nan,) * 2)])
   lines = ['# Results', '',
            'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
            'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
@@ -603,12 +638,38 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
                 f'{hi.num_seeds} v {lo.num_seeds} |' for hi, lo, gap, units in pairs]
     lines += _final_round_table(rows, config_name, 'spread')
     lines += _final_round_table(rows, config_name, 'pooled')
+    lines += _clipping_table(rows, config_name)
     lines += _reference_table(rows, config_name, reference)
     lines += _variant_table(rows, config_name)
     lines.append('')
   with open(md_path, 'w') as f:
     f.write('\n'.join(lines))
   return md_path, csv_path
+
+
+def _clipping_table(rows: list[Row], config_name: str) -> list[str]:
+  """Whether the clip binds, for the private rows with every round's train metrics."""
+  rows = [r for r in rows if r.config_name == config_name and r.has_clipping]
+  if not rows:
+    return []
+
+  def plain(mean_std):
+    mean, std = mean_std
+    return f'{mean:.3g}' + ('' if math.isnan(std) else f' ± {std:.2g}')
+
+  def binds(row):
+    mean = row.clipping['clipped_fraction'][0]
+    return 'yes' if mean >= CLIP_BINDS else f'**no** (< {CLIP_BINDS:g})'
+
+  return ['', f'Clipping over the last {CLIP_WINDOW} rounds (private runs with every round\'s '
+          'train_metrics.jsonl): each run\'s mean, then mean ± std over seeds. The clip *binds* '
+          f'where the mean clipped fraction is at least {CLIP_BINDS:g}; C_t only where the clip is '
+          'adaptive.', '',
+          '| setting | method | ' + ' | '.join(CLIPPING.values()) + ' | clip binds |',
+          '|---|---|' + '---|' * (len(CLIPPING) + 1)] + [
+              f'| {r.setting} | {r.method} | '
+              + ' | '.join(plain(r.clipping[k]) if k in r.clipping else '–' for k in CLIPPING)
+              + f' | {binds(r)} |' for r in rows]
 
 
 def _reference_table(rows: list[Row], config_name: str, reference: str) -> list[str]:

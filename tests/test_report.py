@@ -298,6 +298,36 @@ def test_adaptive_runs_get_a_clip_norm_plot_per_round_and_fixed_ones_none(tmp_pa
       'clip=fixed,eps=1_update_norm.png']
 
 
+def test_the_clipping_table_says_whether_the_clip_binds_over_the_last_50_rounds(tmp_path):
+  """Each private run's mean over its last 50 rounds, then mean and std over seeds; 'binds' at a
+  clipped fraction of 0.05 or more; non-private rows and rows with a seed lacking train metrics get
+  no line."""
+  root = str(tmp_path / 'runs')
+  clipped = {('adaptive', 0): 0.6, ('adaptive', 1): 0.4, ('fixed', 0): 0.02, ('fixed', 1): 0.04}
+  for (clip, seed), late in clipped.items():
+    workdir = make_workdir(root, 'cfg', 'dp2fedsam', seed, 2.0, 0.6, extra={'clip': clip})
+    with open(os.path.join(workdir, 'train_metrics.jsonl'), 'w') as f:
+      for r in range(1, 101):  # rounds 1-50 clip everything: outside the window
+        extra = {'clip_norm': 0.1 * (seed + 1)} if clip == 'adaptive' else {}
+        f.write(json.dumps({'round': r, 'mean_update_norm': 0.5, 'clipped_fraction':
+                            1.0 if r <= 50 else late, **extra}) + '\n')
+  for seed in (0, 1):  # non-private: clipped_fraction 0 every round, no line
+    workdir = make_workdir(root, 'cfg', 'fedavg', seed, math.inf, 0.6, extra={'clip': 'fixed'})
+    with open(os.path.join(workdir, 'train_metrics.jsonl'), 'w') as f:
+      f.write(json.dumps({'round': 1, 'mean_update_norm': 0.5, 'clipped_fraction': 0.0}) + '\n')
+  out = report.write_report(root, str(tmp_path / 'report'))
+  text = open(out['markdown']).read()
+  table = text.split('Clipping over the last 50 rounds')[1].split('\n\n')[1].splitlines()
+  assert table[2:] == [
+      '| clip=adaptive,eps=2 | dp2fedsam | 0.5 ± 0.14 | 0.15 ± 0.071 | 0.5 ± 0 | yes |',
+      '| clip=fixed,eps=2 | dp2fedsam | 0.03 ± 0.014 | – | 0.5 ± 0 | **no** (< 0.05) |']
+  with open(out['csv']) as f:
+    rows = {(r['setting'], r['method']): r for r in csv.DictReader(f)}
+  assert float(rows['clip=adaptive,eps=2', 'dp2fedsam']['clipped_fraction_last50_mean']) == (
+      pytest.approx(0.5))
+  assert rows['clip=fixed,eps=inf', 'fedavg']['clipped_fraction_last50_mean'] == 'nan'
+
+
 def test_an_update_norm_blow_up_is_drawn_off_scale_and_labelled(tmp_path, monkeypatch):
   """One round at 1e19 (DP-FedAvg's first rounds in the paper regime) must not flatten the other
   curves: the axis stops at 3x the rest and the blow-up is a labelled marker at the top edge."""
