@@ -351,6 +351,21 @@ def test_bandmf_regime_pairs_each_banded_run_with_an_independent_one_under_momen
     module.get_config('noise=tree')
 
 
+def test_shakespeare_field_protocol_is_what_its_rule_makes_of_the_committed_runs(monkeypatch):
+  """PROTOCOL, PROTOCOL_DECIDED and the docstring's verdict follow from the committed protocol runs
+  by docstring (b)'s rule: a hand edit that disagrees with the runs fails here."""
+  module = _module('shakespeare_field')
+  monkeypatch.undo()  # the file's own PROTOCOL_DECIDED, not the fixture's
+  decision = module.protocol_decision(
+      os.path.join(ROOT, 'experiments', 'results', 'shakespeare_field', 'runs'))
+  label, d, s = decision['rows']['fedrep', 10]
+  assert (label, decision['verdict']) == ('hurts', 'hurts')
+  assert f'd = {100 * d:.2f} points, s = {100 * s:.2f}: *hurts*' in module.__doc__
+  assert module.PROTOCOL_DECIDED == (decision['personal_epochs'] is not None)
+  if module.PROTOCOL_DECIDED:
+    assert module.PROTOCOL['personal_epochs'] == decision['personal_epochs']
+
+
 def test_shakespeare_field_reads_one_operating_point(monkeypatch):
   """Every federated run of the grid takes OPERATING_POINT's values; a change there reaches them all."""
   module = _module('shakespeare_field')

@@ -241,6 +241,31 @@ def planned_hours(args: dict) -> float:
 PRIMARY = ({'method': 'fedavg'}, {'method': 'fedrep', 'personal_epochs': 10})
 
 
+def protocol_decision(runs_root: str) -> dict:
+  """Docstring (b)'s rule applied to the protocol runs under `runs_root` (experiments.report's rows,
+  each run re-evaluated under ADAPT): {'rows': {(method, head epochs): (label, d, s)} for every
+  personal-head row with the re-fit against FedAvg + head fine-tune, 'verdict': the primary row's
+  label, 'personal_epochs': the head epochs of the row with the highest mean pooled accuracy
+  (None until every personal-head row has 3 seeds)}."""
+  from experiments import report  # pylint: disable=import-outside-toplevel
+  rows = {(r.setting, r.method): r for r in report.summarize(report.load_runs(runs_root))}
+
+  def adapted(method, setting, part):
+    label = report.protocol_label({**ADAPT, 'eval.adapt_part': part})
+    return rows.get((setting, f'{method} [{label}]'))
+
+  reference = adapted('fedavg', 'default', 'head')
+  heads = {(m, h): adapted(m, f'personal_epochs={h}', 'auto')
+           for m in HEAD_METHODS for h in HEAD_EPOCHS}
+  labels = {k: report.rule_label(r, reference) for k, r in heads.items()
+            if r is not None and reference is not None}
+  primary = (PRIMARY[1]['method'], PRIMARY[1]['personal_epochs'])
+  complete = all(r is not None and r.num_seeds >= len(_common.SEEDS) for r in heads.values())
+  best = max(heads, key=lambda k: heads[k].pooled['test_accuracy_pooled'][0]) if complete else None
+  return {'rows': labels, 'verdict': labels[primary][0] if primary in labels else 'undecided',
+          'personal_epochs': best[1] if best else None}
+
+
 def protocol_grid() -> list[dict]:
   """The primary pair seed by seed, then the other protocol rows seed by seed."""
   primary = [dict(entry, seed=s) for s in _common.SEEDS for entry in PRIMARY]
