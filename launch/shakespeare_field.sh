@@ -121,7 +121,9 @@ python3 -m experiments.report --root="$ROOT/$NAME" --out=experiments/results/$NA
 python3 - <<'EOF'
 from experiments.configs import shakespeare_field as c
 if not c.PROTOCOL_DECIDED:
-  print('The privacy block has not run: once the protocol block has 3 seeds of every row, set PROTOCOL '
-        'by the rule of experiments/configs/shakespeare_field.py (docstring (b)) and '
-        'PROTOCOL_DECIDED = True, then rerun this script.')
+  decision = c.protocol_decision('experiments/results/shakespeare_field/runs')
+  print(f"The privacy block has not run. The rule of docstring (b) on the runs so far: {decision}. "
+        "Once personal_epochs is not None (3 seeds of every row), set PROTOCOL = {'personal_epochs': "
+        "that} and PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py (the test "
+        "tests/test_configs.py holds them to the runs), then rerun this script.")
 EOF
