@@ -151,8 +151,10 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
     cap = max(1, min(clients_per_batch, num))
     per_block = [cap if finetunes else max(1, min(cap, TEST_ROWS_PER_BLOCK // b)) for b in sizes]
     order = jnp.argsort(-data.test_count[ids], stable=True)
-    # The sorted ids, then repeats of the smallest client filling the last block (dropped).
-    slots = num + max(per_block)
+    spread = finetunes and cap == 1 and mesh is not None and sharding.num_shards(mesh) > 1
+    # The sorted ids, then repeats of the smallest client filling the last block, or the last
+    # device's share (dropped).
+    slots = sharding.round_up(num, sharding.num_shards(mesh)) if spread else num + max(per_block)
     sorted_ids = ids[jnp.concatenate([order, jnp.full(slots - num, order[-1])])]
     sorted_count = data.test_count[sorted_ids]
     # One client at a time is a plain loop (what evaluation_batch_size asks for), not a vmap.
@@ -184,8 +186,8 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
       return jax.lax.switch(size_index, branches, start, results)
 
     dtypes = (jnp.float32, jnp.float32, data.test_count.dtype, data.test_count.dtype)
-    if finetunes and cap == 1 and mesh is not None and sharding.num_shards(mesh) > 1:
-      results = spread_over_devices(state, data, key, sorted_ids[:num], sizes)
+    if spread:
+      results = spread_over_devices(state, data, key, sorted_ids, sizes)
     else:
       # Streams the blocks: a block's test data is gathered inside, never all clients' at once.
       empty = tuple(jnp.zeros(slots, dtype) for dtype in dtypes)
@@ -198,10 +200,9 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
 
   def spread_over_devices(state, data, key, sorted_ids, sizes):
     """The loop's results for blocks of one client, the clients spread over the mesh's devices:
-    slot s on device s mod n, so each device gets a like share of the clients sorted by test rows;
-    each client in the smallest buffer that holds its test rows, as its block of one is."""
-    slots = sharding.round_up(sorted_ids.shape[0], sharding.num_shards(mesh))
-    sorted_ids = jnp.concatenate([sorted_ids, jnp.full(slots - sorted_ids.shape[0], sorted_ids[-1])])
+    slot s on device s mod n, so each device gets a like share of the clients sorted by test rows
+    (sorted_ids: a multiple of n slots); each client in the smallest buffer that holds its test
+    rows, as its block of one is."""
 
     def test_client(env, client_id):
       state, data, key = env
