@@ -9,6 +9,7 @@
 #   4. every finished run re-evaluated under the config's ADAPT protocol, with the parts its
 #      REEVALUATIONS lists (FedAvg: head and full fine-tune), skipped where evaluations.jsonl has it
 #   5. the report of the finished runs into experiments/results/shakespeare_field
+#   6. the protocol decision (docstring (b)) until PROTOCOL_DECIDED, then the privacy verdict (c)
 # Environment: ROOT (default $HOME/sweeps), MODELS (default "char_lstm_small"; on a GPU
 # "char_lstm_small char_lstm"), EPOCHS (centralized epochs, default 10), SECONDS_LEFT (stop every
 # step with SIGTERM after this many seconds: runs checkpoint at a round boundary; for a bounded
@@ -126,4 +127,9 @@ if not c.PROTOCOL_DECIDED:
         "Once personal_epochs is not None (3 seeds of every row), set PROTOCOL = {'personal_epochs': "
         "that} and PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py (the test "
         "tests/test_configs.py holds them to the runs), then rerun this script.")
+else:  # the verdict rule of docstring (c), on the privacy runs finished so far
+  for eps, verdict in c.privacy_decision('experiments/results/shakespeare_field/runs').items():
+    print(f"eps {eps:g}: the papers' order {verdict['order']}; DP2-FedSAM against "
+          + ', '.join(f'{m} {v[0]} ({100 * v[1]:+.2f} points)' for m, v in verdict['against'].items())
+          + f"; clip binds: {verdict['binds']}")
 EOF

@@ -2,6 +2,7 @@
 
 import glob
 import importlib
+import json
 import math
 import os
 import re
@@ -364,6 +365,63 @@ def test_shakespeare_field_protocol_is_what_its_rule_makes_of_the_committed_runs
   assert module.PROTOCOL_DECIDED == (decision['personal_epochs'] is not None)
   if module.PROTOCOL_DECIDED:
     assert module.PROTOCOL['personal_epochs'] == decision['personal_epochs']
+
+
+def _privacy_runs(root, pooled: dict, clipped: dict):
+  """Synthetic shakespeare_field workdirs, 3 seeds each: pooled[(method, eps)] the plain run's pooled
+  accuracy (its ADAPT re-evaluation: 1 point more), clipped[(method, eps)] its clipped fraction."""
+  from experiments.configs import shakespeare_field as sf
+  for (method, eps), accuracy in pooled.items():
+    for seed, jitter in enumerate((-0.001, 0.0, 0.001)):
+      args = {'method': method, 'seed': seed, **({} if eps is None else {'eps': eps})}
+      workdir = os.path.join(root, 'shakespeare_field', method,
+                             'default' if eps is None else f'eps={eps:g}', f'seed={seed}')
+      os.makedirs(workdir)
+      epsilon = 0.0 if eps is None else eps
+      files = {
+          'config.json': [{'method': method, 'seed': seed, 'num_rounds': 2}],
+          'sweep.json': [{'config_name': 'shakespeare_field', 'args': args}],
+          'metrics.jsonl': [{'round': 2, 'test_accuracy': accuracy + jitter, 'epsilon': epsilon,
+                             'test_accuracy_pooled': accuracy + jitter, 'seconds': 1.0}],
+          'train_metrics.jsonl': [{'round': r, 'clipped_fraction': clipped.get((method, eps), 0.0),
+                                   'mean_update_norm': 1.0} for r in (1, 2)]}
+      if method in sf.REEVALUATIONS:
+        files['evaluations.jsonl'] = [{
+            'round': 2, **sf.ADAPT, 'eval.adapt_part': sf.REEVALUATIONS[method][0],
+            'eval.head_init': 'own', 'eval_clients': None, 'epsilon': epsilon,
+            'test_accuracy': accuracy + jitter + 0.01,
+            'test_accuracy_pooled': accuracy + jitter + 0.01}]
+      for name, lines in files.items():
+        with open(os.path.join(workdir, name), 'w') as f:
+          f.write('\n'.join(json.dumps(x) for x in lines) + '\n')
+
+
+def test_shakespeare_field_privacy_verdict_follows_its_declared_rule(tmp_path):
+  """Docstring (c): DP2-FedSAM against each other private method at each eps by rule_label on the
+  re-evaluated rows; a side whose clip does not bind voids its pair; every private row against
+  local_only."""
+  module = _module('shakespeare_field')
+  accuracy = {('local_only', None): 0.32,
+              ('dp2fedsam', 2.0): 0.40, ('centaur', 2.0): 0.395, ('dp_fedavg_ft', 2.0): 0.45,
+              ('dp_fedavg', 2.0): 0.25,
+              ('dp2fedsam', 8.0): 0.50, ('centaur', 8.0): 0.45, ('dp_fedavg_ft', 8.0): 0.44,
+              ('dp_fedavg', 8.0): 0.40}
+  binding = {k: 0.6 for k in accuracy if k[0] != 'local_only'}
+  _privacy_runs(str(tmp_path / 'a'), accuracy, binding)
+  got = module.privacy_decision(str(tmp_path / 'a'))
+  labels = lambda eps, key: {m: v[0] for m, v in got[eps][key].items()}
+  assert labels(2.0, 'against') == {'centaur': 'level', 'dp_fedavg_ft': 'hurts', 'dp_fedavg': 'helps'}
+  assert got[2.0]['order'] == 'contradicted'
+  assert got[2.0]['against']['dp_fedavg_ft'][1] == pytest.approx(-0.05)
+  assert labels(2.0, 'against_local_only') == {'dp2fedsam': 'helps', 'centaur': 'helps',
+                                                'dp_fedavg_ft': 'helps', 'dp_fedavg': 'hurts'}
+  assert got[8.0]['order'] == 'holds' and all(got[8.0]['binds'].values())
+  _privacy_runs(str(tmp_path / 'b'), accuracy, {**binding, ('dp_fedavg_ft', 8.0): 0.04})
+  got = module.privacy_decision(str(tmp_path / 'b'))
+  assert got[8.0]['against']['dp_fedavg_ft'][0] == 'void' and got[8.0]['order'] == 'void'
+  assert not got[8.0]['binds']['dp_fedavg_ft'] and got[2.0]['order'] == 'contradicted'
+  assert module.privacy_decision(str(tmp_path / 'a' / 'shakespeare_field' / 'local_only'))[2.0][
+      'order'] == 'undecided'
 
 
 def test_shakespeare_field_reads_one_operating_point(monkeypatch):

@@ -77,6 +77,18 @@ run: DP-FedAvg-FT's evaluation fine-tunes all 1,063 roles (28 s, one role at a t
 evaluation takes 2.6 s), and the report's gain column needs only the records from round 800 on.
 sigma_fixed (PLD, q = 20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628 (0.031);
 a cohort of 50 would give 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
+A probe before any study run (2026-11-27, DP-FedAvg at eps 2, seed 0, stopped at round 131, not
+kept): C_t rose from 0.5 to ~1.45 by round 20 and stayed there (noise std 0.089 a coordinate on the
+mean, 4.6x the old protocol's 0.0193), 53-87 % of the updates clipped, train loss 2.57 at round 131
+against FedAvg's 1.97 and still falling: slow, not diverging.
+Privacy verdict rule (fixed 2026-11-27, before any privacy run): every row as re-evaluated under
+ADAPT (REEVALUATIONS), pooled accuracy at round 1,000, report.rule_label as in (b). At each eps,
+DP2-FedSAM against each of CENTAUR (the same method without SAM: what SAM on the body buys),
+DP-FedAvg-FT and DP-FedAvg (+ head fine-tune); the papers' order holds at an eps if DP2-FedSAM
+helps against all three, and is contradicted if it hurts against any. Every private row is also
+labelled against local_only (nothing released, eps 0): a private method that does not help against
+it gives the roles nothing for their privacy cost. A row counts only if its clip binds (mean
+clipped_fraction >= 0.05 over the last 50 rounds, report.CLIP_BINDS).
 
 Grid (`sweep_grid()`), 42 runs (18 until PROTOCOL_DECIDED): the protocol block's primary pair
 (FedAvg, FedRep with 10 head epochs) at seeds 0-2 first, then its other rows seed by seed (4 a
@@ -241,6 +253,19 @@ def planned_hours(args: dict) -> float:
 PRIMARY = ({'method': 'fedavg'}, {'method': 'fedrep', 'personal_epochs': 10})
 
 
+def _study_rows(runs_root: str):
+  """(rows, adapted): experiments.report's rows of the runs under runs_root by (setting, method), and
+  adapted(method, setting, part=None) -> the row re-evaluated under ADAPT with that part (None: the
+  method's first REEVALUATIONS part), or None while it has not run."""
+  from experiments import report  # pylint: disable=import-outside-toplevel
+  rows = {(r.setting, r.method): r for r in report.summarize(report.load_runs(runs_root))}
+
+  def adapted(method, setting, part=None):
+    label = report.protocol_label({**ADAPT, 'eval.adapt_part': part or REEVALUATIONS[method][0]})
+    return rows.get((setting, f'{method} [{label}]'))
+  return rows, adapted
+
+
 def protocol_decision(runs_root: str) -> dict:
   """Docstring (b)'s rule applied to the protocol runs under `runs_root` (experiments.report's rows,
   each run re-evaluated under ADAPT): {'rows': {(method, head epochs): (label, d, s)} for every
@@ -248,15 +273,9 @@ def protocol_decision(runs_root: str) -> dict:
   label, 'personal_epochs': the head epochs of the row with the highest mean pooled accuracy
   (None until every personal-head row has 3 seeds)}."""
   from experiments import report  # pylint: disable=import-outside-toplevel
-  rows = {(r.setting, r.method): r for r in report.summarize(report.load_runs(runs_root))}
-
-  def adapted(method, setting, part):
-    label = report.protocol_label({**ADAPT, 'eval.adapt_part': part})
-    return rows.get((setting, f'{method} [{label}]'))
-
+  _, adapted = _study_rows(runs_root)
   reference = adapted('fedavg', 'default', 'head')
-  heads = {(m, h): adapted(m, f'personal_epochs={h}', 'auto')
-           for m in HEAD_METHODS for h in HEAD_EPOCHS}
+  heads = {(m, h): adapted(m, f'personal_epochs={h}') for m in HEAD_METHODS for h in HEAD_EPOCHS}
   labels = {k: report.rule_label(r, reference) for k, r in heads.items()
             if r is not None and reference is not None}
   primary = (PRIMARY[1]['method'], PRIMARY[1]['personal_epochs'])
@@ -264,6 +283,41 @@ def protocol_decision(runs_root: str) -> dict:
   best = max(heads, key=lambda k: heads[k].pooled['test_accuracy_pooled'][0]) if complete else None
   return {'rows': labels, 'verdict': labels[primary][0] if primary in labels else 'undecided',
           'personal_epochs': best[1] if best else None}
+
+
+def privacy_decision(runs_root: str) -> dict:
+  """Docstring (c)'s verdict rule on the privacy runs under `runs_root`: eps -> {'against':
+  {other method: (label, d, s)} for DP2-FedSAM against CENTAUR, DP-FedAvg-FT and DP-FedAvg,
+  'against_local_only': {method: (label, d, s)}, 'binds': {method: whether its clip binds},
+  'order': 'holds' | 'contradicted' | 'open' (a level pair) | 'void' | 'undecided' (fewer than 3
+  seeds)}. A pair with a side whose clip does not bind is 'void': it cannot test the papers'
+  mechanism."""
+  from experiments import report  # pylint: disable=import-outside-toplevel
+  rows, adapted = _study_rows(runs_root)
+  local_only = rows.get(('default', 'local_only'))
+  out = {}
+  for eps in EPSILONS:
+    setting = report.setting_label({'eps': eps})
+    binds = {m: bool(rows.get((setting, m)) and rows[setting, m].has_clipping
+                     and rows[setting, m].clipping['clipped_fraction'][0] >= report.CLIP_BINDS)
+             for m in PRIVATE}
+    mine = {m: adapted(m, setting) for m in PRIVATE}
+
+    def label(m, reference, reference_binds=True, mine=mine, binds=binds):
+      if mine[m] is None or reference is None:
+        return ('undecided', math.nan, math.nan)
+      got = report.rule_label(mine[m], reference)
+      void = got[0] != 'undecided' and not (binds[m] and reference_binds)
+      return ('void', *got[1:]) if void else got
+
+    against = {m: label(PRIVATE[0], mine[m], binds[m]) for m in PRIVATE[1:]}
+    labels = {v[0] for v in against.values()}
+    order = ('undecided' if 'undecided' in labels else 'void' if 'void' in labels
+             else 'holds' if labels == {'helps'} else 'contradicted' if 'hurts' in labels
+             else 'open')
+    out[eps] = {'against': against, 'binds': binds, 'order': order,
+                'against_local_only': {m: label(m, local_only) for m in PRIVATE}}
+  return out
 
 
 def protocol_grid() -> list[dict]:
