@@ -54,6 +54,9 @@ PROTOCOL's head epochs (fixed before any 1-epoch row ran, 2026-11-27): those of 
 its 3 seeds.
 Verdict (2026-11-27, report.rule_label): FedRep with 10 head epochs and the re-fit 44.83 +- 0.09 %
 against FedAvg + head fine-tune 51.99 +- 0.03 %: d = -7.17 points, s = 0.07: *hurts*.
+The other rows (all 3 seeds, re-fit): P-FedSAM 10 head epochs 44.78 +- 0.03, FedRep 1 43.34 +- 0.27,
+P-FedSAM 1 43.08 +- 0.11: each *hurts* (d -7.2 to -8.9 points). PROTOCOL: 10 head epochs (FedRep
+with 10 is the best row; protocol_decision on the committed runs).
 
 (c) Privacy study, seeds 0-2, 24 runs: DP2-FedSAM, CENTAUR, DP-FedAvg, DP-FedAvg-FT at eps 2 and 8
 (delta = 1/N, PLD; sigma calibrated by the engine from dp.target_epsilon for the operating point's T
@@ -146,13 +149,13 @@ OPERATING_POINT = {
     'num_rounds': 1000, 'cohort': 20, 'server_lr': 1.0,
     'local.lr_shared': 2.871, 'local.lr_decay': 1.0, 'local.batch_size': 10, 'local.max_examples': 80,
 }
-# Head epochs a visit for the privacy block's personal-head methods: set from the protocol study
-# (the best personal-head row, docstring (b)); 10 hurts, the 1-epoch rows are running.
-PROTOCOL = {'personal_epochs': 1}
-# False until the protocol block's 3 seeds have decided PROTOCOL by docstring (b)'s rule. Until then
-# the grid holds no privacy run and no private config is built: the privacy workdirs do not name the
-# head epochs, so a run started under the placeholder above would count as the study's.
-PROTOCOL_DECIDED = False
+# Head epochs a visit for the privacy block's personal-head methods: those of the best personal-head
+# row of the protocol study (docstring (b); protocol_decision on the committed runs, 2026-11-27).
+PROTOCOL = {'personal_epochs': 10}
+# Set once the protocol block's 3 seeds decided PROTOCOL (tests/test_configs.py holds both to the
+# runs). While False the grid holds no privacy run and no private config is built: the privacy
+# workdirs do not name the head epochs, so a run under an undecided PROTOCOL would count as the study's.
+PROTOCOL_DECIDED = True
 HEAD_LR = 0.5  # local.lr_personal, as shakespeare.py
 # The test-time protocol of every re-evaluation (docs/evaluation.md section 2).
 ADAPT = {'eval.adapt_epochs': 10, 'eval.adapt_lr': HEAD_LR}
