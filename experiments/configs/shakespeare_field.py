@@ -86,9 +86,9 @@ evaluation takes 2.6 s), and the report's gain column needs only the records fro
 sigma_fixed (PLD, q = 20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628 (0.031);
 a cohort of 50 would give 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
 A probe before any study run (2026-11-27, DP-FedAvg at eps 2 under the adaptive clip, seed 0,
-stopped at round 131, not kept): C_t rose from 0.5 to ~1.45 by round 20 and stayed there (noise std 0.089 a coordinate on the
-mean, 4.6x the old protocol's 0.0193), 53-87 % of the updates clipped, train loss 2.57 at round 131
-against FedAvg's 1.97 and still falling: slow, not diverging.
+stopped at round 131, not kept): C_t rose from 0.5 to ~1.45 by round 20 and stayed there (noise std
+0.089 a coordinate on the mean, 4.6x the old protocol's 0.0193), 53-87 % of the updates clipped,
+train loss 2.57 at round 131 against FedAvg's 1.97 and still falling: slow, not diverging by then.
 Privacy verdict rule (fixed 2026-11-27, before any privacy run): every row as re-evaluated under
 ADAPT (REEVALUATIONS), pooled accuracy at round 1,000, report.rule_label as in (b). At each eps,
 DP2-FedSAM against each of CENTAUR (the same method without SAM: what SAM on the body buys),
