@@ -6,6 +6,7 @@
 #      OPERATING_POINT holds the selected values (stops here until it does; ACCEPT_OP=1 runs anyway)
 #   3. the protocol and privacy blocks (launch.sweep, root $ROOT); the privacy block only once the
 #      config's PROTOCOL_DECIDED is True (the protocol block decides its head epochs: step 6 says so)
+#      and its PRIVATE_LR_SHARED is set (the private runs' client lr)
 #   4. every finished run re-evaluated under the config's ADAPT protocol, with the parts its
 #      REEVALUATIONS lists (FedAvg: head and full fine-tune), skipped where evaluations.jsonl has it
 #   5. the report of the finished runs into experiments/results/shakespeare_field
@@ -127,6 +128,9 @@ if not c.PROTOCOL_DECIDED:
         "Once personal_epochs is not None (3 seeds of every row), set PROTOCOL = {'personal_epochs': "
         "that} and PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py (the test "
         "tests/test_configs.py holds them to the runs), then rerun this script.")
+elif c.PRIVATE_LR_SHARED is None:
+  print('The privacy block has not run: it waits for PRIVATE_LR_SHARED, a client lr that survives '
+        'the noise (experiments/configs/shakespeare_field.py, docstring (c), status).')
 else:  # the verdict rule of docstring (c), on the privacy runs finished so far
   for eps, verdict in c.privacy_decision('experiments/results/shakespeare_field/runs').items():
     print(f"eps {eps:g}: the papers' order {verdict['order']}; DP2-FedSAM against "

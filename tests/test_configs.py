@@ -45,8 +45,10 @@ def _module(name):
 
 @pytest.fixture(autouse=True)
 def _shakespeare_field_protocol_decided(monkeypatch):
-  """The whole shakespeare_field grid (its privacy block waits for PROTOCOL_DECIDED in the file)."""
+  """The whole shakespeare_field grid (its privacy block waits for PROTOCOL_DECIDED and
+  PRIVATE_LR_SHARED in the file)."""
   monkeypatch.setattr(_module('shakespeare_field'), 'PROTOCOL_DECIDED', True)
+  monkeypatch.setattr(_module('shakespeare_field'), 'PRIVATE_LR_SHARED', 1.5)
 
 
 def test_shakespeare_field_privacy_block_waits_for_the_protocol_decision(monkeypatch):
@@ -57,6 +59,11 @@ def test_shakespeare_field_privacy_block_waits_for_the_protocol_decision(monkeyp
   with pytest.raises(ValueError, match='PROTOCOL_DECIDED'):
     module.get_config('method=dp2fedsam,eps=2')
   assert module.get_config('method=fedrep,personal_epochs=10').method == 'fedrep'
+  monkeypatch.setattr(module, 'PROTOCOL_DECIDED', True)
+  monkeypatch.setattr(module, 'PRIVATE_LR_SHARED', None)  # no lr for the private runs yet
+  assert module.sweep_grid() == module.protocol_grid()
+  with pytest.raises(ValueError, match='PRIVATE_LR_SHARED'):
+    module.get_config('method=dp_fedavg,eps=8')
 
 
 def _validate(config):
@@ -434,7 +441,8 @@ def test_shakespeare_field_reads_one_operating_point(monkeypatch):
     if c.method == 'local_only':
       assert c.num_rounds == module.LOCAL_ONLY_VISITS and c.eval.adapt_epochs == 0
       continue
-    assert (c.num_rounds, c.local.lr_shared, round(c.sampling_rate * c.num_clients)) == (7, 0.25, 50)
+    lr = module.PRIVATE_LR_SHARED if METHODS[c.method].private else 0.25
+    assert (c.num_rounds, c.local.lr_shared, round(c.sampling_rate * c.num_clients)) == (7, lr, 50)
     assert c.validation_fraction == 0 and c.model == 'char_lstm_small'
     assert c.local.personal_epochs == entry.get('personal_epochs', module.PROTOCOL['personal_epochs'])
 

@@ -80,6 +80,21 @@ coordinate on the mean) wrecked the shared LSTM: the feedback of fmnist_paper_re
 dp2fedsam_adaptive_eps2_seed0. A fixed C cuts the loop: the noise stays sigma C / m = 0.028 (eps 2)
 / 0.016 (eps 8) a coordinate, under the 0.034-0.05 of that run's healthy rounds. No other privacy
 run had started, and the verdict rule below was fixed before it and is unchanged.
+Status (2026-11-27): the privacy block waits for PRIVATE_LR_SHARED, the private runs' client lr.
+Under the fixed C, DP2-FedSAM at eps 2, seed 0, at the operating point's client lr 2.871
+(probe/dp2fedsam_fixedC_eps2_seed0, stopped at round 756) reached 34.9 % pooled at round 300, then
+fell: 33.8 at 500, 30.5 at 600, 27.8 at 700. From round ~400 its pre-clip update norms grew (1.5 at
+401, 7.4 at 481, 5,200 at 601, 1.7e8 at 739), every update clipped: the noise's random walk on the
+shared LSTM (0.028 a coordinate a round on the mean) moves it where local SGD at that lr blows up.
+At client lr 1.0 (probe/dp2fedsam_lr1_eps2_seed0) the same comes later: 33.8 % pooled at round 300,
+flat to 500 (33.6), the norms growing from ~0.4 (rounds 50-350) to 1.1 at 501 and 2.0 at 587.
+So the lr only delays it: at N = 1,063 roles, eps 2 over 1,000 rounds leaves more noise than the
+shared model averages out, whatever the cohort (amplification by sampling keeps the noise on the
+mean at sigma C / m = 0.056 C at q = 20/N, 0.044 C at 100/N, 0.043 C at q = 1: PLD, eps 2, T 1,000,
+delta 1/N). What the next step must choose, before
+any study run, accountably (launch.tune over private trials, the selection's eps reported) or by a
+stated rule: the private runs' client lr, server lr (a smaller one lowers the noise the weights
+carry at equilibrium) and T, with C kept under the norms they give (clipped fraction >= 0.05).
 Tested every PRIVATE_EVAL_EVERY = 100 rounds (the protocol block: 50), declared before any privacy
 run: DP-FedAvg-FT's evaluation fine-tunes all 1,063 roles (28 s, one role at a time; a forward-only
 evaluation takes 2.6 s), and the report's gain column needs only the records from round 800 on.
@@ -179,6 +194,9 @@ HEAD_METHODS, HEAD_EPOCHS = ('p_fedsam', 'fedrep'), (1, 10)  # personal heads: 1
 PRIVATE = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedavg_ft')
 EPSILONS = (2.0, 8.0)
 PRIVATE_CLIP_NORM = 0.5  # every private method's fixed C (docstring (c))
+# The private runs' client lr. None: undecided, the privacy block stays out of the grid and no
+# private config is built (docstring (c), status: OPERATING_POINT's lr diverges under the noise).
+PRIVATE_LR_SHARED = None
 MODELS = ('char_lstm_small', 'char_lstm')
 DEFAULTS = dict(method='fedavg', eps=math.inf, seed=0, personal_epochs=PROTOCOL['personal_epochs'],
                 model='char_lstm_small')
@@ -222,6 +240,12 @@ def get_config(arg: str | None = None):
       raise ValueError(f'method={c.method}: the privacy block waits for PROTOCOL (its head epochs), '
                        'which the protocol block decides (docstring (b)); set PROTOCOL and '
                        'PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py first.')
+    if PRIVATE_LR_SHARED is None:
+      raise ValueError(f'method={c.method}: the privacy block waits for a client lr that survives '
+                       'the noise (docstring (c), status): the operating point\'s, tuned without '
+                       'noise, diverges under it. Decide PRIVATE_LR_SHARED in '
+                       'experiments/configs/shakespeare_field.py first.')
+    c.local.lr_shared = PRIVATE_LR_SHARED
     c.eval_every = PRIVATE_EVAL_EVERY
     if math.isinf(args['eps']):
       c.dp.noise_multiplier = 0.0  # clipped, no noise
@@ -343,8 +367,9 @@ def privacy_grid() -> list[dict]:
 
 def sweep_grid() -> list[dict]:
   """The protocol block seed by seed, then the privacy block seed by seed (eps 2 first), once
-  PROTOCOL_DECIDED."""
-  return protocol_grid() + (privacy_grid() if PROTOCOL_DECIDED else [])
+  PROTOCOL_DECIDED and PRIVATE_LR_SHARED is set."""
+  ready = PROTOCOL_DECIDED and PRIVATE_LR_SHARED is not None
+  return protocol_grid() + (privacy_grid() if ready else [])
 
 
 TUNING_SPACE = {
