@@ -95,6 +95,8 @@ delta 1/N). What the next step must choose, before
 any study run, accountably (launch.tune over private trials, the selection's eps reported) or by a
 stated rule: the private runs' client lr, server lr (a smaller one lowers the noise the weights
 carry at equilibrium) and T, with C kept under the norms they give (clipped fraction >= 0.05).
+A third probe (probe/dp2fedsam_serverlr03_eps2_seed0: server lr 0.3, client lr 2.871, stopped at
+round ~650) had not diverged by then (norms 0.64-1.0) and was still rising: 37.1 % pooled at round 600.
 Tested every PRIVATE_EVAL_EVERY = 100 rounds (the protocol block: 50), declared before any privacy
 run: DP-FedAvg-FT's evaluation fine-tunes all 1,063 roles (28 s, one role at a time; a forward-only
 evaluation takes 2.6 s), and the report's gain column needs only the records from round 800 on.
