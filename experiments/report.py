@@ -306,6 +306,12 @@ class Row:
     return bool(self.clipping)
 
   @property
+  def clip_binds(self) -> bool:
+    """Whether the mean clipped fraction over the last CLIP_WINDOW rounds is at least CLIP_BINDS
+    (False without clipping records)."""
+    return self.has_clipping and self.clipping['clipped_fraction'][0] >= CLIP_BINDS
+
+  @property
   def has_spread(self) -> bool:
     return any(not math.isnan(mean) for mean, _ in self.spread.values())
 
@@ -658,8 +664,7 @@ def _clipping_table(rows: list[Row], config_name: str) -> list[str]:
     return f'{mean:.3g}' + ('' if math.isnan(std) else f' ± {std:.2g}')
 
   def binds(row):
-    mean = row.clipping['clipped_fraction'][0]
-    return 'yes' if mean >= CLIP_BINDS else f'**no** (< {CLIP_BINDS:g})'
+    return 'yes' if row.clip_binds else f'**no** (< {CLIP_BINDS:g})'
 
   return ['', f'Clipping over the last {CLIP_WINDOW} rounds (private runs with every round\'s '
           'train_metrics.jsonl): each run\'s mean, then mean ± std over seeds. The clip *binds* '

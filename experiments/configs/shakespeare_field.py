@@ -328,9 +328,7 @@ def privacy_decision(runs_root: str) -> dict:
   out = {}
   for eps in EPSILONS:
     setting = report.setting_label({'eps': eps})
-    binds = {m: bool(rows.get((setting, m)) and rows[setting, m].has_clipping
-                     and rows[setting, m].clipping['clipped_fraction'][0] >= report.CLIP_BINDS)
-             for m in PRIVATE}
+    binds = {m: (setting, m) in rows and rows[setting, m].clip_binds for m in PRIVATE}
     mine = {m: adapted(m, setting) for m in PRIVATE}
 
     def label(m, reference, reference_binds=True, mine=mine, binds=binds):
