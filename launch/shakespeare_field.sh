@@ -6,7 +6,8 @@
 #      OPERATING_POINT holds the selected values (stops here until it does; ACCEPT_OP=1 runs anyway)
 #   3. the protocol and privacy blocks (launch.sweep, root $ROOT); the privacy block only once the
 #      config's PROTOCOL_DECIDED is True (the protocol block decides its head epochs: step 6 says so)
-#      and its PRIVATE_LR_SHARED is set (the private runs' client lr)
+#      and its PRIVATE_POINT is set (the private runs' lrs: the private tuning of step 3b selects
+#      them, and the step stops until the config holds its selection; ADOPT_PRIVATE=1 writes it)
 #   4. every finished run re-evaluated under the config's ADAPT protocol, with the parts its
 #      REEVALUATIONS lists (FedAvg: head and full fine-tune), skipped where evaluations.jsonl has it
 #   5. the report of the finished runs into experiments/results/shakespeare_field
@@ -46,6 +47,7 @@ if [ "${PLAN:-0}" = 1 ]; then
   for model in $MODELS; do
     python3 -m launch.tune --config=$CONFIG --study="$(study_of "$model")" --root="$ROOT/tuning" --plan
   done
+  python3 -m launch.tune --config=$CONFIG --study=dp_fedavg_eps2 --root="$ROOT/tuning" --plan
   python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --plan
   for model in $MODELS; do
     [ "$model" = char_lstm_small ] || python3 -m launch.sweep --config=$CONFIG --root="$ROOT" \
@@ -83,33 +85,53 @@ print('operating point = the tuning\'s selection')
 EOF
 
 # 3. The protocol and privacy blocks (char_lstm_small's workdirs do not name the model).
-for model in $MODELS; do
-  if [ "$model" = char_lstm_small ]; then
-    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --parallel="$PARALLEL"
-  else
-    bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --grid=model="$model" \
-        --parallel="$PARALLEL"
-  fi
-done
+sweep_blocks() {
+  for model in $MODELS; do
+    if [ "$model" = char_lstm_small ]; then
+      bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --parallel="$PARALLEL"
+    else
+      bounded python3 -m launch.sweep --config=$CONFIG --root="$ROOT" --grid=model="$model" \
+          --parallel="$PARALLEL"
+    fi
+  done
+}
+sweep_blocks
+
+# 3b. Once PROTOCOL_DECIDED: the private tuning (study dp_fedavg_eps2: DP-FedAvg trials at eps 2,
+# the selection's epsilon counted), then the privacy block with its selection. PRIVATE_POINT must
+# hold that selection; while it is None the step stops, or with ADOPT_PRIVATE=1 writes it into the
+# config file (for a device call's copy of the tree).
+PRIVATE_TUNING="$ROOT/tuning/$NAME/dp_fedavg_eps2/tuning.json"
+if python3 -c 'import sys; from experiments.configs import shakespeare_field as c
+sys.exit(not c.PROTOCOL_DECIDED)'; then
+  bounded python3 -m launch.tune --config=$CONFIG --study=dp_fedavg_eps2 --root="$ROOT/tuning" \
+      --parallel="$PARALLEL"
+  python3 - "$PRIVATE_TUNING" "${ADOPT_PRIVATE:-0}" <<'EOF'
+import json, re, sys
+from experiments.configs import shakespeare_field as c
+selected = json.load(open(sys.argv[1]))['selected_values']
+if selected is None:
+  sys.exit(f'{sys.argv[1]} selected nothing (K = 0, or every trial failed): the privacy block has '
+           'no lrs.')
+if c.PRIVATE_POINT is not None:
+  if c.PRIVATE_POINT != selected:
+    sys.exit(f'PRIVATE_POINT {c.PRIVATE_POINT} is not the private tuning\'s selection {selected}.')
+elif sys.argv[2] == '1':
+  text = open(c.__file__).read()
+  open(c.__file__, 'w').write(re.sub(r'^PRIVATE_POINT = None$', f'PRIVATE_POINT = {selected!r}',
+                                     text, flags=re.M))
+  print(f'PRIVATE_POINT = {selected} (adopted from the private tuning)')
+else:
+  sys.exit(f'PRIVATE_POINT is None; the private tuning selected {selected}: copy it into '
+           'experiments/configs/shakespeare_field.py (or ADOPT_PRIVATE=1), then rerun.')
+EOF
+  sweep_blocks
+fi
 
 # 4. Re-evaluations under the config's test-time protocol (nothing trains twice).
-python3 - "$ROOT/$NAME" > "$ROOT/$NAME/reevaluations.txt" <<'EOF'
-import json, os, sys
-from experiments.configs import shakespeare_field as c
-for d, _, files in sorted(os.walk(sys.argv[1])):
-  if 'config.json' not in files or 'checkpoints' not in os.listdir(d):
-    continue
-  config = json.load(open(os.path.join(d, 'config.json')))
-  records = [json.loads(l) for l in open(os.path.join(d, 'metrics.jsonl'))] if 'metrics.jsonl' in files else []
-  if not records or records[-1]['round'] < config['num_rounds']:
-    continue
-  parts = c.REEVALUATIONS.get(config['method'], ())
-  done = [json.loads(l) for l in open(os.path.join(d, 'evaluations.jsonl'))] if 'evaluations.jsonl' in files else []
-  for part in parts:
-    protocol = {**c.ADAPT, 'eval.adapt_part': part}
-    if not any(all(r.get(k) == v for k, v in protocol.items()) for r in done):
-      print(d + ' ' + ' '.join(f'--config.{k}={v}' for k, v in protocol.items()))
-EOF
+python3 -c 'import sys; from experiments.configs import shakespeare_field as c
+for d, flags in c.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT/$NAME" \
+    > "$ROOT/$NAME/reevaluations.txt"
 while read -r workdir flags; do
   # shellcheck disable=SC2086
   bounded python3 -m experiments.evaluate --workdir="$workdir" $flags < /dev/null
@@ -128,9 +150,9 @@ if not c.PROTOCOL_DECIDED:
         "Once personal_epochs is not None (3 seeds of every row), set PROTOCOL = {'personal_epochs': "
         "that} and PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py (the test "
         "tests/test_configs.py holds them to the runs), then rerun this script.")
-elif c.PRIVATE_LR_SHARED is None:
-  print('The privacy block has not run: it waits for PRIVATE_LR_SHARED, a client lr that survives '
-        'the noise (experiments/configs/shakespeare_field.py, docstring (c), status).')
+elif c.PRIVATE_POINT is None:
+  print('The privacy block has not run: it waits for PRIVATE_POINT, the lrs the private tuning '
+        '(step 3b) selects (experiments/configs/shakespeare_field.py, docstring (c)).')
 else:  # the verdict rule of docstring (c), on the privacy runs finished so far
   for eps, verdict in c.privacy_decision('experiments/results/shakespeare_field/runs').items():
     print(f"eps {eps:g}: the papers' order {verdict['order']}; DP2-FedSAM against "

@@ -9,9 +9,9 @@ r"""Runs a grid of experiments, one workdir each; finished runs are skipped, unf
   python -m launch.sweep ... --seed_from=experiments/results/<name>/runs   # committed runs count
 
 The grid is the config's `sweep_grid()` (a list of config-argument dicts) when it has one, else one
-empty entry; `--only=key=value` keeps the entries with that value; then `--methods`, `--seeds`,
-`--eps` and each `--grid=key=v1,v2` replace that key in every entry by each of the listed values
-(a product). Every entry runs as
+empty entry; `--only=key=value[,value...]` keeps the entries with one of those values; then
+`--methods`, `--seeds`, `--eps` and each `--grid=key=v1,v2` replace that key in every entry by each
+of the listed values (a product). Every entry runs as
 `python -m experiments.train --config=CONFIG:args --workdir=W [--config.x=y ...]` with its output
 appended to `W/train.log`, where
 
@@ -268,8 +268,9 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
     fixed_args = dict(item.split('=', 1) for item in fixed.split(','))
     base = [{**e, **fixed_args} for e in base]
   for item in only:
-    key, _, value = item.partition('=')
-    base = [e for e in base if key in e and format_value(e[key]) == format_value(_parse_literal(value))]
+    key, _, values = item.partition('=')
+    wanted = {format_value(_parse_literal(v)) for v in values.split(',')}
+    base = [e for e in base if key in e and format_value(e[key]) in wanted]
     if not base:
       raise ValueError(f'--only={item}: no grid entry of {path} has it')
   config_name = os.path.splitext(os.path.basename(path))[0]
@@ -522,8 +523,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_list('methods', None, 'Methods (replaces `method` in the grid).', **fv)
   flags.DEFINE_list('seeds', None, 'Seeds (replaces `seed` in the grid).', **fv)
   flags.DEFINE_list('eps', None, 'Target epsilons (replaces `eps` in the grid).', **fv)
-  flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value, '
-                            'key=value (e.g. --only=dataset=cifar10).', **fv)
+  flags.DEFINE_multi_string('only', [], 'Keep the grid entries whose key has this value (one of '
+                            'these), key=value[,value...] (e.g. --only=dataset=cifar10 '
+                            '--only=method=dp2fedsam,centaur); several --only keep what all keep.',
+                            **fv)
   flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).', **fv)
   flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). A CPU run whose steps are '
                        'small GEMMs (the char LSTMs) uses one core: one run per core pays there (2 on '

@@ -46,9 +46,10 @@ def _module(name):
 @pytest.fixture(autouse=True)
 def _shakespeare_field_protocol_decided(monkeypatch):
   """The whole shakespeare_field grid (its privacy block waits for PROTOCOL_DECIDED and
-  PRIVATE_LR_SHARED in the file)."""
+  PRIVATE_POINT in the file)."""
   monkeypatch.setattr(_module('shakespeare_field'), 'PROTOCOL_DECIDED', True)
-  monkeypatch.setattr(_module('shakespeare_field'), 'PRIVATE_LR_SHARED', 1.5)
+  monkeypatch.setattr(_module('shakespeare_field'), 'PRIVATE_POINT',
+                      {'server_lr': 0.3, 'local.lr_shared': 1.5})
 
 
 def test_shakespeare_field_privacy_block_waits_for_the_protocol_decision(monkeypatch):
@@ -60,10 +61,12 @@ def test_shakespeare_field_privacy_block_waits_for_the_protocol_decision(monkeyp
     module.get_config('method=dp2fedsam,eps=2')
   assert module.get_config('method=fedrep,personal_epochs=10').method == 'fedrep'
   monkeypatch.setattr(module, 'PROTOCOL_DECIDED', True)
-  monkeypatch.setattr(module, 'PRIVATE_LR_SHARED', None)  # no lr for the private runs yet
+  monkeypatch.setattr(module, 'PRIVATE_POINT', None)  # no lrs for the private runs yet
   assert module.sweep_grid() == module.protocol_grid()
-  with pytest.raises(ValueError, match='PRIVATE_LR_SHARED'):
+  with pytest.raises(ValueError, match='PRIVATE_POINT'):
     module.get_config('method=dp_fedavg,eps=8')
+  # The private tuning's trials are built: each sets both lrs itself (tests of the study below).
+  assert module.get_config('method=dp_fedavg,eps=2,tuning=true').dp.target_epsilon == 2
 
 
 def _validate(config):
@@ -441,8 +444,10 @@ def test_shakespeare_field_reads_one_operating_point(monkeypatch):
     if c.method == 'local_only':
       assert c.num_rounds == module.LOCAL_ONLY_VISITS and c.eval.adapt_epochs == 0
       continue
-    lr = module.PRIVATE_LR_SHARED if METHODS[c.method].private else 0.25
-    assert (c.num_rounds, c.local.lr_shared, round(c.sampling_rate * c.num_clients)) == (7, lr, 50)
+    lrs = ((module.PRIVATE_POINT['server_lr'], module.PRIVATE_POINT['local.lr_shared'])
+           if METHODS[c.method].private else (1.0, 0.25))
+    assert (c.num_rounds, c.server_lr, c.local.lr_shared, round(c.sampling_rate * c.num_clients)) == (
+        7, *lrs, 50)
     assert c.validation_fraction == 0 and c.model == 'char_lstm_small'
     assert c.local.personal_epochs == entry.get('personal_epochs', module.PROTOCOL['personal_epochs'])
 
@@ -487,3 +492,51 @@ def test_shakespeare_field_tunes_non_private_fedavg_on_a_validation_split(tmp_pa
     for _, config in runs:
       assert config.method == 'fedavg' and config.validation_fraction == 0.1
       assert config.model == ('char_lstm' if study.endswith('char_lstm') else 'char_lstm_small')
+
+
+def test_shakespeare_field_tunes_the_private_lrs_on_private_trials_and_counts_it(tmp_path):
+  """The privacy block's lrs come from DP-FedAvg trials at eps 2 under the block's clip: each trial
+  takes its candidate's lrs (not PRIVATE_POINT's), selects by a noised validation score, and the
+  selection's epsilon is counted (launch/tune.py)."""
+  from launch import tune
+  path = os.path.join(ROOT, 'experiments', 'configs', 'shakespeare_field.py')
+  module, _, _, spec = tune.load_study(path, 'dp_fedavg_eps2')
+  assert spec['private'] and spec['score_noise'] > 0 and spec['selected_by'] == 'validation_accuracy'
+  assert set(spec['space']) == {'server_lr', 'local.lr_shared'}  # PRIVATE_POINT's fields
+  k, candidates = tune.draw_plan(spec)
+  runs = tune.trial_runs(module, path, spec, candidates, str(tmp_path), [])
+  assert len(runs) == k >= 1
+  for (_, config), values in zip(runs, candidates):
+    assert config.method == 'dp_fedavg' and config.dp.target_epsilon == 2.0
+    assert config.dp.clip_norm == module.PRIVATE_CLIP_NORM and config.validation_fraction == 0.1
+    assert (config.server_lr, config.local.lr_shared) == (values['server_lr'],
+                                                          values['local.lr_shared'])
+  cost = tune.privacy_cost(spec, [c for _, c in runs], naive_trials=k)
+  assert cost['per_trial_epsilon'] > 2.0 and cost['selection_epsilon'] > cost['per_trial_epsilon']
+
+
+def test_shakespeare_field_lists_the_reevaluations_a_finished_run_still_needs(tmp_path):
+  """pending_reevaluations: a finished run with its state and without its ADAPT record, once per
+  part of REEVALUATIONS; never a run still training or one whose state is gone."""
+  module = _module('shakespeare_field')
+
+  def run(name, method, last_round, evaluated_parts=(), state=True):
+    workdir = tmp_path / name
+    (workdir / 'checkpoints').mkdir(parents=True) if state else workdir.mkdir(parents=True)
+    (workdir / 'config.json').write_text(json.dumps({'method': method, 'num_rounds': 1000}))
+    (workdir / 'metrics.jsonl').write_text(json.dumps({'round': last_round}) + '\n')
+    (workdir / 'evaluations.jsonl').write_text(''.join(
+        json.dumps({**module.ADAPT, 'eval.adapt_part': p, 'round': 1000}) + '\n'
+        for p in evaluated_parts))
+    return str(workdir)
+
+  fedavg = run('fedavg', 'fedavg', 1000, evaluated_parts=('head',))
+  dp2fedsam = run('dp2fedsam', 'dp2fedsam', 1000)
+  run('training', 'centaur', 900)
+  run('evaluated', 'dp_fedavg', 1000, evaluated_parts=('head',))
+  run('state_gone', 'centaur', 1000, state=False)
+  flags = lambda part: [f'--config.eval.adapt_epochs={module.ADAPT["eval.adapt_epochs"]}',
+                        f'--config.eval.adapt_lr={module.ADAPT["eval.adapt_lr"]}',
+                        f'--config.eval.adapt_part={part}']
+  assert module.pending_reevaluations(str(tmp_path)) == [(dp2fedsam, flags('auto')),
+                                                         (fedavg, flags('full'))]

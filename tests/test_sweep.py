@@ -169,6 +169,10 @@ def test_only_filters_the_config_grid(tmp_path):
       'N=1000,S=5,dataset=cifar10,eps=1,method=centaur,seed=0']
   with pytest.raises(ValueError, match='no grid entry'):
     sweep.plan(config, str(tmp_path), [], [], only=['dataset=mnist'])
+  # Several values of one key keep each (a grid's methods without the product of --methods).
+  runs = sweep.plan(config, str(tmp_path), [('seed', [0])], [],
+                    only=['dataset=cifar10', 'N=1000', 'S=2', 'method=centaur,dp2fedsam'])
+  assert sorted(r.args['method'] for r in runs) == ['centaur', 'dp2fedsam']
 
 
 class _FinishedProcess:

@@ -196,12 +196,13 @@ HEAD_METHODS, HEAD_EPOCHS = ('p_fedsam', 'fedrep'), (1, 10)  # personal heads: 1
 PRIVATE = ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedavg_ft')
 EPSILONS = (2.0, 8.0)
 PRIVATE_CLIP_NORM = 0.5  # every private method's fixed C (docstring (c))
-# The private runs' client lr. None: undecided, the privacy block stays out of the grid and no
-# private config is built (docstring (c), status: OPERATING_POINT's lr diverges under the noise).
-PRIVATE_LR_SHARED = None
+# The private runs' server and client lr: the selected_values of the private tuning (study
+# dp_fedavg_eps2, docstring (c)). None: undecided, the privacy block stays out of the grid and only
+# the tuning's trials build a private config (OPERATING_POINT's lr diverges under the noise).
+PRIVATE_POINT = None
 MODELS = ('char_lstm_small', 'char_lstm')
 DEFAULTS = dict(method='fedavg', eps=math.inf, seed=0, personal_epochs=PROTOCOL['personal_epochs'],
-                model='char_lstm_small')
+                model='char_lstm_small', tuning=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -242,12 +243,14 @@ def get_config(arg: str | None = None):
       raise ValueError(f'method={c.method}: the privacy block waits for PROTOCOL (its head epochs), '
                        'which the protocol block decides (docstring (b)); set PROTOCOL and '
                        'PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py first.')
-    if PRIVATE_LR_SHARED is None:
-      raise ValueError(f'method={c.method}: the privacy block waits for a client lr that survives '
-                       'the noise (docstring (c), status): the operating point\'s, tuned without '
-                       'noise, diverges under it. Decide PRIVATE_LR_SHARED in '
+    if PRIVATE_POINT is None and not args['tuning']:
+      raise ValueError(f'method={c.method}: the privacy block waits for PRIVATE_POINT, the server and '
+                       'client lr the private tuning selects (docstring (c): the operating point\'s, '
+                       'tuned without noise, diverges under it). Run the study dp_fedavg_eps2 '
+                       '(launch.tune) and copy its selected_values into '
                        'experiments/configs/shakespeare_field.py first.')
-    c.local.lr_shared = PRIVATE_LR_SHARED
+    if PRIVATE_POINT is not None:  # a tuning trial sets both itself
+      _common.set_fields(c, PRIVATE_POINT)
     c.eval_every = PRIVATE_EVAL_EVERY
     if math.isinf(args['eps']):
       c.dp.noise_multiplier = 0.0  # clipped, no noise
@@ -348,6 +351,31 @@ def privacy_decision(runs_root: str) -> dict:
   return out
 
 
+def pending_reevaluations(root: str) -> list[tuple[str, list[str]]]:
+  """[(workdir, --config.* flags)] of every finished run under root that lacks one of its method's
+  REEVALUATIONS under ADAPT (evaluations.jsonl has none with that protocol) and still has its
+  checkpoints: what experiments.evaluate must run, nothing trains twice."""
+  import json  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax import metric_writers  # pylint: disable=import-outside-toplevel
+  out = []
+  for d, _, files in sorted(os.walk(root)):
+    if 'config.json' not in files or 'checkpoints' not in os.listdir(d) or 'metrics.jsonl' not in files:
+      continue
+    with open(os.path.join(d, 'config.json')) as f:
+      config = json.load(f)
+    records = metric_writers.read_jsonl(os.path.join(d, 'metrics.jsonl'))
+    if not records or records[-1]['round'] < config['num_rounds']:
+      continue
+    done = (metric_writers.read_jsonl(os.path.join(d, 'evaluations.jsonl'))
+            if 'evaluations.jsonl' in files else [])
+    for part in REEVALUATIONS.get(config['method'], ()):
+      protocol = {**ADAPT, 'eval.adapt_part': part}
+      if not any(all(r.get(k) == v for k, v in protocol.items()) for r in done):
+        out.append((d, [f'--config.{k}={v}' for k, v in protocol.items()]))
+  return out
+
+
 def protocol_grid() -> list[dict]:
   """The primary pair seed by seed, then the other protocol rows seed by seed."""
   primary = [dict(entry, seed=s) for s in _common.SEEDS for entry in PRIMARY]
@@ -367,8 +395,8 @@ def privacy_grid() -> list[dict]:
 
 def sweep_grid() -> list[dict]:
   """The protocol block seed by seed, then the privacy block seed by seed (eps 2 first), once
-  PROTOCOL_DECIDED and PRIVATE_LR_SHARED is set."""
-  ready = PROTOCOL_DECIDED and PRIVATE_LR_SHARED is not None
+  PROTOCOL_DECIDED and PRIVATE_POINT is set."""
+  ready = PROTOCOL_DECIDED and PRIVATE_POINT is not None
   return protocol_grid() + (privacy_grid() if ready else [])
 
 
@@ -380,6 +408,13 @@ TUNING_SPACE = {
 }
 
 
+# The private tuning (docstring (c)): DP-FedAvg at eps 2 over the server and client lr.
+PRIVATE_TUNING_SPACE = {'server_lr': ('log_uniform', 0.05, 1.0),
+                        'local.lr_shared': ('log_uniform', 0.3, 3.0)}
+PRIVATE_TRIALS_MEAN = 6.0
+PRIVATE_SCORE_NOISE = 10.0
+
+
 def tuning_space() -> dict:
   """Non-private FedAvg: selection by validation accuracy, no score noise (nothing to protect)."""
   common = dict(fixed={'validation_fraction': 0.1}, space=TUNING_SPACE,
@@ -388,4 +423,8 @@ def tuning_space() -> dict:
   return {
       'fedavg': dict(common, args=dict(method='fedavg'), seed=1, seconds_per_run=3900),
       'fedavg_char_lstm': dict(common, args=dict(method='fedavg', model='char_lstm'), seed=1),
+      'dp_fedavg_eps2': dict(
+          args=dict(method='dp_fedavg', eps=2.0, tuning=True), fixed={'validation_fraction': 0.1},
+          space=PRIVATE_TUNING_SPACE, trials={'name': 'poisson', 'mu': PRIVATE_TRIALS_MEAN},
+          seed=0, selected_by='validation_accuracy', score_noise=PRIVATE_SCORE_NOISE),
   }
