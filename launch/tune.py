@@ -29,9 +29,12 @@ trial by its noised score is selected; a failed trial counts as a trial and is n
 K = 0 (Poisson) trains nothing: the procedure outputs nothing, which tuning.json says.
 
 Writes <root>/<config name>/tuning.json (with several studies: <root>/<config name>/<study>/).
-Its top-level fields are the release the selection epsilon covers (the selected run and its
-score); its `trials` list (every candidate's status and score) is the operator's record and is NOT
-covered: publishing it is K releases, the naive composition's cost.
+The release the selection epsilon covers is the selected run and its score (`selected_values`,
+`selected_score`, `selected_run`); the rest is the operator's record and is NOT covered: the
+`trials` list (every candidate's status and score: publishing it is K releases, the naive
+composition's cost) and K itself (`num_trials`, `plan`): the random-K bound needs K secret, and
+with K known (a public seed) the bound that holds is `naive_epsilon`, the K drawn trials composed
+(docs/privacy.md section 9, assumption 2).
 """
 
 from __future__ import annotations
@@ -314,6 +317,10 @@ def _result(plan, cost, spec, runs, outcomes, directory) -> dict:
     notes.append('every trial failed: nothing is selected; they all count as trials.')
   if cost.get('private') is False:
     notes.append(NON_PRIVATE_NOTE + '.')
+  else:
+    notes.append(f"selection_epsilon holds while K (num_trials, plan) is secret; with K known (a "
+                 f"public seed) the bound is naive_epsilon, the K = {plan['num_trials']} trials "
+                 'composed (docs/privacy.md section 9, assumption 2).')
   if failed:
     notes.append(f'{len(failed)} failed trial(s) {failed} count as trials (they ran on the data: '
                  'their cost is in the selection epsilon) and are never selected.')

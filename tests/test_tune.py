@@ -142,6 +142,7 @@ def test_a_failed_trial_counts_as_a_trial_and_is_never_selected(tmp_path):
   result = tune._result(plan, cost, spec, runs, outcomes, str(tmp_path))
   assert result['selected_run'] == 'trial=1' and result['failed_trials'] == [0]
   assert any('count as trials' in n for n in result['notes'])
+  assert any('with K known' in n and 'naive_epsilon' in n for n in result['notes'])
 
 
 @pytest.mark.parametrize('change,match', [
