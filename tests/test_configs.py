@@ -540,3 +540,12 @@ def test_shakespeare_field_lists_the_reevaluations_a_finished_run_still_needs(tm
                         f'--config.eval.adapt_part={part}']
   assert module.pending_reevaluations(str(tmp_path)) == [(dp2fedsam, flags('auto')),
                                                          (fedavg, flags('full'))]
+
+
+def test_shakespeare_field_counts_the_private_tuning_in_each_rows_epsilon():
+  """A privacy-block row's eps with the tuning that chose its lrs: above the run's own eps, below
+  the run and the K trials each counted at its own (PLD) eps."""
+  module = _module('shakespeare_field')
+  with_tuning = module.epsilon_with_tuning(2.0)
+  assert 2.0 < with_tuning < 2.0 * (1 + 3)  # K = 3 trials at eps 2 (+ their scores), seed 0
+  assert abs(with_tuning - 4.593) < 0.01  # the value README and experiments/results cite
