@@ -10,8 +10,8 @@
 #    block's personal-head methods, whose 1,063 heads make a checkpoint of ~50 MB, too large to
 #    bring back: they must finish and be re-evaluated there), PARALLEL
 #    at a time on the one GPU (each vmaps its cohort; XLA's preallocation off so they share it);
-#    while they train, each finished run is re-evaluated under the config's ADAPT protocol
-#    (pending_reevaluations: nothing trains twice);
+#    while they train, the finished runs are re-evaluated under the config's ADAPT protocol, several
+#    at once (pending_reevaluations: nothing trains twice);
 # 3. at SECONDS_LEFT - STOP_MARGIN every run is stopped with SIGTERM (a run checkpoints at a round
 #    boundary: a second call on the same warm machine resumes it from ROOT, which is inside the
 #    working tree and ignored, so it stays there between calls);
@@ -48,17 +48,20 @@ python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' || exit 1
 
 STOP_FILE="$ROOT/.stop_reevaluations"
 rm -f "$STOP_FILE"
-reevaluate_finished() {  # every finished run that lacks its ADAPT re-evaluation, one at a time,
-  # until STOP_FILE appears (checked between evaluations: none is cut off)
+reevaluate_finished() {  # every finished run that lacks its ADAPT re-evaluation: the runs at once
+  # (each its parts in turn), none started once STOP_FILE appears; returns when all have ended
   python3 -c 'import sys; from experiments.configs import shakespeare_field as c
-for d, flags in c.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT" |
-  while read -r workdir flags; do
-    [ -e "$STOP_FILE" ] && break
-    echo "$(date +%T) evaluate $workdir $flags"
-    # shellcheck disable=SC2086
-    python3 -m experiments.evaluate --workdir="$workdir" $flags < /dev/null \
-        > "$workdir/evaluate.log" 2>&1 || echo "evaluate failed: $workdir"
+for d, flags in c.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT" > "$ROOT/.pending"
+  for workdir in $(cut -d' ' -f1 "$ROOT/.pending" | sort -u); do
+    grep "^$workdir " "$ROOT/.pending" | while read -r _ flags; do
+      [ -e "$STOP_FILE" ] && break
+      echo "$(date +%T) evaluate $workdir $flags"
+      # shellcheck disable=SC2086
+      python3 -m experiments.evaluate --workdir="$workdir" $flags < /dev/null \
+          >> "$workdir/evaluate.log" 2>&1 || echo "evaluate failed: $workdir"
+    done &
   done
+  wait
 }
 
 ( while [ ! -e "$STOP_FILE" ]; do reevaluate_finished; sleep 10; done ) &
