@@ -549,3 +549,15 @@ def test_shakespeare_field_counts_the_private_tuning_in_each_rows_epsilon():
   with_tuning = module.epsilon_with_tuning(2.0)
   assert 2.0 < with_tuning < 2.0 * (1 + 3)  # K = 3 trials at eps 2 (+ their scores), seed 0
   assert abs(with_tuning - 4.593) < 0.01  # the value README and experiments/results cite
+
+
+def test_shakespeare_field_private_point_is_the_committed_private_tunings_selection():
+  from launch import tune
+  path = os.path.join(ROOT, 'experiments', 'configs', 'shakespeare_field.py')
+  module, _, _, spec = tune.load_study(path, 'dp_fedavg_eps2')  # the file's own PRIVATE_POINT
+  with open(os.path.join(ROOT, 'experiments', 'results', 'shakespeare_field', 'tuning',
+                         'dp_fedavg_eps2', 'tuning.json')) as f:
+    tuning = json.load(f)
+  assert tuning['status'] == 'done' and tuning['private'] is True
+  assert tuning['plan']['candidates'] == tune.draw_plan(spec)[1]  # the declared study, as drawn
+  assert module.PRIVATE_POINT == tuning['selected_values']

@@ -209,7 +209,7 @@ PRIVATE_CLIP_NORM = 0.5  # every private method's fixed C (docstring (c))
 # The private runs' server and client lr: the selected_values of the private tuning (study
 # dp_fedavg_eps2, docstring (c)). None: undecided, the privacy block stays out of the grid and only
 # the tuning's trials build a private config (OPERATING_POINT's lr diverges under the noise).
-PRIVATE_POINT = None
+PRIVATE_POINT = {'local.lr_shared': 2.327, 'server_lr': 0.2654}
 MODELS = ('char_lstm_small', 'char_lstm')
 DEFAULTS = dict(method='fedavg', eps=math.inf, seed=0, personal_epochs=PROTOCOL['personal_epochs'],
                 model='char_lstm_small', tuning=False)
