@@ -150,13 +150,11 @@ Executor (2026-11-27, FedAvg at the operating point, rounds 6-30, nothing else r
 steps skipped); 2 sequential runs at a time ran ~1.1 s a round each (0.55 s a run-round). So the
 grid runs one at a time, sharded: ~1.4x the runs per hour of 2 sequential ones. The runs finished
 before (FedAvg seeds 0-2, FedRep seed 0-1) ran sequentially, 2 at a time.
-GPU, estimated, not measured here: the vmapped char_lstm round ran 12-18x faster than sequential on
-an H200 at cohorts 50-500 (benchmarks/README.md) and ~0.01 s per vmapped local step at cohort 10
-(0.048 s for a DP2-FedSAM round of 2 batches, 2 gradients each); at that rate a 1,000-round run of
-16-32 local steps a round takes ~3-6 min, the whole grid with the tuning ~4-5 GPU hours per model,
-in line with ~60 CPU hours / 12-18. max_examples None pads every vmapped client to the largest
-role (62 steps at batch 10, 155 at batch 4): if the tuning selects it, 4-10x that. Neither fits one
-15-minute device call: SECONDS_LEFT in launch/shakespeare_field.sh bounds a call, the next resumes.
+GPU, measured (one H200, 2026-11-27, launch/shakespeare_field_device.sh): the privacy block's 12
+personal-head runs, 6 at a time, each 1,000 rounds plus its ADAPT re-evaluation there: DP2-FedSAM
+269-299 s a run, CENTAUR 215-250 s, 358 s and 330 s for the two calls of 6 (benchmarks/README.md).
+Their ~50 MB of personal heads cannot come back from a device call, so those runs must finish and
+be re-evaluated there; DP-FedAvg(-FT), with no personal state, ran on the CPU.
 
   python3 -m launch.tune --config=experiments/configs/shakespeare_field.py --study=fedavg \
       --root=$HOME/sweeps --plan
