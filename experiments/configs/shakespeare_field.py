@@ -106,7 +106,14 @@ Seed 0 drew K = 3. Privacy of the selection (launch.tune, RDP, delta 1/N, each t
 with the score's Gaussian): 4.611 by Papernot & Steinke for a secret K; the seed and so K are
 public here, so the bound that holds is the 3 trials composed, 4.387 (docs/privacy.md section 9).
 PRIVATE_POINT holds its selected_values (tests/test_configs.py holds it to the committed
-tuning.json).
+tuning.json): trial 0, client lr 2.327, server lr 0.2654 (validation 38.45 %; trials 1-2 at server
+lr 0.107 / 0.119: 34.64 / 35.43 %). A released row's eps with that tuning (epsilon_with_tuning,
+PLD): 4.59 at eps 2, 9.39 at eps 8.
+Verdict at eps 2 (2026-11-27, all 12 runs at 3 seeds, every clip binding, privacy_decision on the
+committed runs): contradicted. DP2-FedSAM (38.30 +- 0.09 % pooled, heads re-fit) is level with
+CENTAUR (+0.15 points) and hurts against DP-FedAvg + head fine-tune (39.49 +- 0.21, d = -1.19) and
+DP-FedAvg-FT (39.83 +- 0.19, d = -1.53); every private row helps against local_only (+6.0 to +7.7).
+At eps 8: DP2-FedSAM 39.28 +- 0.01 against CENTAUR 39.11 +- 0.03, level; DP-FedAvg(-FT) not yet run.
 Tested every PRIVATE_EVAL_EVERY = 100 rounds (the protocol block: 50), declared before any privacy
 run: DP-FedAvg-FT's evaluation fine-tunes all 1,063 roles (28 s, one role at a time; a forward-only
 evaluation takes 2.6 s), and the report's gain column needs only the records from round 800 on.
