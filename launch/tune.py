@@ -188,9 +188,16 @@ def trial_event(config):
   return event, relation, float(mechanism.delta), float(mechanism.noise_multiplier)
 
 
+def scored_event(event, score_noise: float):
+  """A trial's event with its released score's Gaussian (multiplier score_noise) composed in."""
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  if not score_noise:
+    return event
+  return dp_accounting.ComposedDpEvent([event, dp_accounting.GaussianDpEvent(score_noise)])
+
+
 def privacy_cost(spec: dict, configs: list, naive_trials: int) -> dict:
   """The selection's epsilon over the trials' events (+ the score's Gaussian), and the comparison."""
-  import dp_accounting  # pylint: disable=import-outside-toplevel
   noise = spec.get('score_noise') or 0.0
   if not spec['private']:
     return non_private_cost(spec, configs, naive_trials, noise)
@@ -199,8 +206,7 @@ def privacy_cost(spec: dict, configs: list, naive_trials: int) -> dict:
   if len(relations) > 1 or len(deltas) > 1:
     raise ValueError('the trials differ in their neighbouring relation or delta; tune one sampler '
                      'and one delta at a time.')
-  events = [i[0] if not noise else dp_accounting.ComposedDpEvent(
-      [i[0], dp_accounting.GaussianDpEvent(noise)]) for i in items]
+  events = [scored_event(i[0], noise) for i in items]
   cost = selection.selection_cost(events, spec['distribution'], deltas.pop(), naive_trials,
                                   relations.pop())
   at_mean = max(1, round(spec['distribution'].mean))

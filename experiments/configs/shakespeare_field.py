@@ -237,14 +237,10 @@ def epsilon_with_tuning(eps: float) -> float:
   import dp_accounting  # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
   from launch import sweep, tune  # pylint: disable=import-outside-toplevel
-  _, _, _, spec = tune.load_study(__file__, 'dp_fedavg_eps2')
+  module, _, _, spec = tune.load_study(__file__, 'dp_fedavg_eps2')
   _, candidates = tune.draw_plan(spec)
-  events = []
-  for values in candidates:  # the lrs do not enter the accounting; each trial's sigma, q, T do
-    trial = get_config(sweep.arg_string(spec['args']))
-    _common.set_fields(trial, {**spec['fixed'], **values})
-    events.append(dp_accounting.ComposedDpEvent(
-        [tune.trial_event(trial)[0], dp_accounting.GaussianDpEvent(spec['score_noise'])]))
+  trials = tune.trial_runs(module, __file__, spec, candidates, '', [])  # configs only, no workdir
+  events = [tune.scored_event(tune.trial_event(trial)[0], spec['score_noise']) for _, trial in trials]
   run = get_config(sweep.arg_string({'method': PRIVATE[0], 'eps': eps, 'tuning': True}))
   events.append(DPMechanism.from_config(run, NUM_CLIENTS, METHODS[run.method]).dp_event(run.num_rounds))
   accountant = dp_accounting.pld.PLDAccountant(
