@@ -113,8 +113,10 @@ Verdict at eps 2 (2026-11-27, all 12 runs at 3 seeds, every clip binding, privac
 committed runs): contradicted. DP2-FedSAM (38.30 +- 0.09 % pooled, heads re-fit) is level with
 CENTAUR (+0.15 points) and hurts against DP-FedAvg + head fine-tune (39.49 +- 0.21, d = -1.19) and
 DP-FedAvg-FT (39.83 +- 0.19, d = -1.53); every private row helps against local_only (+6.0 to +7.7).
-At eps 8: DP2-FedSAM 39.28 +- 0.01 against CENTAUR 39.11 +- 0.03, level; DP-FedAvg(-FT) seed 0 only
-(40.70 / 40.76 %): undecided until seeds 1-2 have run.
+Verdict at eps 8 (2026-11-27, all 12 runs at 3 seeds, every clip binding): contradicted as well.
+DP2-FedSAM (39.28 +- 0.01 %) is level with CENTAUR at 39.11 +- 0.03 (+0.17 points) and hurts against
+DP-FedAvg + head fine-tune (40.72 +- 0.17, d = -1.44) and DP-FedAvg-FT (40.82 +- 0.17, d = -1.54),
+on every seed; every private row helps against local_only (+7.0 to +8.7).
 Tested every PRIVATE_EVAL_EVERY = 100 rounds (the protocol block: 50), declared before any privacy
 run: DP-FedAvg-FT's evaluation fine-tunes all 1,063 roles (28 s, one role at a time; a forward-only
 evaluation takes 2.6 s), and the report's gain column needs only the records from round 800 on.
