@@ -29,9 +29,20 @@ def _xla_accepts(flags: str) -> bool:
   return probe.returncode == 0
 
 
-if 'XLA_FLAGS' not in os.environ:  # set here once; pytest-xdist's workers inherit it
-  _fast = f'{_XLA_BASE} {_XLA_FAST_COMPILE}'
-  os.environ['XLA_FLAGS'] = _fast if _xla_accepts(_fast) else _XLA_BASE
+def _missing(flags: str, wanted: str) -> str:
+  """The flags of `wanted` whose names `flags` does not set already."""
+  named = {f.split('=')[0] for f in flags.split()}
+  return ' '.join(f for f in wanted.split() if f.split('=')[0] not in named)
+
+
+# A user's own XLA_FLAGS stay and come first (e.g. `--xla_cpu_max_isa=AVX2`, which makes an AVX-512
+# machine compile what an AVX2 laptop compiles); the suite's flags are added where the user set none.
+# Set once here; pytest-xdist's workers inherit it and find nothing missing.
+_user_flags = os.environ.get('XLA_FLAGS', '')
+if _missing(_user_flags, f'{_XLA_BASE} {_XLA_FAST_COMPILE}'):
+  _base = f'{_user_flags} {_missing(_user_flags, _XLA_BASE)}'.strip()
+  _fast = f'{_base} {_missing(_base, _XLA_FAST_COMPILE)}'.strip()
+  os.environ['XLA_FLAGS'] = _fast if _xla_accepts(_fast) else _base
 
 
 def xla_flags(devices: int) -> str:

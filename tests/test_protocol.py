@@ -141,14 +141,17 @@ def test_the_protocol_replaces_a_methods_own_finetuning():
   protocol = adaptation.Protocol(2, 0.1, 'auto', 'own')
   with_protocol = lambda lc: _per_client(spec, model, lc, state, data, adapt=adaptation.make_adapt(
       spec, model, lc, protocol))
-  chex.assert_trees_all_equal(with_protocol(local_config), with_protocol(longer))
+  # Two programs (finetune_epochs is static) that compute the same: equal up to float rounding,
+  # which differs with the CPU's instruction set; the longer fine-tune moves the loss far more.
+  chex.assert_trees_all_close(with_protocol(local_config), with_protocol(longer), rtol=1e-5,
+                              atol=1e-6)
   assert not np.allclose(_per_client(spec, model, local_config, state, data)['loss'],
                          _per_client(spec, model, longer, state, data)['loss'])
   spec = get_method('dp_fedavg')
   plain = _per_client(spec, model, local_config, state, data)
   auto = adaptation.make_adapt(spec, model, local_config, protocol)
-  chex.assert_trees_all_equal(_per_client(spec, model, local_config, state, data, adapt=auto),
-                              plain)
+  chex.assert_trees_all_close(_per_client(spec, model, local_config, state, data, adapt=auto),
+                              plain, rtol=1e-5, atol=1e-6)
   head = adaptation.make_adapt(spec, model, local_config,
                                adaptation.Protocol(2, 0.1, 'head', 'own'))
   assert not np.allclose(_per_client(spec, model, local_config, state, data, adapt=head)['loss'],
