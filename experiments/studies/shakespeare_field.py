@@ -20,9 +20,9 @@ accuracy minus F's, s = sqrt((s_R^2 + s_F^2)/2); R *helps* if d >= max(1 point, 
 d <= -max(1 point, 2 s), else *level*. The primary row, FedRep with 10 head epochs, gives the verdict.
 Verdict (2026-11-27): FedRep with 10 head epochs and the re-fit 44.83 +- 0.09 % against FedAvg + head
 fine-tune 51.99 +- 0.03 %: d = -7.17 points, s = 0.07: *hurts*. The other rows (P-FedSAM 10: 44.78,
-FedRep 1: 43.34, P-FedSAM 1: 43.08) each hurt (d -7.2 to -8.9). What hurts is a head trained from
-scratch each visit: FedAvg's head fine-tuned is level with FedAvg (+0.29 non-private; +0.21 / +0.01
-on DP-FedAvg at eps 2 / 8).
+FedRep 1: 43.34, P-FedSAM 1: 43.08) each hurt (d -7.2 to -8.9). What hurts is a personal head
+trained from its random start on the role's own visits: FedAvg's head fine-tuned is level with FedAvg
+(+0.29 non-private; +0.21 / +0.01 on DP-FedAvg at eps 2 / 8).
 PROTOCOL's head epochs are those of the personal-head row with the highest mean pooled TEST accuracy
 over its 3 seeds (FedRep with 10): a choice made on the test split of the same roles, outside any count.
 
@@ -39,7 +39,7 @@ committed tuning is covered by NO finite eps: its score noise was drawn from the
 so each trial's exact validation sum can be recovered from its published score, and tuning.json
 publishes each trial's un-noised metric and test accuracy. epsilon_with_tuning (4.59 at eps 2, 9.39
 at eps 8) is what a run and the declared tuning would cost with secret score noise and only the
-selection published; it bounds no committed release. Outside any count, on the same 1,063 roles:
+selection published; it is no bound for the committed tuning. Outside any count, on the same roles:
 the operating point (batch, local budget, lr decay, cohort) from the non-private FedAvg search on
 their validation splits; PROTOCOL's head epochs from the highest pooled test accuracy of non-private
 runs; C from non-private update norms; the server-lr range from probes at eps 2.
@@ -59,6 +59,8 @@ Verdict at eps 8 (all 12 runs, 3 seeds, every clip binding, T = 1,000): contradi
 (39.28 +- 0.01 %) is level with CENTAUR at 39.11 +- 0.03 (+0.17 points) and hurts against the DP-FedAvg
 model with the head fine-tune (40.72 +- 0.17, d = -1.44) and as DP-FedAvg-FT (40.82 +- 0.17,
 d = -1.54), on every seed; every private row helps against local_only (+7.0 to +8.7).
+On the mean over roles (the report's final-round column) the gaps to the DP-FedAvg model are larger:
+-3.4 points at eps 2, -3.6 to -3.8 at eps 8.
 sigma of the fixed clip (PLD, q = 20/1,063, T = 1,000): eps 2: 1.117 (sigma/m = 0.056), eps 8: 0.628
 (0.031); a cohort of 50: 2.299 (0.046) / 0.971 (0.019) for 2.5x the compute.
 
