@@ -1,7 +1,7 @@
 """What every binary shares: one-line errors, a clean stop, and `--config.<field>` fixes.
 
 `run(main)` replaces `absl.app.run(main)` in experiments/train.py, launch/sweep.py,
-experiments/report.py, experiments/audit.py and benchmarks/client_throughput.py:
+experiments/report/, experiments/audit.py and benchmarks/client_throughput.py:
 
 - The project's own errors (a bad config field, a missing dataset, a NaN loss, out of memory, a
   refused workdir, a file-system error) and flag errors print one line, `error: <message>`, on

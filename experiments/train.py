@@ -13,7 +13,7 @@ An error prints one line `error: ...` and exits with 2 (`-v 1` or DP2FEDSAM_TRAC
 traceback). Ctrl-C or SIGTERM stops at the end of the current round, checkpoints it and exits with 130
 (Ctrl-C) or 143 (SIGTERM); the same command resumes. A second run on a workdir in use exits with 2,
 naming the pid that holds it. A failed run leaves `failure.json` (error, message, round) in its
-workdir for experiments/report.py.
+workdir for experiments/report/.
 
 Compiled programs are kept in a persistent cache (`--compilation_cache`, default
 ~/.cache/dp2fedsam_jax/jax_cache; `off` turns it off): a restart loads them instead of compiling.
@@ -69,7 +69,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def _write_failure(workdir: str, error: BaseException) -> None:
-  """failure.json: what stopped the run, for experiments/report.py (removed by the next start)."""
+  """failure.json: what stopped the run, for experiments/report/ (removed by the next start)."""
   match = re.search(r'\bround (\d+)\b', str(error))
   record = {'error': type(error).__name__, 'message': str(error),
             'round': int(match.group(1)) if match else None}

@@ -11,7 +11,8 @@
 #   4. every finished run re-evaluated under the config's ADAPT protocol, with the parts its
 #      REEVALUATIONS lists (FedAvg: head and full fine-tune), skipped where evaluations.jsonl has it
 #   5. the report of the finished runs into experiments/results/shakespeare_field
-#   6. the protocol decision (docstring (b)) until PROTOCOL_DECIDED, then the privacy verdict (c)
+#   6. the protocol decision until PROTOCOL_DECIDED, then the privacy verdict: rules (b) and (c) of
+#      experiments/studies/shakespeare_field.py, the study's logic beside the config
 # Environment: ROOT (default $HOME/sweeps), MODELS (default "char_lstm_small"; on a GPU
 # "char_lstm_small char_lstm"), EPOCHS (centralized epochs, default 10), SECONDS_LEFT (stop every
 # step with SIGTERM after this many seconds: runs checkpoint at a round boundary; for a bounded
@@ -129,8 +130,8 @@ EOF
 fi
 
 # 4. Re-evaluations under the config's test-time protocol (nothing trains twice).
-python3 -c 'import sys; from experiments.configs import shakespeare_field as c
-for d, flags in c.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT/$NAME" \
+python3 -c 'import sys; from experiments.studies import shakespeare_field as study
+for d, flags in study.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT/$NAME" \
     > "$ROOT/$NAME/reevaluations.txt"
 while read -r workdir flags; do
   # shellcheck disable=SC2086
@@ -144,17 +145,19 @@ python3 -m experiments.report --root="$ROOT/$NAME" --out=experiments/results/$NA
 # 6. The privacy block waits for the protocol decision.
 python3 - <<'EOF'
 from experiments.configs import shakespeare_field as c
+from experiments.studies import shakespeare_field as study
 if not c.PROTOCOL_DECIDED:
-  decision = c.protocol_decision('experiments/results/shakespeare_field/runs')
-  print(f"The privacy block has not run. The rule of docstring (b) on the runs so far: {decision}. "
+  decision = study.protocol_decision('experiments/results/shakespeare_field/runs')
+  print(f"The privacy block has not run. Rule (b) of experiments/studies/shakespeare_field.py on the "
+        f"runs so far: {decision}. "
         "Once personal_epochs is not None (3 seeds of every row), set PROTOCOL = {'personal_epochs': "
         "that} and PROTOCOL_DECIDED = True in experiments/configs/shakespeare_field.py (the test "
         "tests/test_configs.py holds them to the runs), then rerun this script.")
 elif c.PRIVATE_POINT is None:
   print('The privacy block has not run: it waits for PRIVATE_POINT, the lrs the private tuning '
         '(step 3b) selects (experiments/configs/shakespeare_field.py, docstring (c)).')
-else:  # the verdict rule of docstring (c), on the privacy runs finished so far
-  for eps, verdict in c.privacy_decision('experiments/results/shakespeare_field/runs').items():
+else:  # the verdict rule (c) of the study module, on the privacy runs finished so far
+  for eps, verdict in study.privacy_decision('experiments/results/shakespeare_field/runs').items():
     print(f"eps {eps:g}: the papers' order {verdict['order']}; DP2-FedSAM against "
           + ', '.join(f'{m} {v[0]} ({100 * v[1]:+.2f} points)' for m, v in verdict['against'].items())
           + f"; clip binds: {verdict['binds']}")

@@ -50,8 +50,8 @@ STOP_FILE="$ROOT/.stop_reevaluations"
 rm -f "$STOP_FILE"
 reevaluate_finished() {  # every finished run that lacks its ADAPT re-evaluation: the runs at once
   # (each its parts in turn), none started once STOP_FILE appears; returns when all have ended
-  python3 -c 'import sys; from experiments.configs import shakespeare_field as c
-for d, flags in c.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT" > "$ROOT/.pending"
+  python3 -c 'import sys; from experiments.studies import shakespeare_field as study
+for d, flags in study.pending_reevaluations(sys.argv[1]): print(d, *flags)' "$ROOT" > "$ROOT/.pending"
   for workdir in $(cut -d' ' -f1 "$ROOT/.pending" | sort -u); do
     grep "^$workdir " "$ROOT/.pending" | while read -r _ flags; do
       [ -e "$STOP_FILE" ] && break

@@ -1,5 +1,6 @@
 """Every paper config loads, and every entry of its sweep grid is a valid config, without loading data."""
 
+import ast
 import glob
 import importlib
 import json
@@ -12,6 +13,7 @@ import pytest
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax.algorithms import METHODS
 from experiments.configs import _common
+from experiments.studies import shakespeare_field as field_study
 from launch import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -363,25 +365,24 @@ def test_bandmf_regime_pairs_each_banded_run_with_an_independent_one_under_momen
 
 
 def test_shakespeare_field_protocol_is_what_its_rule_makes_of_the_committed_runs(monkeypatch):
-  """PROTOCOL, PROTOCOL_DECIDED and the docstring's verdict follow from the committed protocol runs
-  by docstring (b)'s rule: a hand edit that disagrees with the runs fails here."""
+  """PROTOCOL, PROTOCOL_DECIDED and the verdict in the study module's docstring follow from the
+  committed protocol runs by its rule (b): a hand edit that disagrees with the runs fails here."""
   module = _module('shakespeare_field')
   monkeypatch.undo()  # the file's own PROTOCOL_DECIDED, not the fixture's
-  decision = module.protocol_decision(
+  decision = field_study.protocol_decision(
       os.path.join(ROOT, 'experiments', 'results', 'shakespeare_field', 'runs'))
   label, d, s = decision['rows']['fedrep', 10]
   assert (label, decision['verdict']) == ('hurts', 'hurts')
-  assert f'd = {100 * d:.2f} points, s = {100 * s:.2f}: *hurts*' in module.__doc__
+  assert f'd = {100 * d:.2f} points, s = {100 * s:.2f}: *hurts*' in field_study.__doc__
   assert module.PROTOCOL_DECIDED == (decision['personal_epochs'] is not None)
   if module.PROTOCOL_DECIDED:
     assert module.PROTOCOL['personal_epochs'] == decision['personal_epochs']
 
 
 def test_shakespeare_field_privacy_verdict_is_what_its_rule_makes_of_the_committed_runs():
-  """The verdict at each eps that the docstring, README and experiments/results state follows from
-  the committed privacy runs by docstring (c)'s rule."""
-  module = _module('shakespeare_field')
-  verdict = module.privacy_decision(
+  """The verdict at each eps that the study module's docstring, README and experiments/results state
+  follows from the committed privacy runs by its rule (c)."""
+  verdict = field_study.privacy_decision(
       os.path.join(ROOT, 'experiments', 'results', 'shakespeare_field', 'runs'))
   for eps in (2.0, 8.0):
     at = verdict[eps]
@@ -389,9 +390,10 @@ def test_shakespeare_field_privacy_verdict_is_what_its_rule_makes_of_the_committ
     assert {m: v[0] for m, v in at['against'].items()} == {
         'centaur': 'level', 'dp_fedavg': 'hurts', 'dp_fedavg_ft': 'hurts'}
     for _, d, _ in at['against'].values():
-      assert f'd = {100 * d:.2f}' in module.__doc__ or f'(+{100 * d:.2f} points)' in module.__doc__
+      doc = field_study.__doc__
+      assert f'd = {100 * d:.2f}' in doc or f'(+{100 * d:.2f} points)' in doc
     assert all(v[0] == 'helps' for v in at['against_local_only'].values())
-    assert f'Verdict at eps {eps:g}' in module.__doc__
+    assert f'Verdict at eps {eps:g}' in field_study.__doc__
 
 
 def _privacy_runs(root, pooled: dict, clipped: dict):
@@ -427,7 +429,6 @@ def test_shakespeare_field_privacy_verdict_follows_its_declared_rule(tmp_path):
   """Docstring (c): DP2-FedSAM against each other private method at each eps by rule_label on the
   re-evaluated rows; a side whose clip does not bind voids its pair; every private row against
   local_only."""
-  module = _module('shakespeare_field')
   accuracy = {('local_only', None): 0.32,
               ('dp2fedsam', 2.0): 0.40, ('centaur', 2.0): 0.395, ('dp_fedavg_ft', 2.0): 0.45,
               ('dp_fedavg', 2.0): 0.25,
@@ -435,7 +436,7 @@ def test_shakespeare_field_privacy_verdict_follows_its_declared_rule(tmp_path):
               ('dp_fedavg', 8.0): 0.40}
   binding = {k: 0.6 for k in accuracy if k[0] != 'local_only'}
   _privacy_runs(str(tmp_path / 'a'), accuracy, binding)
-  got = module.privacy_decision(str(tmp_path / 'a'))
+  got = field_study.privacy_decision(str(tmp_path / 'a'))
   labels = lambda eps, key: {m: v[0] for m, v in got[eps][key].items()}
   assert labels(2.0, 'against') == {'centaur': 'level', 'dp_fedavg_ft': 'hurts', 'dp_fedavg': 'helps'}
   assert got[2.0]['order'] == 'contradicted'
@@ -444,11 +445,11 @@ def test_shakespeare_field_privacy_verdict_follows_its_declared_rule(tmp_path):
                                                 'dp_fedavg_ft': 'helps', 'dp_fedavg': 'hurts'}
   assert got[8.0]['order'] == 'holds' and all(got[8.0]['binds'].values())
   _privacy_runs(str(tmp_path / 'b'), accuracy, {**binding, ('dp_fedavg_ft', 8.0): 0.04})
-  got = module.privacy_decision(str(tmp_path / 'b'))
+  got = field_study.privacy_decision(str(tmp_path / 'b'))
   assert got[8.0]['against']['dp_fedavg_ft'][0] == 'void' and got[8.0]['order'] == 'void'
   assert not got[8.0]['binds']['dp_fedavg_ft'] and got[2.0]['order'] == 'contradicted'
-  assert module.privacy_decision(str(tmp_path / 'a' / 'shakespeare_field' / 'local_only'))[2.0][
-      'order'] == 'undecided'
+  only_local = field_study.privacy_decision(str(tmp_path / 'a' / 'shakespeare_field' / 'local_only'))
+  assert only_local[2.0]['order'] == 'undecided'
 
 
 def test_shakespeare_field_reads_one_operating_point(monkeypatch):
@@ -489,12 +490,28 @@ def test_shakespeare_field_privacy_block_clips_every_method_at_one_fixed_c():
     assert (c.dp.clipping, c.dp.clip_norm) == ('fixed', module.PRIVATE_CLIP_NORM) == ('fixed', 0.5)
     assert c.dp.target_epsilon == entry['eps'] and c.dp.count_noise_multiplier is None
     assert c.eval_every == module.PRIVATE_EVAL_EVERY and c.num_rounds % c.eval_every == 0
-  assert module.fixed_clip_sigma(2.0, round(20 / 1063, 5), 1000) == pytest.approx(1.117, abs=2e-3)
+  assert field_study.fixed_clip_sigma(2.0, round(20 / 1063, 5), 1000) == pytest.approx(1.117, abs=2e-3)
   assert module.get_config('model=char_lstm').model == 'char_lstm'
   with pytest.raises(ValueError, match='model='):
     module.get_config('model=gru')
   for method, parts in module.REEVALUATIONS.items():
     assert method in METHODS and parts
+
+
+def test_shakespeare_field_config_is_settings_and_its_study_holds_the_logic():
+  """The config imports no launcher and no report (launch.tune loads it by path: no cycle); the
+  cost model launch.sweep reads through it is the study module's, with the config's defaults."""
+  path = os.path.join(ROOT, 'experiments', 'configs', 'shakespeare_field.py')
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+      a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+  assert not {m for m in imported if m.startswith(('launch', 'experiments.report'))}, imported
+  module = _module('shakespeare_field')
+  assert module.planned_hours({'method': 'p_fedsam', 'seed': 0}) == pytest.approx(
+      field_study.RUN_HOURS['p_fedsam'] + field_study.TEN_HEAD_EPOCHS_HOURS)  # 10 head epochs
+  assert module.planned_hours({'method': 'fedrep', 'personal_epochs': 1, 'model': 'char_lstm'}) == (
+      pytest.approx(field_study.RUN_HOURS['fedrep'] * field_study.LARGE_MODEL_FACTOR))
 
 
 def test_shakespeare_field_tunes_non_private_fedavg_on_a_validation_split(tmp_path):
@@ -555,15 +572,14 @@ def test_shakespeare_field_lists_the_reevaluations_a_finished_run_still_needs(tm
   flags = lambda part: [f'--config.eval.adapt_epochs={module.ADAPT["eval.adapt_epochs"]}',
                         f'--config.eval.adapt_lr={module.ADAPT["eval.adapt_lr"]}',
                         f'--config.eval.adapt_part={part}']
-  assert module.pending_reevaluations(str(tmp_path)) == [(dp2fedsam, flags('auto')),
+  assert field_study.pending_reevaluations(str(tmp_path)) == [(dp2fedsam, flags('auto')),
                                                          (fedavg, flags('full'))]
 
 
 def test_shakespeare_field_counts_the_private_tuning_in_each_rows_epsilon():
   """A privacy-block row's eps with the tuning that chose its lrs: above the run's own eps, below
   the run and the K trials each counted at its own (PLD) eps."""
-  module = _module('shakespeare_field')
-  with_tuning = module.epsilon_with_tuning(2.0)
+  with_tuning = field_study.epsilon_with_tuning(2.0)
   assert 2.0 < with_tuning < 2.0 * (1 + 3)  # K = 3 trials at eps 2 (+ their scores), seed 0
   assert abs(with_tuning - 4.593) < 0.01  # the value README and experiments/results cite
 

@@ -1,4 +1,4 @@
-"""experiments/report.py on synthetic workdirs with known numbers: tables, labels, and PNGs."""
+"""experiments/report (the package) on synthetic workdirs with known numbers: tables, labels, and PNGs."""
 
 import csv
 import glob
@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip('matplotlib', reason='the [report] extra (matplotlib) is not installed')
 
 from experiments import report  # noqa: E402
+from experiments.report import plots, summary  # noqa: E402
 
 ACC = {  # method -> final accuracy per seed (the best round is 0.05 higher, at round 2)
     'dp2fedsam': [0.70, 0.72, 0.74],
@@ -109,7 +110,7 @@ def test_accuracy_vs_eps_plot_when_several_eps(root, tmp_path):
     make_workdir(root, 'default', 'dp2fedsam', seed, 1.0, acc)
   out = report.write_report(root, str(tmp_path / 'report'))
   assert any(p.endswith('default_accuracy_vs_eps.png') for p in out['plots'])
-  points = report._group_final(report.load_runs(root))[('default', 'default', 'dp2fedsam')]
+  points = plots._group_final(report.load_runs(root))[('default', 'default', 'dp2fedsam')]
   assert sorted((round(e, 6), round(m, 6)) for e, m, *_ in points) == [
       (1.0, round(np.mean([0.5, 0.52, 0.55]), 6)), (2.0, round(np.mean(ACC['dp2fedsam']), 6))]
 
@@ -245,8 +246,8 @@ def test_accuracy_plots_label_whole_rounds(tmp_path, monkeypatch):
   root = str(tmp_path / 'runs')
   make_workdir(root, 'cfg', 'dp2fedsam', 0, 1.0, 0.6, rounds=(1, 2), num_rounds=2)
   axes = []
-  save = report._save
-  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  save = plots._save
+  monkeypatch.setattr(plots, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
   report.write_report(root, str(tmp_path / 'report'))
   for ax in axes:
     ticks = [t for t in ax.get_xticks() if 1 <= t <= 2]
@@ -262,8 +263,8 @@ def test_update_norm_plot_is_per_round_when_every_run_has_train_metrics(tmp_path
         f.write(json.dumps({'round': r, 'mean_update_norm': r + seed, 'train_loss': 1.0}) + '\n')
   make_workdir(root, 'old', 'dp2fedsam', 0, 1.0, 0.6, rounds=(3,))  # predates train_metrics.jsonl
   axes = []
-  save = report._save
-  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  save = plots._save
+  monkeypatch.setattr(plots, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
   report.write_report(root, str(tmp_path / 'report'), copy_runs=True)
   norms = {ax.get_title().split(':')[0]: ax.lines[0] for ax in axes
            if 'update norm' in ax.get_ylabel()}
@@ -285,8 +286,8 @@ def test_adaptive_runs_get_a_clip_norm_plot_per_round_and_fixed_ones_none(tmp_pa
           extra = {'clip_norm': 0.5 * r + seed} if clip == 'adaptive' else {}
           f.write(json.dumps({'round': r, 'mean_update_norm': 1.0, **extra}) + '\n')
   axes = []
-  save = report._save
-  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  save = plots._save
+  monkeypatch.setattr(plots, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
   report.write_report(root, str(tmp_path / 'report'))
   clip_axes = [ax for ax in axes if ax.get_ylabel().startswith('clip norm')]
   assert len(clip_axes) == 1 and 'clip=adaptive' in clip_axes[0].get_title()
@@ -339,8 +340,8 @@ def test_an_update_norm_blow_up_is_drawn_off_scale_and_labelled(tmp_path, monkey
         norm = blow_up if (blow_up and r == 2) else (2.0 if method == 'dp_fedavg' else 1.0) / r
         f.write(json.dumps({'round': r, 'mean_update_norm': norm, 'train_loss': 1.0}) + '\n')
   axes = []
-  save = report._save
-  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  save = plots._save
+  monkeypatch.setattr(plots, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
   report.write_report(root, str(tmp_path / 'report'))
   norm_ax = next(ax for ax in axes if 'update norm' in ax.get_ylabel())
   assert norm_ax.get_yscale() == 'linear'  # the rest spans 0.05 .. 2: no log axis needed
@@ -419,8 +420,8 @@ def test_a_setting_with_extra_arguments_is_compared_with_the_same_method_without
 def test_accuracy_vs_eps_plot_has_log_eps_error_bars_ceilings_and_off_scale_note(
     curve_root, tmp_path, monkeypatch):
   axes = []
-  save = report._save
-  monkeypatch.setattr(report, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
+  save = plots._save
+  monkeypatch.setattr(plots, '_save', lambda fig, ax, *a: (axes.append(ax), save(fig, ax, *a)))
   out = report.write_report(curve_root, str(tmp_path / 'report'))
   assert any(p.endswith('cfg/default_accuracy_vs_eps.png') for p in out['plots'])
   ax = next(ax for ax in axes if ax.get_xlabel().startswith('ε'))
@@ -544,7 +545,7 @@ def test_pooled_gain_is_the_slope_over_the_last_200_rounds_per_100_rounds():
 
 
 def _row_with_pooled(values):
-  mean, std = report._mean_std(values)
+  mean, std = summary.mean_std(values)
   return report.Row('c', 's', 'm', epsilon=math.inf, num_seeds=len(values), final_round=1,
                     final_acc=(mean, std), best_acc=(mean, std), seconds_per_round=1.0, note='',
                     pooled={'test_accuracy_pooled': (mean, std)})

@@ -1,7 +1,7 @@
 """dp2-fedsam.txt Fig. 5: mean norm of the local updates vs round, CIFAR-10 (N, S) = (1000, 2).
 
 Grid (`sweep_grid()`): FedAvg and P-FedSAM (non-private, eps = inf) x seeds {0, 1, 2}: 6 runs.
-`experiments/report.py` plots `mean_update_norm` (pre-clip, averaged over the cohort) per round.
+`experiments/report/` plots `mean_update_norm` (pre-clip, averaged over the cohort) per round.
 The paper's band is the std over clients within a round; ours is the std over seeds of the cohort
 mean (metrics.jsonl records the cohort mean only). Setup: see `_dp2fedsam.py`.
 

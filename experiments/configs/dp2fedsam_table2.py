@@ -3,7 +3,7 @@
 Grid (`sweep_grid()`): methods DP-FedAvg, DP-FedAvg-FT, DP-FedSAM, DP-FedSAM-FT, CENTAUR,
 DP²-FedSAM x settings FEMNIST (500 writers, natural split) and CIFAR-10 (N, S) in {(500, 5),
 (1000, 2), (1000, 5)} x seeds {0, 1, 2}, eps = 1, delta = 1/N. 6 x 4 x 3 = 72 runs of 200 rounds.
-Fig. 4 is the accuracy-vs-round curve of the same runs (`experiments/report.py` draws it).
+Fig. 4 is the accuracy-vs-round curve of the same runs (`experiments/report/` draws it).
 Setup: see `_dp2fedsam.py`.
 
 Arguments: `:method=dp2fedsam,dataset=cifar10,N=1000,S=2,eps=1,seed=0`.
