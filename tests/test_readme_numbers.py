@@ -446,3 +446,17 @@ def test_results_readme_shakespeare_verdicts_are_the_committed_runs(results_read
   assert head_gain[0] == 'level'
   assert (f'(FedAvg + head fine-tune against plain FedAvg: {_signed(head_gain[1])}, '
           f's = {head_gain[2]:.2f}) is *level*') in text
+
+
+def test_results_readme_states_the_shakespeare_score_denominator(results_readme):
+  """The score divides by N = 1,063 while fewer roles have validation rows."""
+  directory = os.path.join(SF, 'tuning', 'dp_fedavg_eps2')
+  tuning = json.load(open(os.path.join(directory, 'tuning.json')))
+  records = [_records(os.path.join(directory, t['run'], 'metrics.jsonl'))[-1] for t in tuning['trials']]
+  clients = {int(r['validation_clients']) for r in records}
+  assert len(clients) == 1
+  (n_val,) = clients
+  ratios = [t['score'] / r['validation_accuracy'] for t, r in zip(tuning['trials'], records)]
+  assert (f'while {n_val} roles have validation rows: the un-noised score is {n_val}/1,063 = '
+          f'{n_val / 1063:.2f} × their mean validation accuracy (the noised scores above are '
+          f'{min(ratios):.2f}-{max(ratios):.2f} × it)') in results_readme
