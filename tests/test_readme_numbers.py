@@ -460,3 +460,17 @@ def test_results_readme_states_the_shakespeare_score_denominator(results_readme)
   assert (f'while {n_val} roles have validation rows: the un-noised score is {n_val}/1,063 = '
           f'{n_val / 1063:.2f} × their mean validation accuracy (the noised scores above are '
           f'{min(ratios):.2f}-{max(ratios):.2f} × it)') in results_readme
+
+
+def test_readme_heads_trained_from_scratch_over_fit(readme):
+  """FedRep's and P-FedSAM's (10 head epochs) train loss over the last 50 rounds and test loss at
+  round 1,000, over methods and seeds."""
+  train, test = [], []
+  for method in ('fedrep', 'p_fedsam'):
+    for s in SEEDS:
+      run = os.path.join(SF, 'runs', method, 'personal_epochs=10', f'seed={s}')
+      losses = [r['train_loss'] for r in _records(os.path.join(run, 'train_metrics.jsonl'))]
+      train.append(np.mean(losses[-50:]))
+      test.append(_records(os.path.join(run, 'metrics.jsonl'))[-1]['test_loss'])
+  assert (f'(train loss {min(train):.2f}-{max(train):.2f} over the last 50 rounds, test '
+          f'{min(test):.2f}-{max(test):.2f})') in readme
