@@ -1,0 +1,476 @@
+"""The numbers README.md and experiments/results/README.md state about the committed runs, recomputed
+from the runs' own files (metrics.jsonl, evaluations.jsonl, train_metrics.jsonl, config.json,
+tuning.json), so that neither doc can drift from its runs. Each number is matched as the docs write
+it (two decimals, a signed gap with a Unicode minus), in the doc's text with its line breaks
+undone. The README's Fashion-MNIST table itself is held to results.csv in tests/test_report.py.
+
+Nothing here imports the engine: the decision rule and the accounting are recomputed from their
+definitions (README, "Results"; dp_accounting for the eps with the tuning)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, 'experiments', 'results')
+SF = os.path.join(RESULTS, 'shakespeare_field')
+FMNIST = os.path.join(RESULTS, 'fmnist_paper_regime', 'runs')
+SEEDS = (0, 1, 2)
+
+
+def _records(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _flat(text: str) -> str:
+  return ' '.join(text.split())
+
+
+@pytest.fixture(scope='module')
+def readme():
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  return _flat(text.split('\n## Results\n')[1].split('\n## ')[0])
+
+
+@pytest.fixture(scope='module')
+def results_readme():
+  return _flat(open(os.path.join(RESULTS, 'README.md')).read())
+
+
+def _signed(points: float) -> str:
+  return f'{points:+.2f}'.replace('-', '−')
+
+
+def _rule(a, b):
+  """README's rule: d = mean over seeds of A - B, s = sqrt((s_A^2 + s_B^2) / 2); helps if
+  d >= max(1 point, 2s), hurts if d <= -max(1 point, 2s), else level. d and s in points."""
+  a, b = 100 * np.asarray(a, float), 100 * np.asarray(b, float)
+  d = a.mean() - b.mean()
+  s = math.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2)
+  bar = max(1.0, 2 * s)
+  return ('helps' if d >= bar else 'hurts' if d <= -bar else 'level'), d, s
+
+
+# Shakespeare (experiments/results/shakespeare_field/runs).
+
+def _plain(method, setting, key='test_accuracy_pooled'):
+  return [_records(os.path.join(SF, 'runs', method, setting, f'seed={s}', 'metrics.jsonl'))[-1][key]
+          for s in SEEDS]
+
+
+def _adapted(method, setting, part, key='test_accuracy_pooled'):
+  """The run's 10-epoch re-evaluation at round 1,000 (the last line of that protocol)."""
+  values = []
+  for s in SEEDS:
+    lines = [e for e in _records(os.path.join(SF, 'runs', method, setting, f'seed={s}',
+                                              'evaluations.jsonl'))
+             if e['round'] == 1000 and e['eval.adapt_epochs'] == 10 and e['eval.adapt_part'] == part]
+    values.append(lines[-1][key])
+  return values
+
+
+def _curve(method, setting):
+  """Plain pooled accuracy by evaluated round, mean over seeds, in points."""
+  runs = [_records(os.path.join(SF, 'runs', method, setting, f'seed={s}', 'metrics.jsonl'))
+          for s in SEEDS]
+  rounds = [r['round'] for r in runs[0]]
+  assert all([r['round'] for r in run] == rounds for run in runs)
+  return rounds, 100 * np.mean([[r['test_accuracy_pooled'] for r in run] for run in runs], axis=0)
+
+
+def _gain_per_100_rounds(method, setting):
+  """Least-squares slope of the pooled accuracy over the last 200 rounds, points per 100 rounds,
+  mean over seeds (the report's flatness column)."""
+  slopes = []
+  for s in SEEDS:
+    records = [r for r in _records(os.path.join(SF, 'runs', method, setting, f'seed={s}',
+                                                'metrics.jsonl')) if r['round'] >= 800]
+    x = np.array([r['round'] for r in records], float)
+    y = np.array([r['test_accuracy_pooled'] for r in records], float)
+    slopes.append(np.polyfit(x, y, 1)[0] * 100 * 100)
+  return float(np.mean(slopes))
+
+
+# (row of README's Shakespeare table) -> (method, setting, adapted part) per column; local_only plain.
+SF_TABLE = {
+    'FedAvg / DP-FedAvg, head fine-tuned from the global one':
+        [('fedavg', 'default', 'head'), ('dp_fedavg', 'eps=2', 'head'), ('dp_fedavg', 'eps=8', 'head')],
+    'the same trained models, whole model fine-tuned (FedAvg-FT / DP-FedAvg-FT)':
+        [('fedavg', 'default', 'full'), ('dp_fedavg_ft', 'eps=2', 'auto'),
+         ('dp_fedavg_ft', 'eps=8', 'auto')],
+    'personal head trained from scratch (P-FedSAM / DP²-FedSAM, 10 head epochs a visit)':
+        [('p_fedsam', 'personal_epochs=10', 'auto'), ('dp2fedsam', 'eps=2', 'auto'),
+         ('dp2fedsam', 'eps=8', 'auto')],
+    'the same without SAM on the body (FedRep / CENTAUR)':
+        [('fedrep', 'personal_epochs=10', 'auto'), ('centaur', 'eps=2', 'auto'),
+         ('centaur', 'eps=8', 'auto')],
+}
+
+
+def test_readme_shakespeare_table_is_pooled_and_mean_over_roles_of_the_committed_runs():
+  text = open(os.path.join(ROOT, 'README.md')).read().split('\n## Results\n')[1].split('\n## ')[0]
+  table = next(b for b in text.split('\n\n') if b.startswith('| row')).splitlines()
+  assert [c.strip() for c in table[0].strip('|').split('|')] == ['row', 'non-private', 'ε = 2', 'ε = 8']
+  rows = {cells[0]: cells[1:] for cells in
+          ([c.strip() for c in line.strip('|').split('|')] for line in table[2:])}
+  assert set(rows) == {*SF_TABLE, 'each role alone (local_only, nothing released)'}
+  stds = []
+  for row, specs in SF_TABLE.items():
+    for cell, spec in zip(rows[row], specs):
+      pooled, over_roles = _adapted(*spec), _adapted(*spec, key='test_accuracy')
+      assert cell == f'{100 * np.mean(pooled):.2f} · {100 * np.mean(over_roles):.2f}', (row, spec)
+      stds += [100 * np.std(pooled, ddof=1), 100 * np.std(over_roles, ddof=1)]
+  local = _plain('local_only', 'default'), _plain('local_only', 'default', 'test_accuracy')
+  assert rows['each role alone (local_only, nothing released)'] == [
+      f'{100 * np.mean(local[0]):.2f} · {100 * np.mean(local[1]):.2f}', '', '']
+  readme = _flat(text)
+  assert f'seed stds ≤ {max(stds):.2f} points, {100 * np.std(local[1], ddof=1):.2f} for local_only' in readme
+  assert max(stds) >= 100 * np.std(local[0], ddof=1)
+
+
+def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme):
+  # A head fine-tuned from FedAvg's: level against plain FedAvg, with and without privacy.
+  gains = []
+  for method, setting in (('fedavg', 'default'), ('dp_fedavg', 'eps=2'), ('dp_fedavg', 'eps=8')):
+    label, d, _ = _rule(_adapted(method, setting, 'head'), _plain(method, setting))
+    assert label == 'level'
+    gains.append(_signed(d))
+  assert (f'head adds {gains[0]} points without privacy, {gains[1]} at ε = 2 and {gains[2]} at '
+          'ε = 8: level every time') in readme
+  # Heads trained from scratch: hurt against FedAvg + head fine-tune.
+  reference = _adapted('fedavg', 'default', 'head')
+  d = {}
+  for method in ('fedrep', 'p_fedsam'):
+    for epochs in (10, 1):
+      label, d[method, epochs], _ = _rule(_adapted(method, f'personal_epochs={epochs}', 'auto'),
+                                          reference)
+      assert label == 'hurts'
+  assert f'{-d["fedrep", 10]:.1f}' == f'{-d["p_fedsam", 10]:.1f}'
+  assert f'heads end {-d["fedrep", 10]:.1f} points under FedAvg + head fine-tune' in readme
+  assert f'(−{-d["fedrep", 1]:.1f} and −{-d["p_fedsam", 1]:.1f} with 1 head epoch' in readme
+  # One baseline: DP-FedAvg and DP-FedAvg-FT train identically (every field but the wall clock).
+  for eps in (2, 8):
+    for s in SEEDS:
+      a, b = (_records(os.path.join(SF, 'runs', m, f'eps={eps}', f'seed={s}', 'train_metrics.jsonl'))
+              for m in ('dp_fedavg', 'dp_fedavg_ft'))
+      strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
+      assert len(a) == 1000 and strip(a) == strip(b), (eps, s)
+  assert 'agree in every field of every round in all 6 pairs' in readme
+  assert 'agree in every field of every round in all 6 pairs' in results_readme
+  # DP2-FedSAM against the baseline, head against head: pooled and mean over roles.
+  pooled, over_roles = {}, {}
+  for eps in (2, 8):
+    label, pooled[eps], _ = _rule(_adapted('dp2fedsam', f'eps={eps}', 'auto'),
+                                  _adapted('dp_fedavg', f'eps={eps}', 'head'))
+    assert label == 'hurts'
+    label, over_roles[eps], _ = _rule(
+        _adapted('dp2fedsam', f'eps={eps}', 'auto', 'test_accuracy'),
+        _adapted('dp_fedavg', f'eps={eps}', 'head', 'test_accuracy'))
+    assert label == 'hurts'
+  assert (f'{_signed(pooled[2])} points pooled at ε = 2 and {_signed(pooled[8])} at ε = 8 with the '
+          f'head fine-tuned on both sides; on the mean over roles the gap is {_signed(over_roles[2])} '
+          f'and {_signed(over_roles[8])}') in readme
+  # The whole-model fine-tune's increment on the same model, against the margin past the bar.
+  full = {eps: 100 * (np.mean(_adapted('dp_fedavg_ft', f'eps={eps}', 'auto'))
+                      - np.mean(_adapted('dp_fedavg', f'eps={eps}', 'head'))) for eps in (2, 8)}
+  margin = -pooled[2] - 1.0
+  assert full[2] > margin > 0
+  assert (f'adds {_signed(full[2])} points at ε = 2 ({_signed(full[8])} at ε = 8) over the head '
+          f'fine-tune of the same model: more than the {margin:.2f} points') in readme
+  # At T = 1,000: the plain curves cross.
+  ends = {}
+  for eps in (2, 8):
+    rounds, dp2 = _curve('dp2fedsam', f'eps={eps}')
+    _, base = _curve('dp_fedavg', f'eps={eps}')
+    gap = dict(zip(rounds, dp2 - base))
+    assert gap[200] > 0 and gap[300] > 0 and all(gap[r] < 0 for r in rounds if r >= 400), eps
+    ends[eps] = gap
+  assert f'(by {-ends[8][400]:.2f} at ε = 8 there)' in readme
+  assert (f'to {_signed(ends[2][1000])} (ε = 2) and {_signed(ends[8][1000])} (ε = 8) at round 1,000'
+          in readme)
+  rows = [(m, f'eps={e}') for m in ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedavg_ft') for e in (2, 8)]
+  slopes = [_gain_per_100_rounds(*row) for row in rows]
+  assert f'no row is flat ({min(slopes):.2f}-{max(slopes):.2f} points per 100 rounds' in readme
+  # SAM on the body: level, positive on every seed.
+  for eps in (2, 8):
+    a, b = _adapted('dp2fedsam', f'eps={eps}', 'auto'), _adapted('centaur', f'eps={eps}', 'auto')
+    label, d_sam, _ = _rule(a, b)
+    per_seed = [100 * (x - y) for x, y in zip(a, b)]
+    assert label == 'level' and min(per_seed) > 0
+    assert (f'{_signed(d_sam)} ({_signed(min(per_seed))} to {_signed(max(per_seed))} on the 3 seeds) '
+            f'at ε = 2' if eps == 2 else
+            f'{_signed(d_sam)} ({_signed(min(per_seed))} to {_signed(max(per_seed))}) at ε = 8') in readme
+  # Every private row against each role alone.
+  local = _plain('local_only', 'default')
+  private = [(m, f'eps={e}', p) for m, p in (('dp2fedsam', 'auto'), ('centaur', 'auto'),
+                                              ('dp_fedavg', 'head'), ('dp_fedavg_ft', 'auto'))
+             for e in (2, 8)]
+  against_local = [_rule(_adapted(*row), local) for row in private]
+  assert all(label == 'helps' for label, _, _ in against_local)
+  lo, hi = min(d for _, d, _ in against_local), max(d for _, d, _ in against_local)
+  assert f'(+{lo:.1f} to +{hi:.1f} points)' in readme
+
+
+def test_readme_eps_with_the_tuning_is_the_committed_trials_and_run_composed(readme):
+  """4.59 and 9.39: the committed study's 3 trials (each run's recorded sigma, q, T with the score's
+  Gaussian) and one privacy-block run composed by PLD at delta 1/N, recomputed with dp_accounting
+  from the config.json files (independently of shakespeare_field.epsilon_with_tuning)."""
+  dp_accounting = pytest.importorskip('dp_accounting')
+
+  def rounds(config):
+    return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        config['sampling_rate'], dp_accounting.GaussianDpEvent(config['dp']['noise_multiplier'])),
+        config['num_rounds'])
+
+  directory = os.path.join(SF, 'tuning', 'dp_fedavg_eps2')
+  tuning = json.load(open(os.path.join(directory, 'tuning.json')))
+  trials = [dp_accounting.ComposedDpEvent([
+      rounds(json.load(open(os.path.join(directory, t['run'], 'config.json')))),
+      dp_accounting.GaussianDpEvent(tuning['score_noise'])]) for t in tuning['trials']]
+  assert len(trials) == 3
+  with_tuning = {}
+  for eps in (2, 8):
+    run = json.load(open(os.path.join(SF, 'runs', 'dp2fedsam', f'eps={eps}', 'seed=0', 'config.json')))
+    assert run['dp']['clipping'] == 'fixed' and run['dp']['noise_mechanism'] == 'independent'
+    accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    for event in [*trials, rounds(run)]:
+      accountant.compose(event)
+    with_tuning[eps] = accountant.get_epsilon(1 / run['num_clients'])
+  assert (f'compose to ε = {with_tuning[2]:.2f} (δ = 1/N), {with_tuning[8]:.2f} for an ε = 8 row'
+          in readme)
+  assert f'Neither {with_tuning[2]:.2f} nor {with_tuning[8]:.2f} counts the other choices' in readme
+
+
+TUNINGS = {  # study directory -> (K, tuner seed, n the score divides by)
+    os.path.join(RESULTS, 'fmnist_tuning', 'runs', 'dp2fedsam'): (7, 0, 1000),
+    os.path.join(RESULTS, 'fmnist_tuning', 'runs', 'dp_fedavg_ft'): (4, 1, 1000),
+    os.path.join(SF, 'tuning', 'dp_fedavg_eps2'): (3, 0, 1063),
+}
+
+
+@pytest.mark.parametrize('directory', sorted(TUNINGS), ids=lambda d: os.path.basename(d))
+def test_committed_tunings_release_their_exact_validation_sums(directory):
+  """What makes the docs say no finite eps covers the committed tunings: the tuner seed is in
+  tuning.json, so score * n - s * z gives back every trial's exact validation sum, and each trial's
+  un-noised validation and test accuracy are listed beside it."""
+  k, seed, n = TUNINGS[directory]
+  tuning = json.load(open(os.path.join(directory, 'tuning.json')))
+  assert tuning['private'] and tuning['plan']['seed'] == seed and len(tuning['trials']) == k
+  for index, trial in enumerate(tuning['trials']):
+    record = _records(os.path.join(directory, trial['run'], 'metrics.jsonl'))[-1]
+    z = np.random.default_rng([seed, 2, index]).standard_normal()
+    recovered = trial['score'] * n - tuning['score_noise'] * z
+    assert recovered == pytest.approx(record['validation_accuracy_sum'], abs=1e-6)
+    assert trial['metric'] == record['validation_accuracy']
+    assert trial['test_accuracy'] == record['test_accuracy']
+
+
+def test_docs_say_the_committed_tunings_are_covered_by_no_finite_epsilon(readme, results_readme):
+  privacy = _flat(open(os.path.join(ROOT, 'docs', 'privacy.md')).read())
+  assert 'No finite ε covers these committed searches' in readme
+  assert 'The committed search is covered by no finite ε' in readme
+  assert 'all 7 and all 4 trials' in results_readme and '(all 3 trials' in results_readme
+  assert "What the committed studies are covered by: no finite ε." in privacy
+  assert 'gives back every trial\'s exact validation sum (all 14;' in privacy
+  for text in (readme, results_readme, privacy):  # the sentences this replaced
+    assert 'is the bound that holds' not in text
+    assert 'the bound that holds for these committed studies' not in text
+    assert "the papers' 5-value grid" not in text
+  fm = {s: json.load(open(os.path.join(RESULTS, 'fmnist_tuning', 'runs', s, 'tuning.json')))
+        for s in ('dp2fedsam', 'dp_fedavg_ft')}
+  sf = json.load(open(os.path.join(SF, 'tuning', 'dp_fedavg_eps2', 'tuning.json')))
+  assert fm['dp2fedsam']['selection_epsilon'] == fm['dp_fedavg_ft']['selection_epsilon']
+  assert f"selection ε ({fm['dp2fedsam']['selection_epsilon']:.2f} for this trial law" in readme
+  assert (f"selection ε ({fm['dp2fedsam']['selection_epsilon']:.3f} for this trial law, δ = 10⁻³); "
+          f"with K published too, by the composition of the K trials "
+          f"({fm['dp2fedsam']['naive_epsilon']:.3f} for K = {fm['dp2fedsam']['naive_trials']}, "
+          f"{fm['dp_fedavg_ft']['naive_epsilon']:.3f} for K = {fm['dp_fedavg_ft']['naive_trials']})"
+          in results_readme)
+  assert (f"one trial with its score is ε {sf['per_trial_epsilon']:.3f}; Papernot & Steinke's bound "
+          f"for the selection is {sf['selection_epsilon']:.3f} with K secret too; with K public, the "
+          f"{sf['naive_trials']} trials composed: {sf['naive_epsilon']:.3f}") in results_readme
+
+
+# Fashion-MNIST.
+
+def _finals(setting_dir):
+  return {int(p.rsplit('=', 1)[1]): _records(os.path.join(p, 'metrics.jsonl'))[-1]
+          for p in sorted(glob.glob(os.path.join(setting_dir, 'seed=*')))}
+
+
+def _fm(method, setting):
+  finals = _finals(os.path.join(FMNIST, method, setting))
+  assert all(r['round'] == 200 for r in finals.values())
+  return [r['test_accuracy'] for r in finals.values()]
+
+
+FM_NAMES = {'DP²-FedSAM': 'dp2fedsam', 'CENTAUR': 'centaur', 'DP-FedSAM-FT': 'dp_fedsam_ft',
+            'DP-FedAvg-FT': 'dp_fedavg_ft', 'DP-FedSAM': 'dp_fedsam', 'DP-FedAvg': 'dp_fedavg'}
+
+
+def test_readme_fashion_mnist_bold_is_where_the_rule_says_helps_against_every_row():
+  text = open(os.path.join(ROOT, 'README.md')).read().split('\n## Results\n')[1].split('\n## ')[0]
+  table = next(b for b in text.split('\n\n') if b.startswith('| method')).splitlines()
+  columns = [c.strip().split('= ')[1] for c in table[0].strip('|').split('|')[1:]]
+  bold, cells = set(), {}
+  for line in table[2:]:
+    row = [c.strip() for c in line.strip('|').split('|')]
+    for eps, cell in zip(columns, row[1:]):
+      if cell:
+        cells[row[0], eps] = cell
+        if cell.startswith('**'):
+          bold.add((row[0], eps))
+  winners = set()
+  for eps in columns:
+    present = [name for name, e in cells if e == eps]
+    for name in present:
+      if all(_rule(_fm(FM_NAMES[name], f'eps={eps}'), _fm(FM_NAMES[other], f'eps={eps}'))[0] == 'helps'
+             for other in present if other != name):
+        winners.add((name, eps))
+  assert bold == winners == {('DP²-FedSAM', '0.25')}
+
+
+def test_readme_fashion_mnist_claims_are_the_committed_runs(readme):
+  def against(b, eps):
+    return _rule(_fm('dp2fedsam', f'eps={eps}'), _fm(b, f'eps={eps}'))
+  label, d, _ = against('centaur', '0.25')
+  assert label == 'helps' and f'({_signed(d)} over CENTAUR, the nearest)' in readme
+  label, d, _ = against('dp_fedsam_ft', '0.5')
+  assert label == 'level' and f'level with DP-FedSAM-FT ({_signed(d)}) and helps against the others' in readme
+  assert all(against(b, '0.5')[0] == 'helps' for b in ('centaur', 'dp_fedavg_ft'))
+  level = {b: [against(b, e) for e in ('1', '2')] for b in ('centaur', 'dp_fedsam_ft')}
+  helps = [against('dp_fedavg_ft', e) for e in ('1', '2')]
+  assert all(l == 'level' for v in level.values() for l, _, _ in v)
+  assert all(l == 'helps' for l, _, _ in helps)
+  pair = lambda v: f'({_signed(v[0][1])}, {_signed(v[1][1])})'
+  assert (f'level with CENTAUR {pair(level["centaur"])} and DP-FedSAM-FT {pair(level["dp_fedsam_ft"])} '
+          f'and helps against DP-FedAvg-FT {pair(helps)}') in readme
+  globals_ = [against(b, '1') for b in ('dp_fedsam', 'dp_fedavg')]
+  assert all(l == 'helps' for l, _, _ in globals_)
+  assert (f'({_signed(globals_[0][1])} over DP-FedSAM, {_signed(globals_[1][1])} over DP-FedAvg)'
+          in readme)
+  assert f'P-FedSAM reaches {100 * _fm("p_fedsam", "eps=inf")[0]:.2f} % (1 seed)' in readme
+  # The collapses.
+  fedavg = _finals(os.path.join(FMNIST, 'fedavg', 'eps=inf'))
+  assert len(fedavg) == 1 and fedavg[0]['round'] == 200
+  assert f'ends at {100 * fedavg[0]["test_accuracy"]:.2f} % (chance)' in readme
+  assert f'(σ = 0, clipped) reaches {100 * _fm("dp_fedavg", "eps=inf")[0]:.2f} %' in readme
+  bandmf = os.path.join(RESULTS, 'fmnist_bandmf_regime', 'runs')
+  independent = _finals(os.path.join(bandmf, 'dp_fedavg_ft', 'default'))
+  banded = _finals(os.path.join(bandmf, 'dp_fedavg_ft', 'bands=10,noise=banded'))
+  assert all(r['round'] == 1000 for r in [*independent.values(), *banded.values()])
+  assert (f'ends at {100 * independent[0]["test_accuracy"]:.2f} and '
+          f'{100 * independent[1]["test_accuracy"]:.2f} % (2 seeds), '
+          f'{100 * np.mean([r["test_accuracy"] for r in banded.values()]):.2f} % under BandMF') in readme
+  dp2 = {m: np.mean([r['test_accuracy'] for r in _finals(os.path.join(bandmf, 'dp2fedsam', m)).values()])
+         for m in ('default', 'bands=10,noise=banded')}
+  assert (f'DP²-FedSAM gains {100 * (dp2["bands=10,noise=banded"] - dp2["default"]):.2f} points from '
+          'BandMF there') in readme
+  assert (f'({100 * np.mean(_fm("dp_fedavg_ft", "clip=adaptive,eps=1")):.2f} % at ε = 1, '
+          f'{100 * np.mean(_fm("dp_fedavg_ft", "clip=adaptive,eps=0.25")):.2f} % at ε = 0.25)') in readme
+  # The tuned runs against the hand-tuned ones.
+  tuned = {}
+  for study in ('dp2fedsam', 'dp_fedavg_ft'):
+    tuning = json.load(open(os.path.join(RESULTS, 'fmnist_tuning', 'runs', study, 'tuning.json')))
+    tuned[study] = next(t for t in tuning['trials'] if t['run'] == tuning['selected_run'])['test_accuracy']
+  gaps = {s: 100 * (np.mean(_fm(s, 'eps=1')) - tuned[s]) for s in tuned}
+  assert (f'reaches {100 * tuned["dp2fedsam"]:.2f} % (DP²-FedSAM) and {100 * tuned["dp_fedavg_ft"]:.2f} % '
+          f'(DP-FedAvg-FT), one seed each, within {gaps["dp2fedsam"]:.2f} and '
+          f'{gaps["dp_fedavg_ft"]:.2f} points') in readme
+
+
+def test_results_readme_shakespeare_verdicts_are_the_committed_runs(results_readme):
+  text = results_readme
+  local = _plain('local_only', 'default')
+  assert f'local_only** ({100 * np.mean(local):.2f} %)' in text
+  for eps in (2, 8):
+    dp2 = _adapted('dp2fedsam', f'eps={eps}', 'auto')
+    dp2_roles = _adapted('dp2fedsam', f'eps={eps}', 'auto', 'test_accuracy')
+    head, full = _adapted('dp_fedavg', f'eps={eps}', 'head'), _adapted('dp_fedavg_ft', f'eps={eps}', 'auto')
+    d_head, d_full = _rule(dp2, head)[1], _rule(dp2, full)[1]
+    roles = [_rule(dp2_roles, _adapted(m, f'eps={eps}', p, 'test_accuracy'))
+             for m, p in (('dp_fedavg', 'head'), ('dp_fedavg_ft', 'auto'))]
+    assert all(label == 'hurts' for label, _, _ in roles)
+    if eps == 2:
+      assert (f'd = {_signed(d_head)} points pooled with the head fine-tuned on both sides, '
+              f'{_signed(d_full)} against its whole-model fine-tune. On the mean over roles the gaps '
+              f'are {_signed(roles[0][1])} and {_signed(roles[1][1])} (both *hurts*)') in text
+    else:
+      assert (f'd = {_signed(d_head)} points pooled head against head, {_signed(d_full)} against its '
+              f'whole-model fine-tune; {_signed(roles[0][1])} and {_signed(roles[1][1])} on the mean '
+              'over roles') in text
+      per_head = [100 * (y - x) for x, y in zip(dp2, head)]
+      per_full = [100 * (y - x) for x, y in zip(dp2, full)]
+      assert f'by {min(per_head):.2f}-{max(per_head):.2f} points head against head' in text
+      assert f'and {min(per_full):.2f}-{max(per_full):.2f} against the whole-model fine-tune' in text
+    centaur = _adapted('centaur', f'eps={eps}', 'auto')
+    seeds = ', '.join(_signed(100 * (x - y)) for x, y in zip(dp2, centaur))
+    assert f'positive on every seed ({seeds}' in text
+    rounds, a = _curve('dp2fedsam', f'eps={eps}')
+    gap = dict(zip(rounds, a - _curve('dp_fedavg', f'eps={eps}')[1]))
+    if eps == 2:
+      assert (f'DP-FedAvg leads at round 100 ({_signed(-gap[100])}), DP²-FedSAM at rounds 200 and 300 '
+              f'({_signed(gap[200])}, {_signed(gap[300])}), DP-FedAvg again from round 400 '
+              f'({_signed(gap[400])}) to 1,000 ({_signed(gap[1000])})') in text
+      slopes = [_gain_per_100_rounds(m, 'eps=2') for m in ('dp_fedavg', 'dp_fedavg_ft', 'dp2fedsam')]
+      assert (f'DP-FedAvg gains {slopes[0]:.2f}, DP-FedAvg-FT {slopes[1]:.2f} and DP²-FedSAM '
+              f'{slopes[2]:.2f} points per 100 rounds') in text
+    else:
+      assert (f'leads at rounds 200 and 300 ({_signed(gap[200])}, {_signed(gap[300])}), is level at 400 '
+              f'({_signed(gap[400])}) and trails from 500 to 1,000 ({_signed(gap[1000])})') in text
+      slopes = [_gain_per_100_rounds(m, 'eps=8') for m in ('dp_fedavg', 'dp_fedavg_ft', 'dp2fedsam',
+                                                          'centaur')]
+      assert f'{slopes[2]:.2f}' == f'{slopes[3]:.2f}'
+      assert (f'({slopes[0]:.2f} and {slopes[1]:.2f} points per 100 rounds, against {slopes[2]:.2f} for '
+              'both personal-head rows)') in text
+  increments = [100 * (np.mean(_adapted('dp_fedavg_ft', f'eps={e}', 'auto'))
+                       - np.mean(_adapted('dp_fedavg', f'eps={e}', 'head'))) for e in (2, 8)]
+  assert (f'which adds {_signed(increments[0])} points pooled at ε = 2 ({_signed(increments[1])} at '
+          'ε = 8) over the head fine-tune of the same models') in text
+  pooled = [-_rule(_adapted('dp2fedsam', f'eps={e}', 'auto'), _adapted('dp_fedavg', f'eps={e}', 'head'))[1]
+            for e in (2, 8)]
+  roles = [-_rule(_adapted('dp2fedsam', f'eps={e}', 'auto', 'test_accuracy'),
+                  _adapted('dp_fedavg', f'eps={e}', 'head', 'test_accuracy'))[1] for e in (2, 8)]
+  no_privacy = -_rule(_adapted('p_fedsam', 'personal_epochs=10', 'auto', 'test_accuracy'),
+                      _adapted('fedavg', 'default', 'head', 'test_accuracy'))[1]
+  assert (f'to {pooled[0]:.2f}-{pooled[1]:.2f}; on the mean over roles it stays at '
+          f'{roles[0]:.1f}-{roles[1]:.1f} ({no_privacy:.1f} without privacy)') in text
+  head_gain = _rule(_adapted('fedavg', 'default', 'head'), _plain('fedavg', 'default'))
+  assert head_gain[0] == 'level'
+  assert (f'(FedAvg + head fine-tune against plain FedAvg: {_signed(head_gain[1])}, '
+          f's = {head_gain[2]:.2f}) is *level*') in text
+
+
+def test_results_readme_states_the_shakespeare_score_denominator(results_readme):
+  """The score divides by N = 1,063 while fewer roles have validation rows."""
+  directory = os.path.join(SF, 'tuning', 'dp_fedavg_eps2')
+  tuning = json.load(open(os.path.join(directory, 'tuning.json')))
+  records = [_records(os.path.join(directory, t['run'], 'metrics.jsonl'))[-1] for t in tuning['trials']]
+  clients = {int(r['validation_clients']) for r in records}
+  assert len(clients) == 1
+  (n_val,) = clients
+  ratios = [t['score'] / r['validation_accuracy'] for t, r in zip(tuning['trials'], records)]
+  assert (f'while {n_val} roles have validation rows: the un-noised score is {n_val}/1,063 = '
+          f'{n_val / 1063:.2f} × their mean validation accuracy (the noised scores above are '
+          f'{min(ratios):.2f}-{max(ratios):.2f} × it)') in results_readme
+
+
+def test_readme_heads_trained_from_scratch_over_fit(readme):
+  """FedRep's and P-FedSAM's (10 head epochs) train loss over the last 50 rounds and test loss at
+  round 1,000, over methods and seeds."""
+  train, test = [], []
+  for method in ('fedrep', 'p_fedsam'):
+    for s in SEEDS:
+      run = os.path.join(SF, 'runs', method, 'personal_epochs=10', f'seed={s}')
+      losses = [r['train_loss'] for r in _records(os.path.join(run, 'train_metrics.jsonl'))]
+      train.append(np.mean(losses[-50:]))
+      test.append(_records(os.path.join(run, 'metrics.jsonl'))[-1]['test_loss'])
+  assert (f'(train loss {min(train):.2f}-{max(train):.2f} over the last 50 rounds, test '
+          f'{min(test):.2f}-{max(test):.2f})') in readme
