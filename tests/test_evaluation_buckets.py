@@ -105,8 +105,16 @@ def test_forward_only_evaluation_is_each_client_on_exactly_its_own_rows(kind, me
   _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=4), expected)
 
 
-@pytest.mark.parametrize('kind', ['image', 'tokens'])
-@pytest.mark.parametrize('method', METHODS)
+def _slow_beyond(pairs, fast):
+  """pytest params of (a, b) pairs, those not in `fast` marked slow: CI runs every method and every
+  kind at least once (the fine-tuning ones on tokens are the suite's slowest compiles)."""
+  return [pytest.param(*pair, marks=() if pair in fast else pytest.mark.slow) for pair in pairs]
+
+
+@pytest.mark.parametrize('method,kind', _slow_beyond(
+    [(m, k) for m in METHODS for k in ('image', 'tokens')],
+    fast={(m, k) for m in METHODS for k in ('image', 'tokens')
+          if k == 'image' or m in ('dp_fedavg', 'dp2fedsam')}))
 def test_no_buffer_size_block_size_or_sample_changes_a_client_result(kind, method):
   """Every evaluation kind: the same per-client results however the clients are blocked (one at a
   time, in blocks of 2, all at once with a much larger max_test: other buffers, more padding),
@@ -136,8 +144,10 @@ def test_rows_per_block_changes_no_client_result(kind, method, rows, monkeypatch
   _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=64), reference)
 
 
-@pytest.mark.parametrize('kind', ['image', 'tokens'])
-@pytest.mark.parametrize('method,devices', [('dp_fedavg_ft', 2), ('dp_fedavg_fb', 4), ('dp2fedsam', 8)])
+@pytest.mark.parametrize('method,devices,kind', _slow_beyond(
+    [(m, d, k) for m, d in (('dp_fedavg_ft', 2), ('dp_fedavg_fb', 4), ('dp2fedsam', 8))
+     for k in ('image', 'tokens')],
+    fast={('dp_fedavg_ft', 2, 'tokens'), ('dp_fedavg_fb', 4, 'image'), ('dp2fedsam', 8, 'tokens')}))
 def test_clients_spread_over_devices_get_their_one_device_results(kind, method, devices):
   """Own-weights evaluations (fine-tuning, or dp2fedsam's heads re-fit by a test-time protocol)
   under the sharded executor on CPU: each device loops over its share of the clients (6 clients on
