@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import pytest
 
 import conftest
+import test_accounting
 import test_adaptive_clipping
 import test_correlated
 import test_engine
@@ -67,7 +68,11 @@ BANDED_ROWS = _killer(test_correlated.test_banded_noise_rows_satisfy_c_w_equals_
 TREE_ROWS = _killer(test_correlated.test_tree_noise_is_the_difference_of_the_prefix_sums_of_tree_nodes)
 BANDED_SAMPLER = _killer(test_correlated.test_banded_cohorts_are_poisson_within_one_group_per_round)
 TREE_SAMPLER = _killer(test_correlated.test_tree_cohorts_hold_every_client_exactly_once_per_epoch)
-BANDED_EPSILON = _killer(test_correlated.test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant)
+BANDED_JAX_PRIVACY = _killer(
+    test_correlated.test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant)
+# The run's epsilon() and the tuner's dp_event(T) are one number (the banded accounting mutant's own).
+ONE_EPSILON = _killer(test_accounting.test_dp_event_composed_by_dp_accounting_is_the_runs_epsilon,
+                      'banded', 'poisson', 'fixed', 'rdp')
 TREE_CALIBRATION = _killer(
     test_correlated.test_calibrated_sigma_meets_the_target_under_the_libraries_accountants, 'tree')
 COUNT_NOISE = _killer(test_adaptive_clipping.test_the_clip_norm_moves_by_the_noised_count_with_std_s_b_over_m)
@@ -89,8 +94,8 @@ BANDED_RESUME = Killer(
 KILLERS = {k.name: k.run for k in
            (COUNT_NOISE, PAIR_EPSILON, SAMPLED_ROUND, CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL,
             NOISE_DISTRIBUTED, DRAWS,
-            BANDED_EPSILON, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS, BANDED_ROWS,
-            BANDED_RESUME)}
+            ONE_EPSILON, BANDED_JAX_PRIVACY, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS,
+            BANDED_ROWS, BANDED_RESUME)}
 
 # name -> (patch(monkeypatch), killer names to try first)
 MUTANTS: dict[str, tuple[Callable, list[str]]] = {}
@@ -262,7 +267,7 @@ def _tree_poisson(mp):
              jax.random.uniform(keys.epoch_order_key(root, round_index), (n,)) < q)
 
 
-@mutant('banded: accounted as T independent rounds at rate q', BANDED_EPSILON)
+@mutant('banded: accounted as T independent rounds at rate q', ONE_EPSILON)
 def _banded_accounted_as_independent(mp):
   real = DPMechanism.dp_event
 
