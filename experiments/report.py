@@ -944,14 +944,24 @@ def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> N
     target = os.path.join(out, 'runs', os.path.relpath(directory, root))
     os.makedirs(target, exist_ok=True)
     shutil.copyfile(os.path.join(directory, TUNING_FILE), os.path.join(target, TUNING_FILE))
+    secret_draw = 'trials' not in tuning
     listed = [trial['run'] for trial in tuning.get('trials', [])] or (
         [tuning['selected_run']] if tuning.get('selected_run') else [])
     for run in listed:
       os.makedirs(os.path.join(target, run), exist_ok=True)
       for name in ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
                    metric_writers.TRAIN_FILE):
-        if os.path.exists(os.path.join(directory, run, name)):
-          shutil.copyfile(os.path.join(directory, run, name), os.path.join(target, run, name))
+        source, copy = os.path.join(directory, run, name), os.path.join(target, run, name)
+        if not os.path.exists(source):
+          continue
+        if secret_draw and name == metric_writers.EVAL_FILE:
+          # The selected run's un-noised validation metrics would give its score's noise back.
+          records = [{k: v for k, v in r.items() if not k.startswith('validation_')}
+                     for r in metric_writers.read_jsonl(source)]
+          with open(copy, 'w') as f:
+            f.writelines(json.dumps(r) + '\n' for r in records)
+        else:
+          shutil.copyfile(source, copy)
 
 
 def write_report(root: str, out: str, copy_runs: bool = False, finished_only: bool = False,

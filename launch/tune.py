@@ -42,7 +42,9 @@ Two files, <root>/<config name>/ (with several studies: <root>/<config name>/<st
 Publishing anything of the operator file voids selection_epsilon: a trial's un-noised metric is a
 release without noise, and a study whose K is made public is covered only by the naive composition
 of its K trials (naive_epsilon in the operator file; docs/privacy.md section 9, assumption 2). The
-trials' workdirs also stay with the operator: publish the selected run's only.
+trials' workdirs also stay with the operator: publish the selected run's only, without its
+validation_* metrics (un-noised, they give its score's noise back; experiments/report.py's copy
+drops them).
 
 Each trial is a sweep run (launch/sweep.py's execute: one workdir each, resumable, one writer,
 skipped when finished). The best finished trial by its noised score is selected; a failed trial
@@ -486,6 +488,10 @@ def published_record(record: dict) -> dict:
                  "come from the operator's secret seed, which no published file holds. A study "
                  'whose K is made public is covered by the naive composition of its K trials '
                  '(docs/privacy.md section 9, assumption 2), not by selection_epsilon.')
+  if record['private'] and len(record.get('noise_multipliers') or []) > 1:
+    notes.append('the drawn trials differ in sigma: the epsilons are over their maximum RDP curve, '
+                 'which depends on the secret draw; account a space over fields that change sigma '
+                 'by its worst case.')
   if record['score_noise']:
     notes.append(f"selected_score = (sum over clients of {record['plan']['selected_by']} + "
                  f"N(0, {record['score_noise']:g}^2)) / {record['score_denominator']}, the public "

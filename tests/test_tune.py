@@ -89,6 +89,9 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
   assert paths['num_runs'] == 0
   copied = tmp_path / 'out' / 'runs' / 'tune_tiny' / 'tiny'
   assert sorted(os.listdir(copied)) == sorted(['tuning.json', result['selected_run']])
+  records = [json.loads(l) for l in open(copied / result['selected_run'] / 'metrics.jsonl')]
+  assert records and not [k for r in records for k in r if k.startswith('validation_')]
+  assert records[-1]['test_accuracy'] == accuracy
 
   # Stopped before the second trial: the tuner resumes from the operator file to the same secret,
   # K and candidates, reruns only that trial (the first is skipped: finished) and selects the same.
