@@ -373,26 +373,24 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
   directory = tuning_dir(root, config_path, study, num_studies)
   plan = public_plan(spec, study, config_path, overrides)
   path = os.path.join(directory, TUNING_FILE)
-  secret, source = _secret_for(directory, plan, secret_seed, plan_only)
-  if secret is None:  # a plan before the study starts: K and the candidates are not drawn yet
-    configs = [c for _, c in trial_runs(module, config_path, spec, [candidate(spec, 0, 0)],
-                                        directory, list(overrides))]
-    return _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
-                       int(configs[0].num_rounds))
-  k, candidates = draw_plan(spec, secret)
-  names = [trial_name(secret, i) for i in range(k)]
-  if len(set(names)) < k:
-    raise ValueError('two trials drew the same workdir name; start the study again in another '
-                     '--root (a new secret).')
-  runs = trial_runs(module, config_path, spec, candidates, directory, list(overrides), names)
-  configs = [c for _, c in runs] or [c for _, c in trial_runs(
-      module, config_path, spec, [candidate(spec, secret, 0)], directory, list(overrides))]
-  cost = privacy_cost(spec, configs, naive_trials=k)
+  overrides = list(overrides)
   if plan_only:
+    secret, _ = _secret_for(directory, plan, secret_seed, plan_only=True)
+    if secret is None:  # before the study starts: K and the candidates are not drawn yet
+      configs = [c for _, c in trial_runs(module, config_path, spec, [candidate(spec, 0, 0)],
+                                          directory, overrides)]
+      return _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
+                         int(configs[0].num_rounds))
+    k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
+                                               secret)
     return _print_plan(plan, cost, list(zip(runs, candidates)), spec, path, k,
                        int(configs[0].num_rounds))
   operator_path = os.path.join(directory, OPERATOR_FILE)
-  with run_files.hold(directory):
+  with run_files.hold(directory):  # one writer: the secret is read or drawn under the lock
+    secret, source = _secret_for(directory, plan, secret_seed, plan_only=False)
+    k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
+                                               secret)
+    names = [os.path.basename(r.workdir) for r, _ in runs]
     # The secret is on disk before any trial touches the data: a crash never loses it.
     run_files.write_json_atomic(operator_path, {
         'DO_NOT_PUBLISH': DO_NOT_PUBLISH, 'status': 'running', 'plan': plan,
@@ -415,6 +413,19 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
   _log(f'tuning: {path}: selected {result["selected_run"]}; {_cost_text(cost, public=True)}; '
        f'K and every trial in {operator_path} (never publish it)')
   return result
+
+
+def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[str], secret: int):
+  """(K, candidates, [(run, config)], the configs the cost is over, the cost) of the secret's draw."""
+  k, candidates = draw_plan(spec, secret)
+  names = [trial_name(secret, i) for i in range(k)]
+  if len(set(names)) < k:
+    raise ValueError('two trials drew the same workdir name; start the study again in another '
+                     '--root (a new secret).')
+  runs = trial_runs(module, config_path, spec, candidates, directory, overrides, names)
+  configs = [c for _, c in runs] or [c for _, c in trial_runs(
+      module, config_path, spec, [candidate(spec, secret, 0)], directory, overrides)]
+  return k, candidates, runs, configs, privacy_cost(spec, configs, naive_trials=k)
 
 
 def _read(path: str):
