@@ -255,6 +255,14 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
       _positive(config, field, integer=True)
 
   path = config.get('init_checkpoint')
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
+  method = specs.METHODS.get(config.method)
+  if path is not None and method is not None and not method.federated:
+    # Its row is reported at epsilon 0: a start from a file (a federated model, trained on the
+    # other clients) would make that false.
+    _fail('init_checkpoint', path, f'method {config.method} trains every client alone from a random '
+          'init and is reported at epsilon 0, which a start from a file (e.g. a federated model) '
+          'would void; leave config.init_checkpoint unset (None) for it.')
   if path is not None and not (isinstance(path, str) and os.path.isfile(path)):
     _fail('init_checkpoint', path, 'no such file; write one with '
           'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
@@ -289,7 +297,6 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   only = config.get('private_metrics_only', False)
   if not isinstance(only, bool):
     _fail('private_metrics_only', only, 'True or False.')
-  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
   if only and config.method in specs.METHODS and not specs.METHODS[config.method].private:
     _fail('private_metrics_only', only, f'method {config.method} is not private (epsilon = inf), so '
           'no metric of it keeps an epsilon; leave it False or choose a private method.')

@@ -331,6 +331,14 @@ def _train_scalars(metrics: dict, seconds: float, private_only: bool = False) ->
   return scalars
 
 
+def _window_means(window: list[dict]) -> dict:
+  """The training scalars of the rounds since the last record, for its evaluation line."""
+  means = {k: float(jnp.mean(jnp.array([m[k] for m in window])))
+           for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')}
+  # Clients whose local training diverged (zero upload) in the rounds since the last record.
+  return {**means, 'nonfinite_clients': int(sum(int(m['nonfinite_clients']) for m in window))}
+
+
 def private_record(record: dict) -> dict:
   """An evaluation record as config.private_metrics_only writes it: PRIVATE_RECORD_KEYS only."""
   return {k: v for k, v in record.items() if k in PRIVATE_RECORD_KEYS}
@@ -483,7 +491,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       if not bool(metrics['finite']):
         progress.close()  # end the progress line before the error
       _check_finite(metrics, done, workdir)
-      window.append({k: metrics[k] for k in TRAIN_SCALARS})
+      # The checkpoint keeps the window: with private_metrics_only it holds no scalar computed
+      # from raw client data (noise_std, signal_to_noise, ...), as the metrics files hold none.
+      window.append({} if private_only else {k: metrics[k] for k in TRAIN_SCALARS})
       timed += 1
       if done % config.eval_every and done != config.num_rounds:
         progress.update(done, (time.perf_counter() - window_start) / timed
@@ -497,10 +507,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       record = {
           'round': done,
           'epsilon': exp.epsilon_after(done),
-          **{k: float(jnp.mean(jnp.array([m[k] for m in window])))
-             for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')},
-          # Clients whose local training diverged (zero upload) in the rounds since the last record.
-          'nonfinite_clients': int(sum(int(m['nonfinite_clients']) for m in window)),
+          **({} if private_only else _window_means(window)),
           **{k: _json_number(v)
              for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
       }

@@ -2,7 +2,7 @@ r"""Hyperparameter tuning that counts its privacy cost: K random candidates, the
 
   python -m launch.tune --config=experiments/configs/tune_tiny.py --root=runs
   python -m launch.tune --config=experiments/configs/fmnist_paper_regime.py --study=dp2fedsam \
-      --root=$HOME/tuning --plan      # K, the candidates, their status and the planned cost
+      --root=$HOME/tuning --plan      # the law of K, the candidates' law and the planned cost
 
 The config declares `tuning_space()`: {study name: spec}, each spec a dict of
   args          the config arguments every trial runs with (its get_config(arg)), e.g. method, eps
@@ -10,31 +10,46 @@ The config declares `tuning_space()`: {study name: spec}, each spec a dict of
   space         {config field: ('log_uniform', lo, hi) | ('uniform', lo, hi) | ('choice', [values])}
   trials        the law of K: {'name': 'poisson', 'mu': m} or {'name':
                 'truncated_negative_binomial', 'eta': e, 'gamma': g} (or 'mean' for gamma)
-  seed          the tuner's seed: K, the candidates and the score noise all come from it
+  seed          the public seed the studies drawn before the secret draw used (draw_plan(spec)
+                reproduces their K and candidates); a new study draws from the operator's secret
   selected_by   'validation_accuracy' (each client's validation split; never a test metric)
-  score_noise   s: the released score is (sum over clients of validation accuracy + N(0, s^2)) / n,
-                n the evaluated clients (public); one client moves the sum by at most 1, so the
-                score is a Gaussian mechanism of multiplier s, composed into each trial's event
+  score_noise   s: the released score is (sum over clients of validation accuracy + N(0, s^2)) / N,
+                N the public client count (score_denominator); one client moves the sum by at most
+                1, so the score is a Gaussian mechanism of multiplier s, composed into each
+                trial's event
   proxy         optional: {'kind': 'public_dataset' | 'disjoint_clients', 'description': ...,
                 'args': {...}, 'fixed': {...}}: the trials run on that data instead (score_noise
                 may then be 0); tuning.json says so, and the report says that only then the tuned
                 values carry no cost on the private clients
   seconds_per_run  optional: a measured time of one trial, for the plan's cost
 
-K and the candidates are drawn from `seed` alone (candidate k from its own stream, so it does not
-depend on K); each trial is a sweep run (launch/sweep.py's execute: one workdir each,
-<dir>/trial=<k>, resumable, one writer, skipped when finished) and a stopped tuner resumes to the
-same K and candidates (tuning.json records them and a changed plan is refused). The best finished
-trial by its noised score is selected; a failed trial counts as a trial and is never selected.
-K = 0 (Poisson) trains nothing: the procedure outputs nothing, which tuning.json says.
+Secret randomness (Papernot & Steinke's theorems need K secret and the score's noise unknown to
+the reader): K, the K candidates (i.i.d. from `space`), the score noise and the trials' workdir
+names all come from the study's secret seed: 128 bits from the OS (`secrets`) when the study
+starts, or the operator's --secret_seed. It is written only to the operator file; with the public
+spec seed instead (the studies committed before this), score - s z / N gives back every trial's
+exact validation sum, and such a study is covered by no finite epsilon.
 
-Writes <root>/<config name>/tuning.json (with several studies: <root>/<config name>/<study>/).
-The release the selection epsilon covers is the selected run and its score (`selected_values`,
-`selected_score`, `selected_run`); the rest is the operator's record and is NOT covered: the
-`trials` list (every candidate's status and score: publishing it is K releases, the naive
-composition's cost) and K itself (`num_trials`, `plan`): the random-K bound needs K secret, and
-with K known (a public seed) the bound that holds is `naive_epsilon`, the K drawn trials composed
-(docs/privacy.md section 9, assumption 2).
+Two files, <root>/<config name>/ (with several studies: <root>/<config name>/<study>/):
+  tuning.json                    the release: the public plan (no K, no candidates), the selected
+                                 run (a workdir name that tells neither its index nor K), its
+                                 values and noised score, score_denominator, and selection_epsilon
+  tuning_operator_private.json   NEVER TO BE PUBLISHED: the secret seed, K, every candidate and
+                                 trial (status, un-noised metric, validation sum, noise draw, score,
+                                 test accuracy) and the naive composition at the drawn K. A stopped
+                                 tuner resumes from it (same secret, K, candidates; a changed plan
+                                 is refused); it is written before any trial runs.
+Publishing anything of the operator file voids selection_epsilon: a trial's un-noised metric is a
+release without noise, and a study whose K is made public is covered only by the naive composition
+of its K trials (naive_epsilon in the operator file; docs/privacy.md section 9, assumption 2). The
+trials' workdirs also stay with the operator: publish the selected run's only, without its
+validation_* metrics (un-noised, they give its score's noise back; experiments/report.py's copy
+drops them).
+
+Each trial is a sweep run (launch/sweep.py's execute: one workdir each, resumable, one writer,
+skipped when finished). The best finished trial by its noised score is selected; a failed trial
+counts as a trial and is never selected. K = 0 (Poisson) trains nothing: the procedure outputs
+nothing, which tuning.json says without telling K = 0 from every trial failed.
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import sys
 
 import numpy as np
@@ -53,10 +69,17 @@ from dp2fedsam_jax.privacy import selection
 from launch import sweep
 
 FLAGS = flags.FLAGS
-TUNING_FILE = 'tuning.json'
+TUNING_FILE = 'tuning.json'  # the release
+OPERATOR_FILE = 'tuning_operator_private.json'  # the operator's record: never published
+DO_NOT_PUBLISH = (
+    "NEVER PUBLISH THIS FILE. The tuning operator's private record: the secret seed, K, every "
+    "candidate and every trial's un-noised metric, score noise draw and test accuracy. Any of it "
+    'published voids selection_epsilon (the noise subtracts out of the score; K known leaves only '
+    'naive_epsilon, the naive composition of the K trials). Publish tuning.json only.')
 PRIVATE_METRIC = 'validation_accuracy'
 PROXY_KINDS = ('public_dataset', 'disjoint_clients')
-_K_STREAM, _CANDIDATE_STREAM, _SCORE_STREAM = 0, 1, 2
+# Streams of the study's seed (the operator's secret; the public spec seed in older studies).
+_K_STREAM, _CANDIDATE_STREAM, _SCORE_STREAM, _NAME_STREAM = 0, 1, 2, 3
 _SPEC_KEYS = {'args', 'fixed', 'space', 'trials', 'seed', 'selected_by', 'score_noise', 'proxy',
               'seconds_per_run'}
 
@@ -119,11 +142,41 @@ def _check_spec(study: str, spec: dict, private: bool = True) -> dict:
   return spec
 
 
-def draw_plan(spec: dict) -> tuple[int, list[dict]]:
-  """(K, the K candidates) from the spec's seed: what a resumed tuner must find again."""
-  seed = int(spec['seed'])
+def new_secret() -> int:
+  """A study's secret seed: 128 bits from the OS's cryptographic source, never derived from a
+  public number (a seeded generator would make K and the score noise public)."""
+  return secrets.randbits(128)
+
+
+def draw_plan(spec: dict, secret: int | None = None) -> tuple[int, list[dict]]:
+  """(K, the K candidates) from the study's `secret` seed: what a resumed tuner must find again.
+
+  Without `secret`, from the spec's public seed: how the studies before the secret draw were drawn
+  (their K and score noise are public; kept so that their committed files can be checked)."""
+  seed = int(spec['seed']) if secret is None else int(secret)
   k = spec['distribution'].sample(np.random.default_rng([seed, _K_STREAM]))
   return k, [candidate(spec, seed, i) for i in range(k)]
+
+
+def trial_name(secret: int, index: int) -> str:
+  """Trial `index`'s workdir name, from the secret: a published selected_run tells neither its
+  index nor a bound on K."""
+  return 'trial=' + np.random.default_rng([int(secret), _NAME_STREAM, index]).bytes(6).hex()
+
+
+def score_noise_draw(secret: int, index: int) -> float:
+  """z ~ N(0, 1) of trial `index`'s score, from the operator's secret seed (never a public one)."""
+  return float(np.random.default_rng([int(secret), _SCORE_STREAM, index]).standard_normal())
+
+
+def score_denominator(config) -> int:
+  """N of the score (sum over clients of validation accuracy + s z) / N: the public client count
+  (config.eval_clients, else num_clients), NOT the clients with validation rows. Clients without a
+  validation row add 0 to the sum (Shakespeare: ~847 of the 1,063 roles have one, so the score is
+  ~0.8 x the mean validation accuracy; the ranking is the same). A public constant is the DP choice
+  for a sum query: dividing by it is post-processing, while the count of clients with validation
+  rows depends on the data."""
+  return int(config.get('eval_clients') or config.num_clients)
 
 
 def candidate(spec: dict, seed: int, index: int) -> dict:
@@ -152,8 +205,9 @@ def tuning_dir(root: str, config_path: str, study: str, num_studies: int) -> str
 
 
 def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], directory: str,
-               overrides: list[str]):
-  """[(sweep.Run, resolved config)] of the candidates, each in <directory>/trial=<k>."""
+               overrides: list[str], names: list[str] | None = None):
+  """[(sweep.Run, resolved config)] of the candidates, candidate k in <directory>/<names[k]>
+  (default trial=<k>, the older studies' names)."""
   proxy = spec['proxy'] or {}
   args = {**spec['args'], **proxy.get('args', {})}
   fixed = {**spec['fixed'], **proxy.get('fixed', {})}
@@ -165,7 +219,8 @@ def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], dir
     if not config.get('validation_fraction'):
       raise ValueError(f'trial {index}: validation_fraction is 0, so there is no validation split to '
                        f"select by; set it in the study's fixed fields (e.g. 0.1).")
-    run = sweep.Run(args, os.path.join(directory, f'trial={index}'), int(config.num_rounds),
+    name = names[index] if names is not None else f'trial={index}'
+    run = sweep.Run(args, os.path.join(directory, name), int(config.num_rounds),
                     config.method, config_name, tuple(texts), sweep.missing_data(config))
     out.append((run, config))
   sweep.validate_runs([r for r, _ in out], [c for _, c in out])
@@ -234,18 +289,22 @@ NON_PRIVATE_NOTE = ('a non-private method: its trials release unprotected models
                     'selection has no epsilon to count')
 
 
-def _cost_text(cost: dict) -> str:
-  """The privacy part of the log and plan lines."""
+def _cost_text(cost: dict, public: bool = False) -> str:
+  """The privacy part of the log and plan lines (`public`: without the naive cost at the drawn K,
+  which tells K)."""
   if cost.get('private') is False:
     return f'privacy: none ({NON_PRIVATE_NOTE})'
+  drawn = '' if public else (f'naive {cost["naive_trials"]}-fold composition '
+                             f'{cost["naive_epsilon"]:.3f} (if K is published), ')
   return (f'privacy at delta {cost["delta"]:.3g} (RDP): one trial eps {cost["per_trial_epsilon"]:.3f}, '
-          f'selection eps {cost["selection_epsilon"]:.3f}, naive {cost["naive_trials"]}-fold '
-          f'composition {cost["naive_epsilon"]:.3f} ({cost["naive_trials_at_mean_k"]}-fold at E[K]: '
-          f'{cost["naive_epsilon_at_mean_k"]:.3f})')
+          f'selection eps {cost["selection_epsilon"]:.3f}, {drawn}naive '
+          f'{cost["naive_trials_at_mean_k"]}-fold at E[K]: {cost["naive_epsilon_at_mean_k"]:.3f}')
 
 
-def _trial_outcome(run: sweep.Run, config, spec: dict, index: int) -> dict:
-  """{'status', 'score', 'metric'} of a trial from its workdir (score None: not selectable)."""
+def _trial_outcome(run: sweep.Run, config, spec: dict, index: int, secret: int) -> dict:
+  """A trial's entry of the operator's record from its workdir: {'status', 'score', and for a
+  finished trial the un-noised 'metric', 'validation_accuracy_sum', the score's 'noise_draw' z and
+  'score_denominator', 'test_accuracy'} (score None: not selectable)."""
   failure = os.path.join(run.workdir, 'failure.json')
   if run.rounds_done < run.num_rounds or os.path.exists(failure):
     status = 'failed' if os.path.exists(failure) else 'not finished'
@@ -255,52 +314,118 @@ def _trial_outcome(run: sweep.Run, config, spec: dict, index: int) -> dict:
   if metric is None or not math.isfinite(metric):
     return {'status': 'failed', 'score': None, 'why': f'no finite {spec["selected_by"]}'}
   noise = spec.get('score_noise') or 0.0
+  z, n = None, score_denominator(config)
   if noise:
-    n = config.get('eval_clients') or config.num_clients  # public: not who has validation rows
-    z = np.random.default_rng([int(spec['seed']), _SCORE_STREAM, index]).standard_normal()
+    z = score_noise_draw(secret, index)
     score = (record['validation_accuracy_sum'] + noise * z) / n
   else:
     score = metric
   return {'status': 'finished', 'score': float(score), 'metric': float(metric),
-          'test_accuracy': record.get('test_accuracy')}
+          'validation_accuracy_sum': record.get('validation_accuracy_sum'), 'noise_draw': z,
+          'score_denominator': n, 'test_accuracy': record.get('test_accuracy')}
+
+
+def public_plan(spec: dict, study: str, config_path: str, overrides) -> dict:
+  """What tuning.json may say of the study before any draw: the laws of K and of the candidates,
+  the fixed fields, the score's noise and the overrides (never K or a candidate)."""
+  return json.loads(json.dumps({  # as the files hold it, to compare on resume
+      'study': study, 'config_name': os.path.splitext(os.path.basename(config_path))[0],
+      'trial_distribution': spec['distribution'].to_dict(), 'space': spec['space'],
+      'args': spec['args'], 'fixed': spec['fixed'], 'proxy': spec['proxy'],
+      'selected_by': spec['selected_by'], 'score_noise': spec.get('score_noise') or 0.0,
+      'overrides': list(overrides)}))
+
+
+def _secret_for(directory: str, plan: dict, secret_seed, plan_only: bool):
+  """(secret, where it came from) of the study in `directory`: the operator file's on resume, else
+  the operator's --secret_seed or a fresh one; (None, None) for a plan of a study not started."""
+  operator = _read(os.path.join(directory, OPERATOR_FILE))
+  published = _read(os.path.join(directory, TUNING_FILE))
+  if operator is None and published is not None and 'candidates' in published.get('plan', {}):
+    raise ValueError(f'{directory} holds a study drawn from its public seed (before the secret '
+                     'draw): its K and score noise are public, and it cannot be resumed as a '
+                     'covered study; use another --root.')
+  if operator is not None:
+    if operator.get('plan') != plan:
+      raise ValueError(f'{os.path.join(directory, OPERATOR_FILE)} holds another plan (K law, '
+                       'space, fixed fields, score noise or overrides differ): the tuner resumes '
+                       'only the same draw; use another --root.')
+    if secret_seed is not None and int(secret_seed) != operator['secret_seed']:
+      raise ValueError(f'--secret_seed differs from the one {OPERATOR_FILE} holds: the study '
+                       'resumes its own draw; drop the flag or use another --root.')
+    return int(operator['secret_seed']), operator['secret_source']
+  if secret_seed is not None:
+    return int(secret_seed), 'supplied by the operator (--secret_seed)'
+  if plan_only:
+    return None, None
+  if os.path.isdir(directory) and any(n.startswith('trial=') for n in os.listdir(directory)):
+    raise ValueError(f'{directory} holds trials but no {OPERATOR_FILE}: the secret they were '
+                     'drawn from is lost, and they ran on the data; use another --root.')
+  return new_secret(), 'secrets.randbits(128) when the study started'
 
 
 def tune(config_path: str, root: str, study: str | None = None, overrides=(), plan_only=False,
-         parallel: int = 1) -> dict:
-  """Runs (or resumes, or with plan_only describes) a study; returns tuning.json's content."""
+         parallel: int = 1, secret_seed: int | None = None) -> dict:
+  """Runs (or resumes, or with plan_only describes) a study; returns tuning.json's content (the
+  operator's record is in OPERATOR_FILE beside it)."""
   from dp2fedsam_jax import run_files  # pylint: disable=import-outside-toplevel
   module, study, num_studies, spec = load_study(config_path, study)
   directory = tuning_dir(root, config_path, study, num_studies)
-  k, candidates = draw_plan(spec)
-  runs = trial_runs(module, config_path, spec, candidates, directory, list(overrides))
-  configs = [c for _, c in runs] or [c for _, c in trial_runs(
-      module, config_path, spec, [candidate(spec, int(spec['seed']), 0)], directory, list(overrides))]
-  plan = json.loads(json.dumps({  # as tuning.json holds it, to compare on resume
-      'study': study, 'config_name': os.path.splitext(os.path.basename(config_path))[0],
-      'seed': int(spec['seed']), 'trial_distribution': spec['distribution'].to_dict(),
-      'num_trials': k, 'candidates': candidates, 'overrides': list(overrides)}))
-  cost = privacy_cost(spec, configs, naive_trials=k)
+  plan = public_plan(spec, study, config_path, overrides)
   path = os.path.join(directory, TUNING_FILE)
+  overrides = list(overrides)
   if plan_only:
-    return _print_plan(plan, cost, runs, spec, path)
-  with run_files.hold(directory):
-    previous = _read(path)
-    if previous is not None and previous.get('plan') != plan:
-      raise ValueError(f'{path} holds another plan (seed, K, candidates or overrides differ): the '
-                       'tuner resumes only the same draw; use another --root.')
+    secret, _ = _secret_for(directory, plan, secret_seed, plan_only=True)
+    if secret is None:  # before the study starts: K and the candidates are not drawn yet
+      configs = [c for _, c in trial_runs(module, config_path, spec, [candidate(spec, 0, 0)],
+                                          directory, overrides)]
+      return _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
+                         int(configs[0].num_rounds))
+    k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
+                                               secret)
+    return _print_plan(plan, cost, list(zip(runs, candidates)), spec, path, k,
+                       int(configs[0].num_rounds))
+  operator_path = os.path.join(directory, OPERATOR_FILE)
+  with run_files.hold(directory):  # one writer: the secret is read or drawn under the lock
+    secret, source = _secret_for(directory, plan, secret_seed, plan_only=False)
+    k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
+                                               secret)
+    names = [os.path.basename(r.workdir) for r, _ in runs]
+    # The secret is on disk before any trial touches the data: a crash never loses it.
+    run_files.write_json_atomic(operator_path, {
+        'DO_NOT_PUBLISH': DO_NOT_PUBLISH, 'status': 'running', 'plan': plan,
+        'secret_seed': secret, 'secret_source': source, 'num_trials': k,
+        'candidates': candidates, 'runs': names})
     run_files.write_json_atomic(path, {'status': 'running', 'plan': plan})
     results = sweep.execute(config_path, [r for r, _ in runs], parallel,
                             os.path.join(root, '.jax_cache')) if runs else {}
-    outcomes = [_trial_outcome(r, c, spec, i) for i, (r, c) in enumerate(runs)]
+    outcomes = [_trial_outcome(r, c, spec, i, secret) for i, (r, c) in enumerate(runs)]
     unfinished = [i for i, o in enumerate(outcomes) if o['status'] == 'not finished']
     if unfinished:
       why = [results.get(runs[i][0].workdir) for i in unfinished]
-      raise RuntimeError(f'trials {unfinished} did not finish ({why}); rerun the same command to '
-                         'resume them.')
-    result = _result(plan, cost, spec, runs, outcomes, directory)
+      raise RuntimeError(f'trials {[names[i] for i in unfinished]} did not finish ({why}); rerun '
+                         'the same command to resume them.')
+    record = _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, source,
+                     configs)
+    run_files.write_json_atomic(operator_path, record)
+    result = published_record(record)
     run_files.write_json_atomic(path, result)
-  _log(f'tuning: {path}: selected {result["selected_run"]} of {k} trials; {_cost_text(cost)}')
+  _log(f'tuning: {path}: selected {result["selected_run"]}; {_cost_text(cost, public=True)}; '
+       f'K and every trial in {operator_path} (never publish it)')
   return result
+
+
+def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[str], secret: int):
+  """(K, candidates, [(run, config)], the configs the cost is over, the cost) of the secret's draw."""
+  k, candidates = draw_plan(spec, secret)
+  names = [trial_name(secret, i) for i in range(k)]
+  if len(set(names)) < k:
+    raise ValueError('two trials drew the same workdir name; start the study again in another '
+                     '--root (a new secret).')
+  runs = trial_runs(module, config_path, spec, candidates, directory, overrides, names)
+  configs = [c for _, c in runs] or [c for _, c in trial_runs(
+      module, config_path, spec, [candidate(spec, secret, 0)], directory, overrides)]
+  return k, candidates, runs, configs, privacy_cost(spec, configs, naive_trials=k)
 
 
 def _read(path: str):
@@ -310,65 +435,112 @@ def _read(path: str):
     return json.load(f)
 
 
-def _result(plan, cost, spec, runs, outcomes, directory) -> dict:
+def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, source,
+            configs) -> dict:
+  """The operator's record of a finished study (OPERATOR_FILE): everything, K and every trial."""
   scored = [(o['score'], -i) for i, o in enumerate(outcomes) if o['score'] is not None]
   best = -max(scored)[1] if scored else None
   failed = [i for i, o in enumerate(outcomes) if o['status'] == 'failed']
-  proxy = spec['proxy']
+  k = len(runs)
   notes = []
-  if plan['num_trials'] == 0:
+  if k == 0:
     notes.append('K = 0 was drawn: the procedure trains nothing and outputs nothing (no model, no '
                  'score); the selection epsilon bounds this outcome as every other.')
   elif best is None:
     notes.append('every trial failed: nothing is selected; they all count as trials.')
-  if cost.get('private') is False:
-    notes.append(NON_PRIVATE_NOTE + '.')
-  else:
-    notes.append(f"selection_epsilon holds while K (num_trials, plan) is secret; with K known (a "
-                 f"public seed) the bound is naive_epsilon, the K = {plan['num_trials']} trials "
-                 'composed (docs/privacy.md section 9, assumption 2).')
   if failed:
     notes.append(f'{len(failed)} failed trial(s) {failed} count as trials (they ran on the data: '
                  'their cost is in the selection epsilon) and are never selected.')
-  selected = runs[best][0].workdir if best is not None else None
+  if cost.get('private') is not False:
+    notes.append(f'with K known (this file published) the bound is naive_epsilon, the K = {k} '
+                 'trials composed, not selection_epsilon (docs/privacy.md section 9, assumption 2).')
+  denominators = sorted({score_denominator(c) for c in configs})
   return {
-      'status': 'done', 'study': plan['study'], 'plan': plan,
-      'trial_distribution': plan['trial_distribution'], 'num_trials': plan['num_trials'],
-      'expected_trials': cost['expected_trials'], 'delta': cost['delta'],
-      'per_trial_epsilon': cost['per_trial_epsilon'], 'selection_epsilon': cost['selection_epsilon'],
-      'naive_epsilon': cost['naive_epsilon'], 'naive_trials': cost['naive_trials'],
-      'naive_trials_are': 'the drawn K', 'naive_epsilon_at_mean_k': cost['naive_epsilon_at_mean_k'],
-      'naive_trials_at_mean_k': cost['naive_trials_at_mean_k'], 'accountant': cost['accountant'],
-      'noise_multipliers': cost['noise_multipliers'], 'score_noise': cost['score_noise'],
-      'selected_run': os.path.relpath(selected, directory) if selected else None,
-      'selected_values': plan['candidates'][best] if best is not None else None,
-      'selected_by': spec['selected_by'] + (' + N(0, score_noise^2) on the sum over clients, / n'
-                                            if cost['score_noise'] else ''),
+      'DO_NOT_PUBLISH': DO_NOT_PUBLISH, 'status': 'done', 'study': plan['study'], 'plan': plan,
+      'secret_seed': secret, 'secret_source': source, 'num_trials': k,
+      'candidates': candidates,
+      'runs': [os.path.relpath(r.workdir, directory) for r, _ in runs],
+      **{key: cost[key] for key in (
+          'trial_distribution', 'expected_trials', 'delta', 'per_trial_epsilon',
+          'selection_epsilon', 'naive_epsilon', 'naive_trials', 'naive_epsilon_at_mean_k',
+          'naive_trials_at_mean_k', 'accountant', 'noise_multipliers', 'score_noise')
+         if key in cost},
+      'trial_distribution': plan['trial_distribution'], 'naive_trials_are': 'the drawn K',
+      'score_denominator': denominators[0] if len(denominators) == 1 else denominators,
+      'selected_index': best,
+      'selected_run': os.path.relpath(runs[best][0].workdir, directory) if best is not None else None,
+      'selected_values': candidates[best] if best is not None else None,
       'selected_score': outcomes[best]['score'] if best is not None else None,
-      'failed_trials': failed,
-      'proxy': proxy,
-      'private': cost.get('private', True),
-      'cost_on_private_clients': 0.0 if proxy else cost['selection_epsilon'],
+      'selected_by': spec['selected_by'] + (
+          ' + N(0, score_noise^2) on the sum over clients, / score_denominator'
+          if cost['score_noise'] else ''),
+      'failed_trials': failed, 'proxy': spec['proxy'], 'private': cost.get('private', True),
+      'cost_on_private_clients': 0.0 if spec['proxy'] else cost['selection_epsilon'],
       'notes': notes,
       'trials': [{'run': os.path.relpath(r.workdir, directory), 'values': v, **o}
-                 for (r, _), v, o in zip(runs, plan['candidates'], outcomes)],
-      'trials_are': 'the operator\'s record, NOT covered by selection_epsilon: publish only the '
-                    'selected run and its score',
+                 for (r, _), v, o in zip(runs, candidates, outcomes)],
   }
 
 
-def _print_plan(plan, cost, runs, spec, path) -> dict:
-  k = plan['num_trials']
-  print(f"study {plan['study']}: K = {k} trials drawn from {plan['trial_distribution']} "
-        f"(E[K] = {cost['expected_trials']:.2f}, seed {plan['seed']}) -> {path}")
-  for (run, _), values in zip(runs, plan['candidates']):
-    print(f'{run.status:24s} {run.workdir}  ' + ', '.join(f'{f}={v}' for f, v in values.items())
-          + (f'  [no data: {run.missing_data}]' if run.missing_data else ''))
-  rounds = sum(r.num_rounds for r, _ in runs)
+def published_record(record: dict) -> dict:
+  """tuning.json from the operator's record: what selection_epsilon covers (the selected run, its
+  values and noised score) with the public plan and costs. The only path from the operator's
+  record to the published file: no K, no candidate, no per-trial metric, noise draw or secret."""
+  selected = record['selected_run']
+  notes = []
+  if selected is None:
+    notes.append('nothing was selected (K = 0 was drawn or every trial failed; which one is the '
+                 "operator's record): the procedure outputs nothing, an outcome the selection "
+                 'epsilon bounds as every other.')
+  if record['private'] is False:
+    notes.append(NON_PRIVATE_NOTE + '.')
+  else:
+    notes.append('selection_epsilon holds while K is secret: K, the candidates and the score noise '
+                 "come from the operator's secret seed, which no published file holds. A study "
+                 'whose K is made public is covered by the naive composition of its K trials '
+                 '(docs/privacy.md section 9, assumption 2), not by selection_epsilon.')
+  if record['private'] and len(record.get('noise_multipliers') or []) > 1:
+    notes.append('the drawn trials differ in sigma: the epsilons are over their maximum RDP curve, '
+                 'which depends on the secret draw; account a space over fields that change sigma '
+                 'by its worst case.')
+  if record['score_noise']:
+    notes.append(f"selected_score = (sum over clients of {record['plan']['selected_by']} + "
+                 f"N(0, {record['score_noise']:g}^2)) / {record['score_denominator']}, the public "
+                 'client count (clients without validation rows add 0): a public constant keeps '
+                 'the score post-processing of the Gaussian sum query.')
+  public = ('status', 'study', 'plan', 'trial_distribution', 'expected_trials', 'delta',
+            'per_trial_epsilon', 'selection_epsilon', 'naive_epsilon_at_mean_k',
+            'naive_trials_at_mean_k', 'accountant', 'noise_multipliers', 'score_noise',
+            'score_denominator', 'selected_run', 'selected_values', 'selected_by', 'selected_score',
+            'proxy', 'private', 'cost_on_private_clients')
+  return {**{key: record.get(key) for key in public}, 'k_is': 'secret (not in this file)',
+          'notes': notes,
+          'operator_file': f'{OPERATOR_FILE}: every trial and K, the operator\'s; never published'}
+
+
+def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int) -> dict:
+  """The plan: with the secret (the operator's view) K and the candidates; before the study starts
+  the laws only (K and the candidates are drawn when it starts)."""
+  law = plan['trial_distribution']
+  if k is None:
+    print(f"study {plan['study']}: K ~ {law} (E[K] = {cost['expected_trials']:.2f}), drawn with the "
+          f'candidates from a fresh secret when the study starts -> {path}')
+    for field, values in sorted(plan['space'].items()):
+      print(f'  {field}: {values}')
+  else:
+    print(f"study {plan['study']}: K = {k} trials drawn from {law} (E[K] = "
+          f"{cost['expected_trials']:.2f}; the operator's view: K and the candidates are secret) "
+          f'-> {path}')
+    for (run, _), values in runs:
+      print(f'{run.status:24s} {run.workdir}  ' + ', '.join(f'{f}={v}' for f, v in values.items())
+            + (f'  [no data: {run.missing_data}]' if run.missing_data else ''))
+  count = k if k is not None else cost['naive_trials_at_mean_k']
+  rounds = count * rounds_per_run
   seconds = spec.get('seconds_per_run')
-  time_text = f', ~{k * seconds / 3600:.1f} h at {seconds / 60:.0f} min a run' if seconds else ''
+  time_text = f', ~{count * seconds / 3600:.1f} h at {seconds / 60:.0f} min a run' if seconds else ''
   proxy = spec['proxy']
-  print(f'cost: {k} runs, {rounds} rounds{time_text}; {_cost_text(cost)}'
+  what = f'{count} runs, {rounds} rounds' if k is not None else f'~{count} runs (E[K])'
+  print(f'cost: {what}{time_text}; {_cost_text(cost, public=k is None)}'
         + (f'; proxy ({proxy["kind"]}): no cost on the private clients' if proxy else ''))
   if k == 0:
     print('K = 0: nothing to train; the procedure outputs nothing.')
@@ -384,8 +556,12 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       **fv)
   flags.DEFINE_integer('parallel', 1, 'Trials at a time (as launch.sweep --parallel: one per core '
                        'for the char LSTMs on a CPU, else 1).', **fv)
-  flags.DEFINE_bool('plan', False, 'Print K, the candidates, their status and the cost; run '
-                    'nothing.', **fv)
+  flags.DEFINE_bool('plan', False, 'Print the plan and its cost; run nothing (K and the '
+                    'candidates too once the study has started: the operator\'s view).', **fv)
+  flags.DEFINE_integer('secret_seed', None, 'The study\'s secret seed (K, candidates, score '
+                       'noise), if the operator keeps one; default: drawn from the OS when the '
+                       'study starts. Written only to ' + OPERATOR_FILE + '; never publish it.',
+                       **fv)
 
 
 _overrides: list[str] = []
@@ -399,7 +575,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel)
+  tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
+       FLAGS.secret_seed)
 
 
 if __name__ == '__main__':

@@ -139,6 +139,8 @@ def config_factory():
 PASSED_TESTS = set()
 # mutant name -> the test that killed it (None: it survived), filled by tests/test_mutants.py.
 MUTANT_TABLE = pytest.StashKey[dict]()
+# The mutants that only change accuracy or add noise (tests/test_mutants.py, breaks_privacy=False).
+MUTANT_NOT_BREAKS = pytest.StashKey[set]()
 
 
 def pytest_runtest_logreport(report):
@@ -151,7 +153,11 @@ def pytest_terminal_summary(terminalreporter, config):
   if not table:
     return
   survived = [name for name, killer in table.items() if killer is None]
-  terminalreporter.section(f'privacy mutants: {len(table) - len(survived)} of {len(table)} killed')
-  width = max(len(name) for name in table)
+  harmless = config.stash.get(MUTANT_NOT_BREAKS, set()) & set(table)
+  terminalreporter.section(f'privacy mutants: {len(table) - len(survived)} of {len(table)} killed '
+                           f'({len(table) - len(harmless)} break privacy; {len(harmless)}, marked *, '
+                           'only change accuracy or add noise)')
+  width = max(len(name) for name in table) + 2
   for name, killer in table.items():
-    terminalreporter.write_line(f'{name:<{width}}  {killer or "SURVIVED"}')
+    label = name + (' *' if name in harmless else '')
+    terminalreporter.write_line(f'{label:<{width}}  {killer or "SURVIVED"}')

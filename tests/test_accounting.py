@@ -290,3 +290,58 @@ def test_accounting_is_memoized_per_process_by_everything_it_depends_on(monkeypa
   assert len(set(others + [first])) == 6
   monkeypatch.setattr(accounting, 'PLD_VALUE_DISCRETIZATION_INTERVAL', 1e-2)
   assert compute_epsilon(*args) != first  # another grid, another answer
+
+
+# -- One epsilon for a run: the tuner's route (dp_event) and the run's (epsilon / calibrate) ------
+
+# Every noise mechanism x sampler x clip rule a config can run (adaptive clipping is independent
+# noise only), under both accountants where the sampler allows a choice ('fixed' is RDP only).
+ROUTE_CASES = [(m, s, c, a) for m, s, c in (
+    ('independent', 'poisson', 'fixed'), ('independent', 'poisson', 'adaptive'),
+    ('independent', 'fixed', 'fixed'), ('independent', 'fixed', 'adaptive'),
+    ('banded', 'poisson', 'fixed'), ('tree', 'poisson', 'fixed'))
+    for a in (('rdp',) if s == 'fixed' else ('pld', 'rdp'))]
+
+
+def _route_config(noise_mechanism, sampling, clipping, accountant):
+  from conftest import tiny_config  # pylint: disable=import-outside-toplevel
+  fields = {'num_clients': 20, 'sampling_rate': 0.2, 'num_rounds': 12, 'dp.noise_multiplier': None,
+            'dp.target_epsilon': 4.0, 'dp.delta': 1e-3, 'dp.noise_mechanism': noise_mechanism,
+            'dp.sampling': sampling, 'dp.clipping': clipping, 'dp.accountant': accountant}
+  if noise_mechanism == 'banded':
+    fields['dp.num_bands'] = 2
+  if clipping == 'adaptive':  # the count's noise must stay above the pair's combined multiplier
+    fields['dp.count_noise_multiplier'] = 10.0
+  return tiny_config(**fields)
+
+
+@pytest.mark.parametrize('noise_mechanism,sampling,clipping,accountant', ROUTE_CASES)
+def test_dp_event_composed_by_dp_accounting_is_the_runs_epsilon(noise_mechanism, sampling,
+                                                               clipping, accountant):
+  """A run reports epsilon() after calibrate() chose its sigma; the tuner composes dp_event(T). The
+  two routes must give one epsilon: dp_event(T) composed by dp_accounting's own accountant (the
+  relation each sampler is accounted under: replace-one for 'fixed', add/remove otherwise) equals
+  epsilon(T), at the calibrated sigma that spends the target."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
+  from launch import tune  # pylint: disable=import-outside-toplevel
+  config = _route_config(noise_mechanism, sampling, clipping, accountant)
+  mech = DPMechanism.from_config(config, config.num_clients, METHODS[config.method])
+  rounds, delta = config.num_rounds, config.dp.delta
+  assert (mech.noise_mechanism, mech.sampling, mech.adaptive) == (
+      noise_mechanism, sampling, clipping == 'adaptive')
+  if sampling == 'fixed' or accountant == 'rdp':
+    relation = REPLACE_ONE if sampling == 'fixed' else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    library = RdpAccountant(neighboring_relation=relation)
+  else:
+    library = PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                            value_discretization_interval=accounting.PLD_VALUE_DISCRETIZATION_INTERVAL)
+  event = mech.dp_event(rounds)
+  composed = library.compose(event).get_epsilon(delta)
+  assert composed == pytest.approx(mech.epsilon(rounds), rel=1e-6)
+  # calibrate() spent the target by the same count (sigma to ~1e-3 relative).
+  assert 0.97 * 4.0 <= composed <= 4.0 * (1 + 1e-9)
+  # And the tuner's trial event is this event, under this relation.
+  tuned, tuned_relation, tuned_delta, _ = tune.trial_event(config)
+  assert (tuned, tuned_delta) == (event, delta)
+  assert tuned_relation == library.neighboring_relation

@@ -450,3 +450,34 @@ def test_validation_split_carves_each_clients_own_rows_seeded_and_leaves_test_al
   assert not np.array_equal(np.asarray(other.train_x), np.asarray(train.train_x))
   with pytest.raises(ValueError, match='validation_fraction'):
     data.split_validation(fed, 0.0, seed=3)
+
+
+def test_validation_split_is_keyed_per_client_so_a_removal_leaves_the_others_splits():
+  """Each client's held rows come from its own (seed, key) draw, the key by default its own rows:
+  removing client 1 leaves every other client's split, as does passing ids or names that each
+  client keeps; a client's split follows its key, not its position."""
+  counts = [3, 7, 5, 10, 40]
+  fed = _row_id_federation(counts, [1, 1, 1, 1, 1])
+  row = lambda x: np.asarray(x)[:, 0, 0, 0].astype(int) + 251 * np.asarray(x)[:, 0, 1, 0]
+
+  def held(validation, i):
+    off = np.asarray(validation.test_offsets)
+    return list(row(validation.test_x[off[i]:off[i + 1]]))
+  _, everyone = data.split_validation(fed, 0.3, seed=3)
+  kept = [0, 2, 3, 4]
+  _, without = data.split_validation(data.select_clients(fed, kept), 0.3, seed=3)
+  assert [held(without, j) for j in range(4)] == [held(everyone, i) for i in kept]
+  _, by_id = data.split_validation(fed, 0.3, seed=3, client_keys=range(5))
+  _, by_id_without = data.split_validation(data.select_clients(fed, kept), 0.3, seed=3,
+                                           client_keys=kept)
+  assert [held(by_id_without, j) for j in range(4)] == [held(by_id, i) for i in kept]
+  # By name as by id; another key (or seed) another draw.
+  names = [f'play/ROLE{i}' for i in range(5)]
+  _, by_name = data.split_validation(fed, 0.3, seed=3, client_keys=names)
+  _, reversed_names = data.split_validation(data.select_clients(fed, kept[::-1]), 0.3, seed=3,
+                                            client_keys=[names[i] for i in kept[::-1]])
+  assert [held(reversed_names, j) for j in range(4)] == [held(by_name, i) for i in kept[::-1]]
+  _, other_seed = data.split_validation(fed, 0.3, seed=4)
+  assert held(other_seed, 4) != held(everyone, 4)
+  with pytest.raises(ValueError, match='4 client keys for 5 clients'):
+    data.split_validation(fed, 0.3, seed=3, client_keys=kept)

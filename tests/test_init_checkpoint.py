@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax.config import ConfigError
+from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.models import get_model, read_params, restore_from_checkpoint, save_params
 from dp2fedsam_jax.train import build_experiment
 
@@ -75,3 +75,12 @@ def test_errors_name_the_field(tmp_path):
   junk.write_bytes(b'not msgpack at all')
   with pytest.raises(ValueError, match='init_checkpoint'):
     read_params(str(junk))
+
+
+def test_local_only_refuses_a_start_from_a_file(tmp_path):
+  """local_only's row is reported at epsilon 0: it must never start from a (federated) model."""
+  path, _ = _saved(tmp_path, 4)
+  with pytest.raises(ConfigError, match=r'^config\.init_checkpoint=.*method local_only.*epsilon 0.*'
+                                        r'leave config\.init_checkpoint unset'):
+    validate_config(tiny_config(method='local_only', init_checkpoint=path))
+  validate_config(tiny_config(method='fedavg', init_checkpoint=path))  # a federated method may

@@ -11,6 +11,10 @@ A kill is an AssertionError from a killer that passes on the real code (it passe
 session, or it is run unpatched here first); any other exception means the patch is broken and fails
 the test. Each mutant tries the killer it names first, then all the others, so the harness costs
 about one killer run per mutant.
+
+Most mutants break the guarantee; a few (breaks_privacy=False) only change accuracy or add noise,
+yet change what the method or the docs claim, so they are planted and killed too. docs/privacy.md
+section 6 lists every mutant by name with that mark, and a test here holds the two equal.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import jax.numpy as jnp
 import pytest
 
 import conftest
+import test_accounting
 import test_adaptive_clipping
 import test_correlated
 import test_engine
@@ -67,7 +72,11 @@ BANDED_ROWS = _killer(test_correlated.test_banded_noise_rows_satisfy_c_w_equals_
 TREE_ROWS = _killer(test_correlated.test_tree_noise_is_the_difference_of_the_prefix_sums_of_tree_nodes)
 BANDED_SAMPLER = _killer(test_correlated.test_banded_cohorts_are_poisson_within_one_group_per_round)
 TREE_SAMPLER = _killer(test_correlated.test_tree_cohorts_hold_every_client_exactly_once_per_epoch)
-BANDED_EPSILON = _killer(test_correlated.test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant)
+BANDED_JAX_PRIVACY = _killer(
+    test_correlated.test_banded_epsilon_is_jax_privacys_cyclic_poisson_bandmf_accountant)
+# The run's epsilon() and the tuner's dp_event(T) are one number (the banded accounting mutant's own).
+ONE_EPSILON = _killer(test_accounting.test_dp_event_composed_by_dp_accounting_is_the_runs_epsilon,
+                      'banded', 'poisson', 'fixed', 'rdp')
 TREE_CALIBRATION = _killer(
     test_correlated.test_calibrated_sigma_meets_the_target_under_the_libraries_accountants, 'tree')
 COUNT_NOISE = _killer(test_adaptive_clipping.test_the_clip_norm_moves_by_the_noised_count_with_std_s_b_over_m)
@@ -89,16 +98,20 @@ BANDED_RESUME = Killer(
 KILLERS = {k.name: k.run for k in
            (COUNT_NOISE, PAIR_EPSILON, SAMPLED_ROUND, CLIPPING, CLIPPED_SUM, SAMPLER, HEADS, NOISE_CENTRAL,
             NOISE_DISTRIBUTED, DRAWS,
-            BANDED_EPSILON, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS, BANDED_ROWS,
-            BANDED_RESUME)}
+            ONE_EPSILON, BANDED_JAX_PRIVACY, TREE_CALIBRATION, TREE_SAMPLER, BANDED_SAMPLER, TREE_ROWS,
+            BANDED_ROWS, BANDED_RESUME)}
 
 # name -> (patch(monkeypatch), killer names to try first)
 MUTANTS: dict[str, tuple[Callable, list[str]]] = {}
+# The mutants that only change accuracy or add noise: epsilon still holds under them.
+NOT_PRIVACY_BREAKS: set[str] = set()
 
 
-def mutant(name: str, *try_first: Killer):
+def mutant(name: str, *try_first: Killer, breaks_privacy: bool = True):
   def register(patch):
     MUTANTS[name] = (patch, [k.name for k in try_first])
+    if not breaks_privacy:
+      NOT_PRIVACY_BREAKS.add(name)
     return patch
   return register
 
@@ -196,7 +209,9 @@ def _shares_over_cohort(mp):
   mp.setattr(DPMechanism, 'client_noise_std', client_noise_std)
 
 
-@mutant('the personal head included in the upload', HEADS)
+# Clipped and noised with the shared part (sensitivity C still), so not a privacy break: the
+# method is no longer the personalized one it claims to be.
+@mutant('the personal head included in the upload', HEADS, breaks_privacy=False)
 def _head_in_upload(mp):
   real_split, real_make = state_module.split_params, round_module.make_client_update
 
@@ -232,7 +247,8 @@ def _banded_uncorrelated(mp):
   mp.setattr(correlated, 'banded_noise', lambda z, buffer, strategy: (z, buffer))
 
 
-@mutant('tree: independent leaf noise, not the prefix-sum nodes', TREE_ROWS)
+# Fresh noise of the tree's std every round: more noise than the tree, not less privacy.
+@mutant('tree: independent leaf noise, not the prefix-sum nodes', TREE_ROWS, breaks_privacy=False)
 def _tree_uncorrelated(mp):
   def leaf_only(root, round_index, like, stddev, epoch_length):
     node = keys.tree_node_key(root, round_index // epoch_length, 0, round_index % epoch_length)
@@ -240,7 +256,10 @@ def _tree_uncorrelated(mp):
   mp.setattr(correlated, 'tree_noise', leaf_only)
 
 
-@mutant('banded: the noise buffer not restored on resume (saved as zeros)', BANDED_RESUME)
+# The resumed run restarts the correlation (noise still calibrated): the run is not the one it
+# claims to repeat, but no release loses noise.
+@mutant('banded: the noise buffer not restored on resume (saved as zeros)', BANDED_RESUME,
+        breaks_privacy=False)
 def _buffer_not_checkpointed(mp):
   real = checkpoint.save
 
@@ -262,7 +281,7 @@ def _tree_poisson(mp):
              jax.random.uniform(keys.epoch_order_key(root, round_index), (n,)) < q)
 
 
-@mutant('banded: accounted as T independent rounds at rate q', BANDED_EPSILON)
+@mutant('banded: accounted as T independent rounds at rate q', ONE_EPSILON)
 def _banded_accounted_as_independent(mp):
   real = DPMechanism.dp_event
 
@@ -363,6 +382,48 @@ def _fixed_number_of_trials(mp):
   mp.setattr(selection.TrialDistribution, 'sample', lambda self, rng: max(1, round(self.mean)))
 
 
+import test_tune  # noqa: E402
+from launch import tune  # noqa: E402
+
+
+def _in_tmp_dir(test) -> Callable[[], None]:
+  """A killer of a test taking (tmp_path, monkeypatch), run in its own directory and patches."""
+  def run():
+    with tempfile.TemporaryDirectory() as workdir, pytest.MonkeyPatch.context() as mp:
+      test(pathlib.Path(workdir), mp)
+  return run
+
+
+TUNE_SECRET = Killer(
+    'test_tune.py::test_the_score_noise_k_and_candidates_come_from_the_operators_secret_not_the_'
+    'public_seed', _in_tmp_dir(
+        test_tune.test_the_score_noise_k_and_candidates_come_from_the_operators_secret_not_the_public_seed))
+TUNE_PUBLISHED = Killer(
+    'test_tune.py::test_the_published_file_holds_no_per_trial_record_and_the_operator_file_holds_it',
+    _in_tmp_dir(
+        test_tune.test_the_published_file_holds_no_per_trial_record_and_the_operator_file_holds_it))
+KILLERS.update({k.name: k.run for k in (TUNE_SECRET, TUNE_PUBLISHED)})
+
+
+@mutant('tuning: the score noise drawn from the public seed', TUNE_SECRET)
+def _score_noise_from_the_public_seed(mp):
+  real = tune._trial_outcome  # the committed studies' bug: score - s z / N is the exact sum
+  mp.setattr(tune, '_trial_outcome', lambda run, config, spec, index, secret:
+             real(run, config, spec, index, int(spec['seed'])))
+
+
+@mutant("tuning: the selected trial's un-noised metric in the published file", TUNE_PUBLISHED)
+def _un_noised_metric_published(mp):
+  real = tune.published_record
+
+  def published_record(record):
+    out = real(record)
+    if record['selected_index'] is not None:
+      out['selected_metric'] = record['trials'][record['selected_index']]['metric']
+    return out
+  mp.setattr(tune, 'published_record', published_record)
+
+
 _PASSED_HERE = set()
 
 
@@ -381,6 +442,7 @@ def _check_passes_unpatched(killer: str) -> None:
 def test_privacy_mutant_is_killed(name, request):
   patch, try_first = MUTANTS[name]
   table = request.config.stash.setdefault(conftest.MUTANT_TABLE, {})
+  request.config.stash.setdefault(conftest.MUTANT_NOT_BREAKS, set()).update(NOT_PRIVACY_BREAKS)
   table[name] = None
   for killer in [*try_first, *(k for k in KILLERS if k not in try_first)]:
     _check_passes_unpatched(killer)
@@ -392,3 +454,26 @@ def test_privacy_mutant_is_killed(name, request):
         table[name] = killer
         return
   pytest.fail(f'mutant {name!r} survived every killer: {list(KILLERS)}')
+
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / 'docs' / 'privacy.md'
+NOT_A_BREAK = '(not a privacy break)'
+
+
+def test_the_docs_table_lists_every_mutant_and_marks_the_ones_that_are_not_privacy_breaks():
+  """docs/privacy.md section 6: every mutant of the harness by its name (in backticks) in the
+  table's last column, `name` (not a privacy break) exactly for NOT_PRIVACY_BREAKS, and the count
+  sentence's numbers the harness's."""
+  text = DOCS.read_text()
+  section = text[text.index('## 6. Which test backs which claim'):text.index('## 7.')]
+  cells = [line.rstrip(' |').rsplit(' | ', 1)[-1] for line in section.splitlines()
+           if line.startswith('| ') and not line.startswith('| claim')]
+  listed = {}
+  for cell in cells:
+    for name, rest in zip(cell.split('`')[1::2], cell.split('`')[2::2]):
+      listed[name.replace('\\|', '|')] = rest.lstrip().startswith(NOT_A_BREAK)
+  assert set(listed) == set(MUTANTS), (set(MUTANTS) - set(listed), set(listed) - set(MUTANTS))
+  assert {name for name, mark in listed.items() if mark} == NOT_PRIVACY_BREAKS
+  breaks = len(MUTANTS) - len(NOT_PRIVACY_BREAKS)
+  assert (f'{len(MUTANTS)} mutants: {breaks} break the privacy guarantee, '
+          f'{len(NOT_PRIVACY_BREAKS)} only change accuracy or add noise') in ' '.join(section.split())

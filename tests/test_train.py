@@ -227,6 +227,28 @@ def test_private_metrics_only_writes_nothing_that_voids_epsilon(tmp_path, caplog
   assert train.train_and_evaluate(config, str(tmp_path)) == final
 
 
+def test_private_metrics_only_keeps_the_noise_diagnostics_out_of_checkpoints(tmp_path, monkeypatch):
+  """A checkpoint between evaluations holds the rounds' window: under private_metrics_only it carries
+  no training scalar (noise_std, signal_to_noise, cohort size, loss), as the metrics files carry none."""
+  written = []
+  real = checkpoint.save
+
+  def save(workdir, state, records, window=()):
+    written.append((int(state.round), [dict(r) for r in records], [dict(m) for m in window]))
+    real(workdir, state, records, window)
+  monkeypatch.setattr(checkpoint, 'save', save)
+  config = tiny_config(num_rounds=3, eval_every=2, checkpoint_every=1, private_metrics_only=True)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert [(r, len(w)) for r, _, w in written] == [(1, 1), (2, 0), (3, 0)]
+  assert all(m == {} for _, _, window in written for m in window)
+  assert all(set(rec) <= set(train.PRIVATE_RECORD_KEYS) for _, records, _ in written for rec in records)
+  # Without it, the same window holds the diagnostics (what the option leaves out).
+  written.clear()
+  train.train_and_evaluate(tiny_config(num_rounds=2, eval_every=2, checkpoint_every=1),
+                           str(tmp_path / 'all_metrics'))
+  assert {'noise_std', 'signal_to_noise'} <= set(written[0][2][0])
+
+
 def test_private_metrics_only_is_refused_for_a_non_private_method():
   with pytest.raises(ConfigError, match=r'^config\.private_metrics_only=True: method fedavg is not '
                                         r'private'):

@@ -35,65 +35,92 @@ def _independent_epsilon(config: dict, mean: float, score_noise: float, shape=np
   return RdpAccountant().compose(event).get_epsilon(dp['delta'])
 
 
+# Secret seeds (the operator's --secret_seed) that draw K = 2 from Poisson(2) and K = 0 from
+# Poisson(1); not the public spec seeds (1 and 2), so a draw from those would differ.
+SECRET_K2, SECRET_K0 = 6, 3
+SECRET_LARGE_K2 = 2 ** 40 + 7  # K = 2 too, and no number a published file holds otherwise
+
+
+def _operator(directory) -> dict:
+  return json.load(open(os.path.join(directory, tune.OPERATOR_FILE)))
+
+
 def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_path):
   root = str(tmp_path)
   out = subprocess.run([sys.executable, '-m', 'launch.tune', f'--config={CONFIG}', '--study=tiny',
-                        f'--root={root}'], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        f'--root={root}', f'--secret_seed={SECRET_K2}'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   directory = os.path.join(root, 'tune_tiny', 'tiny')
   result = json.load(open(os.path.join(directory, 'tuning.json')))
-  assert result['status'] == 'done' and result['num_trials'] == 2 and result['failed_trials'] == []
+  operator = _operator(directory)
+  assert result['status'] == 'done' and operator['num_trials'] == 2 and operator['failed_trials'] == []
   assert result['trial_distribution'] == {'name': 'poisson', 'mu': 2.0}
+  assert operator['secret_seed'] == SECRET_K2 and 'never publish' in operator['DO_NOT_PUBLISH'].lower()
   selected = os.path.join(directory, result['selected_run'])
   config = json.load(open(os.path.join(selected, 'config.json')))
   assert config['validation_fraction'] == 0.25 and config['dp']['delta'] == pytest.approx(1 / 6)
   assert result['selection_epsilon'] == pytest.approx(
       _independent_epsilon(config, 2.0, 0.5), rel=1e-9)
-  assert result['per_trial_epsilon'] < result['selection_epsilon'] < result['naive_epsilon']
-  assert result['delta'] == config['dp']['delta'] and result['naive_trials'] == 2
-  # The score: each trial's final validation accuracy sum + N(0, 0.5^2) from the tuner's seed, / 6;
-  # the best one is selected, and its values are the ones its run trained with.
+  assert result['per_trial_epsilon'] < result['selection_epsilon'] < operator['naive_epsilon']
+  assert result['delta'] == config['dp']['delta'] and operator['naive_trials'] == 2
+  assert result['score_denominator'] == 6
+  # The score: each trial's final validation accuracy sum + N(0, 0.5^2) from the secret's score
+  # stream, / 6; the best one is selected, and its values are the ones its run trained with.
   scores = []
-  for index, trial in enumerate(result['trials']):
+  for index, trial in enumerate(operator['trials']):
     record = [json.loads(l) for l in open(os.path.join(directory, trial['run'], 'metrics.jsonl'))][-1]
-    z = np.random.default_rng([1, 2, index]).standard_normal()
+    z = np.random.default_rng([SECRET_K2, 2, index]).standard_normal()
     scores.append((record['validation_accuracy_sum'] + 0.5 * z) / 6)
-    assert trial['score'] == pytest.approx(scores[-1])
+    assert trial['score'] == pytest.approx(scores[-1]) and trial['noise_draw'] == pytest.approx(z)
     assert record['validation_clients'] == 6
-  assert result['selected_run'] == f'trial={int(np.argmax(scores))}'
+  assert result['selected_run'] == operator['trials'][int(np.argmax(scores))]['run']
   assert config['local']['lr_shared'] == result['selected_values']['local.lr_shared']
   assert config['dp']['clip_norm'] == result['selected_values']['dp.clip_norm']
 
-  # The report: the selection's epsilon next to the selected run's test accuracy; trials are no seeds.
+  # The report: the selection's epsilon next to the selected run's test accuracy; trials are no
+  # seeds; only the selected run is copied, never the operator's file.
   paths = report.write_report(root, str(tmp_path / 'out'), copy_runs=True)
   text = open(paths['markdown']).read()
   accuracy = [json.loads(l) for l in open(os.path.join(selected, 'metrics.jsonl'))][-1]['test_accuracy']
   assert (f"| {result['selected_run']} | {100 * accuracy:.2f} | {result['selection_epsilon']:.3f} |"
           in text)
+  assert '| tune_tiny/tiny | secret (poisson mu=2) |' in text and "Trials of" not in text
   assert paths['num_runs'] == 0
-  assert os.path.exists(tmp_path / 'out' / 'runs' / 'tune_tiny' / 'tiny' / 'tuning.json')
+  copied = tmp_path / 'out' / 'runs' / 'tune_tiny' / 'tiny'
+  assert sorted(os.listdir(copied)) == sorted(['tuning.json', result['selected_run']])
+  records = [json.loads(l) for l in open(copied / result['selected_run'] / 'metrics.jsonl')]
+  assert records and not [k for r in records for k in r if k.startswith('validation_')]
+  assert records[-1]['test_accuracy'] == accuracy
 
-  # Stopped before the second trial: the tuner resumes to the same K and candidates, reruns only
-  # that trial (the first is skipped: finished) and selects the same run.
-  shutil.rmtree(os.path.join(directory, 'trial=1'))
+  # Stopped before the second trial: the tuner resumes from the operator file to the same secret,
+  # K and candidates, reruns only that trial (the first is skipped: finished) and selects the same.
+  shutil.rmtree(os.path.join(directory, operator['runs'][1]))
   json.dump({'status': 'running', 'plan': result['plan']}, open(os.path.join(directory, 'tuning.json'), 'w'))
   again = tune.tune(CONFIG, root, 'tiny')
   for key in ('plan', 'selected_run', 'selection_epsilon', 'selected_values', 'selected_score'):
     assert again[key] == result[key], key
-  assert again['trials'][1]['score'] == pytest.approx(result['trials'][1]['score'])
+  assert _operator(directory)['trials'][1]['score'] == pytest.approx(operator['trials'][1]['score'])
 
   # Another draw in the same root is refused before anything runs.
-  plan = {**result['plan'], 'seed': 5}
-  json.dump({'status': 'running', 'plan': plan}, open(os.path.join(directory, 'tuning.json'), 'w'))
+  with pytest.raises(ValueError, match='--secret_seed differs'):
+    tune.tune(CONFIG, root, 'tiny', secret_seed=SECRET_K2 + 1)
+  changed = {**operator, 'plan': {**operator['plan'], 'score_noise': 5.0}}
+  json.dump(changed, open(os.path.join(directory, tune.OPERATOR_FILE), 'w'))
   with pytest.raises(ValueError, match='holds another plan'):
     tune.tune(CONFIG, root, 'tiny')
 
 
-def test_plan_shows_k_the_candidates_and_the_cost(tmp_path, capsys):
+def test_plan_shows_the_laws_before_the_start_and_k_and_the_candidates_to_the_operator(tmp_path,
+                                                                                       capsys):
   tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True)
   out = capsys.readouterr().out
+  assert 'E[K] = 2.00' in out and 'fresh secret' in out and 'K = 2 trials' not in out
+  assert 'selection eps' in out and 'naive 2-fold at E[K]' in out
+  tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True, secret_seed=SECRET_K2)
+  out = capsys.readouterr().out
   assert 'K = 2 trials' in out and sum(l.startswith('new ') for l in out.splitlines()) == 2
-  k, candidates = tune.draw_plan(tune.load_study(CONFIG, 'tiny')[3])
+  k, candidates = tune.draw_plan(tune.load_study(CONFIG, 'tiny')[3], SECRET_K2)
   assert k == 2 and all(f'local.lr_shared={c["local.lr_shared"]}' in out for c in candidates)
   assert 'cost: 2 runs, 4 rounds' in out and 'selection eps' in out
   assert not os.path.exists(tmp_path / 'tune_tiny')  # a plan writes nothing
@@ -109,22 +136,27 @@ def test_candidates_do_not_depend_on_k_and_stay_in_their_ranges():
 
 
 def test_k_zero_trains_nothing_and_says_so(tmp_path):
-  result = tune.tune(CONFIG, str(tmp_path), 'k0')
-  assert result['num_trials'] == 0 and result['selected_run'] is None and result['trials'] == []
-  assert 'outputs nothing' in result['notes'][0]
+  result = tune.tune(CONFIG, str(tmp_path), 'k0', secret_seed=SECRET_K0)
+  directory = tmp_path / 'tune_tiny' / 'k0'
+  operator = _operator(directory)
+  assert operator['num_trials'] == 0 and operator['trials'] == [] and result['selected_run'] is None
+  assert 'outputs nothing' in operator['notes'][0]
+  # The release does not tell K = 0 from every trial failed.
+  assert 'nothing was selected (K = 0 was drawn or every trial failed' in result['notes'][0]
   config = sweep.apply_overrides(sweep.load_config_module(CONFIG).get_config(None), [])
   expected = _independent_epsilon({'dp': {'noise_multiplier': 1.0, 'delta': 1 / 6},
                                    'sampling_rate': config.sampling_rate,
                                    'num_rounds': config.num_rounds}, 1.0, 0.5)
   assert result['selection_epsilon'] == pytest.approx(expected, rel=1e-9)
-  assert result['naive_epsilon'] == 0.0
-  assert sorted(os.listdir(tmp_path / 'tune_tiny' / 'k0')) == ['tuning.json', 'writer.lock']
+  assert operator['naive_epsilon'] == 0.0
+  assert sorted(os.listdir(directory)) == ['tuning.json', tune.OPERATOR_FILE, 'writer.lock']
 
 
 def test_a_failed_trial_counts_as_a_trial_and_is_never_selected(tmp_path):
   spec = tune.load_study(CONFIG, 'tiny')[3]
   module = sweep.load_config_module(CONFIG)
-  runs = tune.trial_runs(module, CONFIG, spec, tune.draw_plan(spec)[1], str(tmp_path), [])
+  candidates = tune.draw_plan(spec, SECRET_K2)[1]
+  runs = tune.trial_runs(module, CONFIG, spec, candidates, str(tmp_path), [])
   for index, (run, _) in enumerate(runs):
     os.makedirs(run.workdir)
     if index == 0:  # the better score, but failed
@@ -132,17 +164,21 @@ def test_a_failed_trial_counts_as_a_trial_and_is_never_selected(tmp_path):
     with open(os.path.join(run.workdir, 'metrics.jsonl'), 'w') as f:
       f.write(json.dumps({'round': 2, 'validation_accuracy': 0.5 - 0.4 * index,
                           'validation_accuracy_sum': 6 * (0.5 - 0.4 * index)}) + '\n')
-  outcomes = [tune._trial_outcome(r, c, spec, i) for i, (r, c) in enumerate(runs)]
+  outcomes = [tune._trial_outcome(r, c, spec, i, SECRET_K2) for i, (r, c) in enumerate(runs)]
   assert [o['status'] for o in outcomes] == ['failed', 'finished']
-  plan = {'study': 'tiny', 'num_trials': 2, 'candidates': tune.draw_plan(spec)[1],
-          'trial_distribution': spec['distribution'].to_dict()}
+  plan = {'study': 'tiny', 'trial_distribution': spec['distribution'].to_dict(),
+          'selected_by': 'validation_accuracy'}
   cost = {'expected_trials': 2.0, 'delta': 0.1, 'per_trial_epsilon': 1.0, 'selection_epsilon': 2.0,
           'naive_epsilon': 2.5, 'naive_trials': 2, 'accountant': 'rdp', 'noise_multipliers': [1.0],
           'score_noise': 0.5, 'naive_epsilon_at_mean_k': 2.5, 'naive_trials_at_mean_k': 2}
-  result = tune._result(plan, cost, spec, runs, outcomes, str(tmp_path))
-  assert result['selected_run'] == 'trial=1' and result['failed_trials'] == [0]
-  assert any('count as trials' in n for n in result['notes'])
-  assert any('with K known' in n and 'naive_epsilon' in n for n in result['notes'])
+  record = tune._result(plan, cost, spec, runs, candidates, outcomes, str(tmp_path), SECRET_K2,
+                        'test', [c for _, c in runs])
+  assert record['selected_run'] == 'trial=1' and record['failed_trials'] == [0]
+  assert any('count as trials' in n for n in record['notes'])
+  assert any('with K known' in n and 'naive_epsilon' in n for n in record['notes'])
+  result = tune.published_record(record)
+  assert result['selected_run'] == 'trial=1' and 'failed_trials' not in result
+  assert any('K is made public' in n and 'naive composition' in n for n in result['notes'])
 
 
 @pytest.mark.parametrize('change,match', [
@@ -212,7 +248,8 @@ COMMITTED = os.path.join(ROOT, 'experiments', 'results', 'fmnist_tuning', 'runs'
 def test_the_committed_fashion_mnist_tuning_is_what_its_files_say(study):
   """The README's tuned numbers: selection eps from dp_accounting over the selected run's recorded
   sigma, q, T, delta; the selected run the best noised score (recomputed from its seed); its test
-  accuracy the run's last record."""
+  accuracy the run's last record. These studies predate the secret draw: that anyone can recompute
+  their score noise from the public seed is why they are covered by no finite epsilon."""
   directory = os.path.join(COMMITTED, study)
   result = json.load(open(os.path.join(directory, 'tuning.json')))
   assert result['status'] == 'done' and result['trial_distribution']['eta'] == 0.0
@@ -246,14 +283,16 @@ def test_a_non_private_study_is_tuned_without_score_noise_and_records_no_epsilon
   with pytest.raises(ValueError, match='score_noise > 0'):  # the private study still needs it
     tune._check_spec('tiny', {**sweep.load_config_module(CONFIG).tuning_space()['tiny'],
                               'score_noise': 0.0})
-  result = tune.tune(CONFIG, str(tmp_path), 'fedavg')
+  result = tune.tune(CONFIG, str(tmp_path), 'fedavg', secret_seed=SECRET_K2)
   assert result['private'] is False and result['selection_epsilon'] is None
-  assert result['num_trials'] == 2 and result['failed_trials'] == []
   directory = os.path.join(str(tmp_path), 'tune_tiny', 'fedavg')
+  operator = _operator(directory)
+  assert operator['num_trials'] == 2 and operator['failed_trials'] == []
   metrics = [[json.loads(l) for l in open(os.path.join(directory, t['run'], 'metrics.jsonl'))][-1]
-             for t in result['trials']]
-  assert [t['score'] for t in result['trials']] == [m['validation_accuracy'] for m in metrics]
-  assert result['selected_run'] == f"trial={int(np.argmax([m['validation_accuracy'] for m in metrics]))}"
+             for t in operator['trials']]
+  assert [t['score'] for t in operator['trials']] == [m['validation_accuracy'] for m in metrics]
+  best = int(np.argmax([m['validation_accuracy'] for m in metrics]))
+  assert result['selected_run'] == operator['runs'][best]
   assert any('non-private' in n for n in result['notes'])
   text = '\n'.join(report.tuning_lines([(directory, result)], str(tmp_path)))
   assert 'none: a non-private method' in text
@@ -264,3 +303,105 @@ def test_a_study_mixing_private_and_non_private_trials_is_refused():
   config = sweep.load_config_module(CONFIG).get_config('method=dp2fedsam')
   with pytest.raises(ValueError, match='mixes non-private and private'):
     tune.non_private_cost(spec, [config], 1, 0.0)
+
+
+# -- The secret draw and the two files, on fake trials (no training: the harness's killers) --------
+
+def _fake_execute(monkeypatch):
+  """sweep.execute writing each run a finished metrics.jsonl with distinct, many-digit metrics."""
+  def execute(config_path, runs, parallel, cache):
+    del config_path, parallel, cache
+    for index, run in enumerate(runs):
+      os.makedirs(run.workdir, exist_ok=True)
+      accuracy = 0.31234567 + 0.1 * index
+      with open(os.path.join(run.workdir, 'metrics.jsonl'), 'w') as f:
+        f.write(json.dumps({'round': run.num_rounds, 'validation_accuracy': accuracy,
+                            'validation_accuracy_sum': 6 * accuracy, 'validation_clients': 6,
+                            'test_accuracy': accuracy - 0.0123}) + '\n')
+    return {}
+  monkeypatch.setattr(sweep, 'execute', execute)
+
+
+def test_the_score_noise_k_and_candidates_come_from_the_operators_secret_not_the_public_seed(
+    tmp_path, monkeypatch):
+  """score - s z / N must not give the validation sum back to anyone who knows the public plan: z
+  is the secret's draw, not the public seed's; K and the candidates are the secret's draw too; a
+  study started without --secret_seed gets a fresh secret that no published file holds."""
+  _fake_execute(monkeypatch)
+  tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=SECRET_K2)
+  spec = tune.load_study(CONFIG, 'tiny')[3]
+  operator = _operator(tmp_path / 'tune_tiny' / 'tiny')
+  assert operator['trials']
+  for index, trial in enumerate(operator['trials']):
+    z = (trial['score'] * trial['score_denominator'] - trial['validation_accuracy_sum']) / 0.5
+    assert z == pytest.approx(np.random.default_rng([SECRET_K2, 2, index]).standard_normal())
+    assert abs(z - np.random.default_rng([spec['seed'], 2, index]).standard_normal()) > 1e-6
+  assert [operator['num_trials'], operator['candidates']] == list(tune.draw_plan(spec, SECRET_K2))
+  assert operator['candidates'] != tune.draw_plan(spec)[1]  # not the public seed's candidates
+  fresh = []
+  for name in ('b', 'c'):
+    tune.tune(CONFIG, str(tmp_path / name), 'tiny')
+    directory = tmp_path / name / 'tune_tiny' / 'tiny'
+    fresh.append(_operator(directory)['secret_seed'])
+    assert _operator(directory)['secret_source'].startswith('secrets.randbits(128)')
+    assert str(fresh[-1]) not in (directory / 'tuning.json').read_text()
+  assert fresh[0] != fresh[1] and spec['seed'] not in fresh
+
+
+def _numbers(tree):
+  """Every number in a JSON tree."""
+  if isinstance(tree, dict):
+    return [x for v in tree.values() for x in _numbers(v)]
+  if isinstance(tree, list):
+    return [x for v in tree for x in _numbers(v)]
+  return [tree] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
+
+
+def _keys(tree):
+  if isinstance(tree, dict):
+    return set(tree) | {k for v in tree.values() for k in _keys(v)}
+  if isinstance(tree, list):
+    return {k for v in tree for k in _keys(v)}
+  return set()
+
+
+def test_the_published_file_holds_no_per_trial_record_and_the_operator_file_holds_it(
+    tmp_path, monkeypatch):
+  """tuning.json: the selected run, its values and noised score, the public plan and the costs.
+  No un-noised metric, validation sum, test accuracy or noise draw of any trial, no K, no other
+  trial's name or score, no secret: those are the operator file's, marked never to be published."""
+  _fake_execute(monkeypatch)
+  result = tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=SECRET_LARGE_K2)
+  directory = tmp_path / 'tune_tiny' / 'tiny'
+  published = json.loads((directory / 'tuning.json').read_text())
+  operator = _operator(directory)
+  assert published == result and operator['DO_NOT_PUBLISH'].startswith('NEVER PUBLISH THIS FILE')
+  assert published['selected_run'] in operator['runs'] and published['selected_score'] is not None
+  assert not _keys(published) & {'trials', 'num_trials', 'candidates', 'runs', 'naive_epsilon',
+                                 'naive_trials', 'failed_trials', 'selected_index', 'secret_seed',
+                                 'metric', 'validation_accuracy_sum', 'noise_draw', 'test_accuracy'}
+  hidden = [operator['secret_seed']] + [
+      trial[k] for trial in operator['trials'] for k in
+      ('metric', 'validation_accuracy_sum', 'noise_draw', 'test_accuracy')]
+  hidden += [t['score'] for t in operator['trials'] if t['run'] != published['selected_run']]
+  for number in _numbers(published):
+    assert all(number != pytest.approx(h, rel=1e-12, abs=0) for h in hidden), number
+  text = (directory / 'tuning.json').read_text()
+  assert not [r for r in operator['runs'] if r != published['selected_run'] and r in text]
+  assert 'selection_epsilon holds while K is secret' in ' '.join(published['notes'])
+  assert published['score_denominator'] == 6 and operator['naive_epsilon'] > 0
+
+
+def test_a_study_is_resumed_only_with_its_operator_file(tmp_path, monkeypatch):
+  _fake_execute(monkeypatch)
+  tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=SECRET_K2)
+  directory = tmp_path / 'tune_tiny' / 'tiny'
+  os.remove(directory / tune.OPERATOR_FILE)
+  with pytest.raises(ValueError, match='the secret they were drawn from is lost'):
+    tune.tune(CONFIG, str(tmp_path), 'tiny')
+  legacy = tmp_path / 'legacy' / 'tune_tiny' / 'tiny'
+  legacy.mkdir(parents=True)
+  (legacy / 'tuning.json').write_text(json.dumps({'status': 'done', 'plan': {'seed': 1,
+                                                                            'candidates': []}}))
+  with pytest.raises(ValueError, match='drawn from its public seed'):
+    tune.tune(CONFIG, str(tmp_path / 'legacy'), 'tiny')

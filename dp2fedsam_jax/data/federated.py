@@ -14,6 +14,7 @@ and accuracy, `accuracy_ignore_ids` (EOS, BOS) in accuracy only).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 import flax
@@ -261,28 +262,51 @@ def select_clients(data: FederatedData, client_ids) -> FederatedData:
 VALIDATION_STREAM = 44
 
 
-def split_validation(data: FederatedData, fraction: float,
-                     seed: int) -> tuple[FederatedData, FederatedData]:
+def _client_entropy(key) -> int:
+  """A client's key as a SeedSequence word: an int >= 0 as is, a name or bytes by their SHA-256."""
+  if isinstance(key, (int, np.integer)) and key >= 0:
+    return int(key)
+  if isinstance(key, str):
+    key = key.encode()
+  if isinstance(key, bytes):
+    return int.from_bytes(hashlib.sha256(key).digest()[:16], 'little')
+  raise ValueError(f'split_validation: client key {key!r}: give an int >= 0, a name or bytes.')
+
+
+def _rows_key(x: np.ndarray, y: np.ndarray) -> bytes:
+  """A client's identity from its own training rows: nothing of another client enters it."""
+  return np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes()
+
+
+def split_validation(data: FederatedData, fraction: float, seed: int,
+                     client_keys=None) -> tuple[FederatedData, FederatedData]:
   """(training data, validation data): a seeded share of each client's training rows set aside.
 
   Client i with n_i training rows gives min(n_i - 1, round(fraction * n_i)) of them (half up; at
-  least one row stays for training), chosen uniformly from np.random.default_rng([seed,
-  VALIDATION_STREAM]), to its validation split; both keep the rows' stored order. The test split is
-  never touched. The validation data is the training data with its validation rows as the test
-  split, so the evaluation tests it unchanged (and fine-tunes on the remaining training rows only).
+  least one row stays for training), chosen uniformly by its own generator
+  np.random.default_rng([seed, VALIDATION_STREAM, key_i]), to its validation split; both keep the
+  rows' stored order. key_i is client_keys[i] (an int >= 0, or a name, hashed), by default the
+  SHA-256 of the client's own training rows (not its position, which a removal shifts). A client's
+  split so depends on its own rows (and key) only: removing or adding a client leaves every other
+  client's split unchanged. The test split is never touched. The validation data is the training data with its
+  validation rows as the test split, so the evaluation tests it unchanged (and fine-tunes on the
+  remaining training rows only).
   """
   if not 0.0 < fraction < 1.0:
     raise ValueError(f'config.validation_fraction={fraction!r}: must lie in (0, 1) to split.')
   offsets = np.asarray(data.train_offsets, np.int64)
   counts = np.diff(offsets)
   n_val = np.minimum(counts - 1, np.floor(fraction * counts + 0.5).astype(np.int64))
-  owner = np.repeat(np.arange(counts.size), counts)
-  u = np.random.default_rng([seed, VALIDATION_STREAM]).random(owner.size)
-  order = np.lexsort((u, owner))  # rows grouped by client, uniformly shuffled within each
-  rank = np.empty(owner.size, np.int64)
-  rank[order] = np.arange(owner.size) - offsets[owner[order]]
-  is_val = rank < n_val[owner]
   x, y = np.asarray(data.train_x), np.asarray(data.train_y)
+  if client_keys is not None and len(client_keys) != counts.size:
+    raise ValueError(f'split_validation: {len(client_keys)} client keys for {counts.size} clients.')
+  is_val = np.zeros(int(offsets[-1]), bool)
+  for i, (start, count, held) in enumerate(zip(offsets[:-1], counts, n_val)):
+    if held > 0:  # the client's held rows: the `held` smallest of its own uniforms
+      key = (_rows_key(x[start:start + count], y[start:start + count]) if client_keys is None
+             else client_keys[i])
+      u = np.random.default_rng([seed, VALIDATION_STREAM, _client_entropy(key)]).random(count)
+      is_val[start + np.argsort(u, kind='stable')[:held]] = True
   new_offsets = lambda c: jnp.asarray(np.concatenate([[0], np.cumsum(c)]), jnp.int32)
   train = data.replace(train_x=jnp.asarray(x[~is_val]), train_y=jnp.asarray(y[~is_val]),
                        train_offsets=new_offsets(counts - n_val),

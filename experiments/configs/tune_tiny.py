@@ -3,9 +3,11 @@ clients with an MLP, 2 rounds at a fixed sigma = 1 (q = 0.5, delta = 1/6), each 
 validation split 25 % of its training rows.
 
 Tuned: the extractor's learning rate (log-uniform in [0.01, 0.3]) and C (log-uniform in [0.3, 3]);
-K ~ Poisson(2) (seed 1 draws K = 2); the score is the sum of the clients' validation accuracies
-plus N(0, 0.5^2), over the 6 clients. Study `k0`: Poisson(1) at a seed that draws K = 0. Study
-`fedavg`: the same search for non-private FedAvg, selected without score noise (no epsilon).
+K ~ Poisson(2), drawn with the candidates and the score noise from the study's secret seed (the
+tests pass --secret_seed values that draw K = 2, and K = 0 for `k0`); the score is the sum of the
+clients' validation accuracies plus N(0, 0.5^2), over the 6 clients. Study `k0`: Poisson(1).
+Study `fedavg`: the same search for non-private FedAvg, selected without score noise (no epsilon).
+The `seed` entries are the public seeds of the draw before the secret one (draw_plan(spec)).
 
   python3 -m launch.tune --config=experiments/configs/tune_tiny.py --study=tiny --root=/tmp/tune --plan
 """

@@ -3,6 +3,7 @@ accuracy), every trial as the operator's record, and their files for --copy_runs
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -32,13 +33,16 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
            'released. *Selection ε* covers the whole tuning (every trial, the released model and '
            'its score; Papernot & Steinke 2022, docs/privacy.md); *one trial* is a single '
            'trial\'s ε by the same RDP accounting (its score included), *naive* the drawn K '
-           'trials composed. The test accuracy is the selected run\'s final round; it never took '
-           'part in the selection.', '',
+           'trials composed (a study with a secret K: round(E[K]) trials, marked E[K]; its K and '
+           'trials stay in the operator\'s file). The test accuracy is the selected run\'s final '
+           'round; it never took part in the selection.', '',
            '| tuning | K (law) | selected run | test acc | selection ε | one trial ε | naive ε (K) '
            '| δ | cost on the private clients |', '|---|---|---|---|---|---|---|---|---|']
   for directory, t in tunings:
     law = t['trial_distribution']
     law_text = ', '.join(f'{k}={format_value(v)}' for k, v in law.items() if k != 'name')
+    # A study drawn from a secret publishes neither K nor the naive cost at it (launch/tune.py).
+    k_text = 'secret' if t.get('num_trials') is None else t['num_trials']
     accuracy = '–'
     if t.get('selected_run'):
       records = metric_writers.read_jsonl(os.path.join(directory, t['selected_run'],
@@ -47,19 +51,22 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
         accuracy = f"{100 * records[-1]['test_accuracy']:.2f}"
     proxy = t.get('proxy')
     if t.get('private') is False:  # a non-private method's tuning: no epsilon anywhere
-      lines.append(f"| {os.path.relpath(directory, root) or '.'} | {t['num_trials']} ({law['name']} "
+      lines.append(f"| {os.path.relpath(directory, root) or '.'} | {k_text} ({law['name']} "
                    f"{law_text}) | {t['selected_run'] or 'none'} | {accuracy} | – | – | – | – | none: "
                    'a non-private method (its models are released unprotected) |')
       continue
     cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
             'only case in which the tuned values carry no cost on the private clients'
             if proxy else f"{t['selection_epsilon']:.3f} (the selection ε)")
-    none = 'none (K = 0)' if not t['num_trials'] else 'none (all failed)'
+    none = ('none' if t.get('num_trials') is None else 'none (K = 0)' if not t['num_trials']
+            else 'none (all failed)')
+    naive = (f"{t['naive_epsilon']:.3f} ({t['naive_trials']})" if 'naive_epsilon' in t else
+             f"{t['naive_epsilon_at_mean_k']:.3f} (E[K]: {t['naive_trials_at_mean_k']})")
     lines.append(
-        f"| {os.path.relpath(directory, root) or '.'} | {t['num_trials']} ({law['name']} "
+        f"| {os.path.relpath(directory, root) or '.'} | {k_text} ({law['name']} "
         f"{law_text}) | {t['selected_run'] or none} "
         f"| {accuracy} | {t['selection_epsilon']:.3f} | {t['per_trial_epsilon']:.3f} | "
-        f"{t['naive_epsilon']:.3f} ({t['naive_trials']}) | {t['delta']:.3g} | {cost} |")
+        f"{naive} | {t['delta']:.3g} | {cost} |")
   notes = [n for _, t in tunings for n in t.get('notes', [])]
   return (lines + [''] + [f'- {n}' for n in notes] + ([''] if notes else [])
           + trial_lines(tunings, root))
@@ -91,15 +98,29 @@ def trial_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
 
 
 def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> None:
-  """tuning.json and every trial's small files to <out>/runs/ (the report rebuilds from them)."""
+  """tuning.json and the small files of the trials it lists to <out>/runs/ (the report rebuilds
+  from them): every trial of an older tuning.json (which listed them), the selected run only of one
+  drawn from a secret (its other trials are the operator's, never copied; nor is its operator
+  file)."""
   for directory, tuning in tunings:
     target = os.path.join(out, 'runs', os.path.relpath(directory, root))
     os.makedirs(target, exist_ok=True)
     shutil.copyfile(os.path.join(directory, TUNING_FILE), os.path.join(target, TUNING_FILE))
-    for trial in tuning.get('trials', []):
-      os.makedirs(os.path.join(target, trial['run']), exist_ok=True)
+    secret_draw = 'trials' not in tuning
+    listed = [trial['run'] for trial in tuning.get('trials', [])] or (
+        [tuning['selected_run']] if tuning.get('selected_run') else [])
+    for run in listed:
+      os.makedirs(os.path.join(target, run), exist_ok=True)
       for name in ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
                    metric_writers.TRAIN_FILE):
-        if os.path.exists(os.path.join(directory, trial['run'], name)):
-          shutil.copyfile(os.path.join(directory, trial['run'], name),
-                          os.path.join(target, trial['run'], name))
+        source, copy = os.path.join(directory, run, name), os.path.join(target, run, name)
+        if not os.path.exists(source):
+          continue
+        if secret_draw and name == metric_writers.EVAL_FILE:
+          # The selected run's un-noised validation metrics would give its score's noise back.
+          records = [{k: v for k, v in r.items() if not k.startswith('validation_')}
+                     for r in metric_writers.read_jsonl(source)]
+          with open(copy, 'w') as f:
+            f.writelines(json.dumps(r) + '\n' for r in records)
+        else:
+          shutil.copyfile(source, copy)
