@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -390,23 +390,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir,
                  finished['round'])
     return finished
-  exp = build_experiment(config, validated=True)
-  if executor_choice and config.executor == 'vmap' and config.chunk_size is None:
-    chunk_size = fit_chunk_size(exp)  # 'auto' on an accelerator fits the cohort to its memory
-    if chunk_size is not None:
-      config.chunk_size = chunk_size
-      exp = dataclasses.replace(exp, config=config, round_config=dataclasses.replace(
-          exp.round_config, chunk_size=chunk_size))
-      executor_choice += f'; chunks of {chunk_size} clients fit the device memory'
+  exp, executor_choice = _fit_to_device(build_experiment(config, validated=True), executor_choice)
+  config = exp.config
   os.makedirs(workdir, exist_ok=True)
-  resolved = config.to_dict()
-  if exp.spec.private:
-    if config.dp.noise_multiplier is not None:
-      resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
-    resolved['dp'].update(noise_multiplier=exp.mechanism.noise_multiplier)
-    if exp.mechanism.adaptive:  # the count's noise as run (unset: the expected cohort / 20)
-      resolved['dp'].update(count_noise_multiplier=exp.mechanism.clipping.count_noise_std)
-  resolved['dp'].update(delta=exp.mechanism.delta)
+  resolved = _resolved_config(exp)
   run_files.check_same_run(workdir, resolved)
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
   if not exp.spec.federated:
@@ -417,12 +404,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   if exp.spec.private and not private_only:
     logging.info('The metrics files hold diagnostics computed from raw client data, which void '
                  'epsilon for whoever reads them; --config.private_metrics_only=True leaves them out.')
-  data = exp.data
-  round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
-  evaluate = jax.jit(exp.make_evaluate())
-  validation = exp.validation
-  if validation is not None:
-    evaluate_validation = jax.jit(make_validation_evaluate(exp.make_evaluate()))
   # The training scalars of the rounds since the last evaluation come back with the state: the
   # next record of a resumed run averages the same rounds as an uninterrupted run's.
   restored = checkpoint.restore_run(workdir, exp.init_state())
@@ -437,108 +418,170 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   if exp.privacy_caveat:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
   logging.info('%s on %s: %d clients, sigma=%.4f%s, eps=%.3f at delta=%.2g after %d rounds; '
-               'executor %s%s.', config.method, config.dataset, data.num_clients,
+               'executor %s%s.', config.method, config.dataset, exp.data.num_clients,
                exp.mechanism.noise_multiplier, _adaptive_header(exp.mechanism), exp.epsilon,
                exp.mechanism.delta, config.num_rounds, config.executor,
                f' ({executor_choice})' if executor_choice else '')
+  run, state = _CompiledRun.build(exp, workdir, state, start, private_only)
+  return run.rounds(state, start, records, window)
 
-  # sharded: state, data and keys whole on every device of the mesh (of every process).
-  place = sharding.replicate if config.executor == 'sharded' else (lambda tree: tree)
-  state, data, key = place((state, data, exp.root_key))
-  if validation is not None:
-    validation = place(validation)
-  # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
-  if stopping.stop_requested():
-    raise stopping.interrupted(run_files.stop_message(workdir, start))
-  logging.info('Compiling the round step and the evaluation ...')
-  compile_start = time.perf_counter()
-  with _hint_on_oom(config, 'compiling the round step', workdir), stopping.critical():
-    round_step = round_step.lower(state, data, key).compile()
-    evaluate = evaluate.lower(state, data, place(exp.eval_key(start))).compile()
-    if validation is not None:
-      evaluate_validation = evaluate_validation.lower(
-          state, validation, place(exp.eval_key(start))).compile()
-  logging.info('Compiled the round step and the evaluation in %.1f s.',
-               time.perf_counter() - compile_start)
 
-  def save_checkpoint(train_writer, state, records, window):
+def _fit_to_device(exp: Experiment, executor_choice: str) -> tuple[Experiment, str]:
+  """'auto' on an accelerator fits the vmapped cohort to the device's memory (chunk_size)."""
+  config = exp.config
+  if not (executor_choice and config.executor == 'vmap' and config.chunk_size is None):
+    return exp, executor_choice
+  chunk_size = fit_chunk_size(exp)
+  if chunk_size is None:
+    return exp, executor_choice
+  config.chunk_size = chunk_size
+  exp = dataclasses.replace(exp, config=config, round_config=dataclasses.replace(
+      exp.round_config, chunk_size=chunk_size))
+  return exp, executor_choice + f'; chunks of {chunk_size} clients fit the device memory'
+
+
+def _resolved_config(exp: Experiment) -> dict:
+  """config.json: the config as run, sigma, delta (and adaptive clipping's count noise) filled in."""
+  config, resolved = exp.config, exp.config.to_dict()
+  if exp.spec.private:
+    if config.dp.noise_multiplier is not None:
+      resolved['dp']['target_epsilon'] = None  # it was ignored; do not suggest otherwise
+    resolved['dp'].update(noise_multiplier=exp.mechanism.noise_multiplier)
+    if exp.mechanism.adaptive:  # the count's noise as run (unset: the expected cohort / 20)
+      resolved['dp'].update(count_noise_multiplier=exp.mechanism.clipping.count_noise_std)
+  resolved['dp'].update(delta=exp.mechanism.delta)
+  return resolved
+
+
+@dataclasses.dataclass
+class _CompiledRun:
+  """A federated run's compiled round step and evaluations, placed for its executor, and the loop
+  over rounds that checkpoints, evaluates and writes the metrics files."""
+  exp: Experiment
+  workdir: str
+  place: Callable  # sharded: the tree whole on every device of the mesh (of every process)
+  data: object
+  key: jax.Array
+  validation: object
+  round_step: Callable
+  evaluate: Callable
+  evaluate_validation: Callable | None
+  private_only: bool
+
+  @classmethod
+  def build(cls, exp: Experiment, workdir: str, state, start: int, private_only: bool):
+    """The compiled run and the state placed for it."""
+    place = sharding.replicate if exp.config.executor == 'sharded' else (lambda tree: tree)
+    state, data, key = place((state, exp.data, exp.root_key))
+    validation = None if exp.validation is None else place(exp.validation)
+    round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
+    evaluate = jax.jit(exp.make_evaluate())
+    evaluate_validation = (None if validation is None
+                           else jax.jit(make_validation_evaluate(exp.make_evaluate())))
+    # Compiled ahead of the loop so that `seconds` measures rounds and evaluations, not compilation.
+    if stopping.stop_requested():
+      raise stopping.interrupted(run_files.stop_message(workdir, start))
+    logging.info('Compiling the round step and the evaluation ...')
+    compile_start = time.perf_counter()
+    eval_key = place(exp.eval_key(start))
+    with _hint_on_oom(exp.config, 'compiling the round step', workdir), stopping.critical():
+      round_step = round_step.lower(state, data, key).compile()
+      evaluate = evaluate.lower(state, data, eval_key).compile()
+      if validation is not None:
+        evaluate_validation = evaluate_validation.lower(state, validation, eval_key).compile()
+    logging.info('Compiled the round step and the evaluation in %.1f s.',
+                 time.perf_counter() - compile_start)
+    return cls(exp, workdir, place, data, key, validation, round_step, evaluate,
+               evaluate_validation, private_only), state
+
+  def save_checkpoint(self, train_writer, state, records, window):
     with stopping.critical():  # a second stop signal waits for the checkpoint to be written
       train_writer.flush()  # on disk before the checkpoint claims these rounds
-      checkpoint.save(workdir, state, records, window)
+      checkpoint.save(self.workdir, state, records, window)
 
-  saved = start  # the round of the last checkpoint
-  timed = 0  # rounds of the window run by this process (a resumed window has untimed ones)
-  window_start = time.perf_counter()
-  record = records[-1] if records else {}
-  # A line redrawn in place on a TTY, else silent; off with private_metrics_only (accuracy, timing).
-  progress = RoundProgress(config.num_rounds, enabled=False if private_only else None)
-  eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
-  with run_files.metric_writers_for(workdir, start) as (train_writer, eval_writer):
-    for r in range(start, config.num_rounds):
-      if stopping.stop_requested():  # Ctrl-C / SIGTERM: stop between rounds, this one checkpointed
-        progress.close()
-        if saved < r:
-          save_checkpoint(train_writer, state, records, window)
-        raise stopping.interrupted(run_files.stop_message(workdir, r))
-      round_start = time.perf_counter()
-      with _hint_on_oom(config, f'round {r + 1}', workdir):
-        state, metrics = round_step(state, data, key)
-        metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
-      done = r + 1
-      # Also the line of a round whose release is NaN: the last thing a diverged run tells.
-      train_writer.write_scalars(done, _train_scalars(metrics, time.perf_counter() - round_start,
-                                                      private_only))
-      if not bool(metrics['finite']):
-        progress.close()  # end the progress line before the error
-      _check_finite(metrics, done, workdir)
-      # The checkpoint keeps the window: with private_metrics_only it holds no scalar computed
-      # from raw client data (noise_std, signal_to_noise, ...), as the metrics files hold none.
-      window.append({} if private_only else {k: metrics[k] for k in TRAIN_SCALARS})
-      timed += 1
-      if done % config.eval_every and done != config.num_rounds:
-        progress.update(done, (time.perf_counter() - window_start) / timed
-                        + eval_seconds / config.eval_every)
-        if done % config.checkpoint_every == 0:
-          save_checkpoint(train_writer, state, records, window)
+  def evaluation_record(self, state, done: int, window: list[dict]) -> dict:
+    """The evaluation record of round `done` (but its `seconds`)."""
+    eval_key = self.place(self.exp.eval_key(done))
+    record = {
+        'round': done,
+        'epsilon': self.exp.epsilon_after(done),
+        **({} if self.private_only else _window_means(window)),
+        **{k: _json_number(v)
+           for k, v in jax.device_get(self.evaluate(state, self.data, eval_key)).items()},
+    }
+    if self.validation is not None:  # the same key: a fine-tuned copy is the test's
+      record.update({k: _json_number(v) for k, v in jax.device_get(self.evaluate_validation(
+          state, self.validation, eval_key)).items()})
+    if self.exp.privacy_caveat:
+      record['epsilon_caveat'] = self.exp.privacy_caveat
+    return record
+
+  def rounds(self, state, start: int, records: list[dict], window: list[dict]) -> dict:
+    """Rounds start+1 .. num_rounds; returns the last evaluation record."""
+    config, workdir, private_only = self.exp.config, self.workdir, self.private_only
+    saved = start  # the round of the last checkpoint
+    timed = 0  # rounds of the window run by this process (a resumed window has untimed ones)
+    window_start = time.perf_counter()
+    record = records[-1] if records else {}
+    # A line redrawn in place on a TTY, else silent; off with private_metrics_only (accuracy,
+    # timing).
+    progress = RoundProgress(config.num_rounds, enabled=False if private_only else None)
+    eval_seconds = 0.0  # the last evaluation's time, spread over eval_every rounds in the estimate
+    with run_files.metric_writers_for(workdir, start) as (train_writer, eval_writer):
+      for r in range(start, config.num_rounds):
+        if stopping.stop_requested():  # Ctrl-C / SIGTERM: stop between rounds, checkpointed
+          progress.close()
+          if saved < r:
+            self.save_checkpoint(train_writer, state, records, window)
+          raise stopping.interrupted(run_files.stop_message(workdir, r))
+        round_start = time.perf_counter()
+        with _hint_on_oom(config, f'round {r + 1}', workdir):
+          state, metrics = self.round_step(state, self.data, self.key)
+          metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
+        done = r + 1
+        # Also the line of a round whose release is NaN: the last thing a diverged run tells.
+        train_writer.write_scalars(done, _train_scalars(metrics, time.perf_counter() - round_start,
+                                                        private_only))
+        if not bool(metrics['finite']):
+          progress.close()  # end the progress line before the error
+        _check_finite(metrics, done, workdir)
+        # The checkpoint keeps the window: with private_metrics_only it holds no scalar computed
+        # from raw client data (noise_std, signal_to_noise, ...), as the metrics files hold none.
+        window.append({} if private_only else {k: metrics[k] for k in TRAIN_SCALARS})
+        timed += 1
+        if done % config.eval_every and done != config.num_rounds:
+          progress.update(done, (time.perf_counter() - window_start) / timed
+                          + eval_seconds / config.eval_every)
+          if done % config.checkpoint_every == 0:
+            self.save_checkpoint(train_writer, state, records, window)
+            saved = done
+          continue
+        progress.clear()  # before evaluation and checkpointing log anything
+        eval_start = time.perf_counter()
+        record = self.evaluation_record(state, done, window)
+        # Wall time per round of this window, its evaluation included (the checkpoint write below
+        # counts in the next window).
+        seconds = record['seconds'] = (time.perf_counter() - window_start) / timed
+        if private_only:
+          record = private_record(record)
+        records.append(record)
+        window, timed = [], 0
+        window_start = time.perf_counter()
+        eval_seconds = window_start - eval_start
+        with stopping.critical():  # a second stop signal waits for the checkpoint and metrics
+          self.save_checkpoint(train_writer, state, records, window)
           saved = done
-        continue
-      progress.clear()  # before evaluation and checkpointing log anything
-      eval_start = time.perf_counter()
-      record = {
-          'round': done,
-          'epsilon': exp.epsilon_after(done),
-          **({} if private_only else _window_means(window)),
-          **{k: _json_number(v)
-             for k, v in jax.device_get(evaluate(state, data, place(exp.eval_key(done)))).items()},
-      }
-      if validation is not None:  # the same key: a fine-tuned copy is the test's
-        record.update({k: _json_number(v) for k, v in jax.device_get(evaluate_validation(
-            state, validation, place(exp.eval_key(done)))).items()})
-      if exp.privacy_caveat:
-        record['epsilon_caveat'] = exp.privacy_caveat
-      # Wall time per round of this window, its evaluation included (the checkpoint write below
-      # counts in the next window).
-      seconds = record['seconds'] = (time.perf_counter() - window_start) / timed
-      if private_only:
-        record = private_record(record)
-      records.append(record)
-      window, timed = [], 0
-      window_start = time.perf_counter()
-      eval_seconds = window_start - eval_start
-      with stopping.critical():  # a second stop signal waits for the checkpoint and metrics
-        save_checkpoint(train_writer, state, records, window)
-        saved = done
-        eval_writer.write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
-        eval_writer.flush()
-      if private_only:  # no accuracy, loss or timing: they are computed from the clients' data
-        logging.info('round %d/%d  eps %.3f', done, config.num_rounds, record['epsilon'])
-        continue
-      logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
-                   config.num_rounds, record['test_accuracy'], record['train_loss'],
-                   record['epsilon'], seconds)
-      progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
-  progress.close()
-  return record
+          eval_writer.write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
+          eval_writer.flush()
+        if private_only:  # no accuracy, loss or timing: they are computed from the clients' data
+          logging.info('round %d/%d  eps %.3f', done, config.num_rounds, record['epsilon'])
+          continue
+        logging.info('round %d/%d  acc %.4f  loss %.4g  eps %.3f  %.2f s/round', done,
+                     config.num_rounds, record['test_accuracy'], record['train_loss'],
+                     record['epsilon'], seconds)
+        progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
+    progress.close()
+    return record
 
 
 def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
