@@ -36,7 +36,7 @@ from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data.federated import FederatedData
-from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
+from dp2fedsam_jax.privacy import accounting, clip_rules, correlated, noise, sampling
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.trees import global_norm
@@ -321,7 +321,7 @@ def _noise_at_initial_clip_norm(mp):
 
 @mutant("adaptive clipping: the padded cohort slots' bits counted", SAMPLED_ROUND)
 def _count_padded_slots(mp):
-  mp.setattr(round_module, 'unclipped_count', lambda norms, valid, clip_norm: jnp.sum(
+  mp.setattr(clip_rules, 'unclipped_count', lambda norms, valid, clip_norm: jnp.sum(
       norms <= clip_norm, dtype=jnp.int32))
 
 
