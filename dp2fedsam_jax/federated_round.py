@@ -15,8 +15,15 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
     [adaptive clipping] C <- C exp(-eta (b~ - gamma)), b~ the noised fraction of clients with
                         ||Delta_i|| <= C (privacy/clip_rules.py); C is ServerState.clip_state
 
-Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (privacy/mechanism.py),
-the same object whose `dp_event` the accountant composes.
+Sampling, clipping, noise and the divisor are the methods of one privatizer (privacy/mechanism.py:
+NonPrivate or DPMechanism, the same object whose `dp_event` the accountant composes), with a client
+half (`privatize_client`, lines 18-19) and a server half (`privatize_sum`, `denominator`,
+`next_clip_state`); where the noise goes is the method's support object (privacy/noise.py). The
+round asks neither which kind it holds. It is three functions:
+
+    train_client   lines 3-19 for one sampled client -> ClientResult (named fields, no tuple order)
+    train_chunk    a chunk of slots through the executor, summed into the ChunkCarry
+    release        lines 20-25: the server half, the server step, the new state and the metrics
 
 Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
 noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (folded by

@@ -16,12 +16,13 @@ round executes is what the accountant composes: one object, built by `DPMechanis
 Noise on a mask is the round's `support` object (noise.py: EveryCoordinate | OnUploadMask), passed
 to both halves. What the round step calls, on either kind:
 
-    init          init_noise_state(shared), init_clip_state()   what ServerState carries
+    init          init(shared) -> {noise_state, clip_state}: what ServerState carries
                   at_clip_state(clip_state)   this privatizer at the round's C_t (traced)
                   sample(key, round, root)    who takes part
     client half   privatize_client(key, delta, |S|, support) -> ClientUpload(upload, clean, norm):
                   clip (line 18) and, where the noise is distributed, the client's share (line 19)
-                  clipped(norms), count_unclipped(norms, valid)   the chunk's statistics
+                  clipped(norms), count_unclipped(norms, valid)   the chunk's statistics;
+                  zero_sums(zeros): its own sums at 0 (the clean sum, the unclipped count; or None)
     server half   privatize_sum(ctx, sum, |S|, support, noise_state) -> (released, noise_state)
                   denominator(|S|)    the public divisor of the released sum
                   next_clip_state(key, clip_state, unclipped, |S|)   C_{t+1} (adaptive clipping)
@@ -163,6 +164,11 @@ class Privatizer:
   def with_num_clients(self, num_clients: int) -> 'Privatizer':
     """The same privatizer over `num_clients` clients (the audit adds its canaries); the class stays."""
     return dataclasses.replace(self, noise=dataclasses.replace(self.noise, num_clients=num_clients))
+
+  def init(self, shared) -> dict:
+    """What the server carries for this privatizer between rounds, as ServerState's fields:
+    noise_state (BandMF's buffer) and clip_state (C_t under adaptive clipping); () where none."""
+    return {'noise_state': self.init_noise_state(shared), 'clip_state': self.init_clip_state()}
 
   def sample(self, key: jax.Array, round_index=0, root: jax.Array | None = None) -> jax.Array:
     """bool[num_clients]: the cohort of round `round_index` (`root`: the run's key, whose public
