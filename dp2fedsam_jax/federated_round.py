@@ -23,7 +23,7 @@ round asks neither which kind it holds. It is three functions:
 
     train_client   lines 3-19 for one sampled client -> ClientResult (named fields, no tuple order)
     train_chunk    a chunk of slots through the executor, summed into the ChunkCarry
-    release        lines 20-25: the server half, the server step, the new state and the metrics
+    release        the server half, the server step (line 25), the new state and the metrics
 
 Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
 noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (folded by
@@ -258,8 +258,8 @@ class RoundParts:
 
 def train_client(parts: RoundParts, env: RoundEnv, personal, client_id) -> ClientResult:
   """Lines 3-19 for one sampled client: gather its data, train, clip and (distributed) noise."""
-  spec, local_config, params, (state, data, streams, cohort, round_mask) = (
-      parts.spec, parts.local_config, parts.params, env)
+  spec, local_config, params = parts.spec, parts.local_config, parts.params
+  state, data, streams, cohort, round_mask = env
   privatizer = parts.privatizer.at_clip_state(state.clip_state)  # C_t, traced under adaptive clipping
   client_update = make_client_update(spec, parts.model, local_config, data.normalize, params,
                                      target_mask=data.loss_mask, clip_norm=privatizer.clip_norm)
@@ -327,8 +327,8 @@ def train_chunk(parts: RoundParts, privatizer: Privatizer, map_clients: Callable
 
 def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: RoundEnv, key,
             sampled, done: ChunkCarry):
-  """Lines 20-25, the server half: noise on the sum, the public divisor, the server step, the next
-  clip state; -> (the new ServerState, the round's metrics)."""
+  """After the chunks: the privatizer's server half (noise on the sum, the public divisor, the next
+  clip state) and the server step (line 25); -> (the new ServerState, the round's metrics)."""
   state, streams, cohort, stats = env.state, env.streams, env.cohort, done.stats
   clean_sum = done.upload_sum if stats['clean_sum'] is None else stats['clean_sum']
   # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
