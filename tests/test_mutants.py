@@ -5,7 +5,8 @@ test (conftest.py); a mutant that survives fails the run.
 A mutant is a monkeypatch of a name the engine looks up while a round step is traced: a method of
 DPMechanism, or an attribute of `keys`, `noise`, `round` or `state`. The patches so survive
 refactors that keep these seams, and every killer builds and jits a fresh round step, so no jit
-cache hides a patch. Adaptive clipping's mutants patch its clip rule (clip_rules.AdaptiveClip).
+cache hides a patch. Adaptive clipping's mutants patch its clip rule (clip_rules.AdaptiveClip,
+clip_rules.unclipped_count) or the DPMechanism calls that reach it.
 
 A kill is an AssertionError from a killer that passes on the real code (it passed earlier in the
 session, or it is run unpatched here first); any other exception means the patch is broken and fails
