@@ -46,7 +46,7 @@ from dp2fedsam_jax.config import base_config
 from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
-from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
 from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
 from dp2fedsam_jax.state import init_state
@@ -214,8 +214,9 @@ def local_config() -> LocalConfig:
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   data = synthetic_data(cohort, _SAMPLES.value, model.input_shape, model.num_classes,
                         min_samples=_MIN_SAMPLES.value, tokens=_MODEL.value in TOKEN_MODELS)
-  mechanism = DPMechanism(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
-                          noise_multiplier=1.0 if spec.private else 0.0, private=spec.private)
+  privatizer = DPMechanism if spec.private else NonPrivate
+  mechanism = privatizer(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
+                         noise_multiplier=1.0 if spec.private else 0.0)
   rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=_CHUNK.value)
   step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
   state = init_state(spec, model, jax.random.key(0), cohort)

@@ -15,8 +15,15 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
     [adaptive clipping] C <- C exp(-eta (b~ - gamma)), b~ the noised fraction of clients with
                         ||Delta_i|| <= C (privacy/clip_rules.py); C is ServerState.clip_state
 
-Sampling, clipping, noise and the divisor are the methods of one `DPMechanism` (privacy/mechanism.py),
-the same object whose `dp_event` the accountant composes.
+Sampling, clipping, noise and the divisor are the methods of one privatizer (privacy/mechanism.py:
+NonPrivate or DPMechanism, the same object whose `dp_event` the accountant composes), with a client
+half (`privatize_client`, lines 18-19) and a server half (`privatize_sum`, `denominator`,
+`next_clip_state`); where the noise goes is the method's support object (privacy/noise.py). The
+round asks neither which kind it holds. It is three functions:
+
+    train_client   lines 3-19 for one sampled client -> ClientResult (named fields, no tuple order)
+    train_chunk    a chunk of slots through the executor, summed into the ChunkCarry
+    release        the server half, the server step (line 25), the new state and the metrics
 
 Random streams: `keys.round_keys(root, round)` gives the round's named streams (sample, clients,
 noise, public mask), each a distinct `fold_in` constant of the round key; a client's key (folded by
@@ -33,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +50,8 @@ from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import keys, sharding, trees
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
-from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.mechanism import Privatizer
+from dp2fedsam_jax.privacy.noise import noise_support
 from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
 from dp2fedsam_jax.server_optimizer import ServerOptimizer
 from dp2fedsam_jax.state import ServerState
@@ -101,7 +109,7 @@ def fitting_chunk_size(capacity: int, bytes_at_1: int, bytes_at_2: int, memory_b
 @dataclasses.dataclass(frozen=True)
 class RoundConfig:
   """Everything static a round needs, resolved from the experiment config."""
-  mechanism: DPMechanism  # sampling, clipping, noise, divisor: the mechanism that is accounted
+  mechanism: Privatizer  # sampling, clipping, noise, divisor: the privatizer that is accounted
   server_lr: float
   executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots over all devices) | 'auto'
   chunk_size: int | None = None     # clients vmapped at once (None: the whole chunk)
@@ -128,7 +136,7 @@ class RoundConfig:
     return capacity
 
 
-def round_config_from(config, mechanism: DPMechanism) -> RoundConfig:
+def round_config_from(config, mechanism: Privatizer) -> RoundConfig:
   return RoundConfig(mechanism=mechanism, server_lr=config.server_lr,
                      executor=resolve_executor(config.executor),
                      chunk_size=config.chunk_size, cohort_capacity=config.cohort_capacity,
@@ -186,14 +194,6 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _masked_max(tree, valid):
-  """Elementwise max over the leading (client) axis of the entries where valid is True (0 if none)."""
-  def leaf_max(x):
-    keep = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
-    return jnp.max(jnp.where(keep, x, 0), axis=0)
-  return jax.tree.map(leaf_max, tree)
-
-
 def _masked_sum(tree, valid):
   """Sum over the leading (client) axis of the entries where valid is True."""
   def leaf_sum(x):
@@ -202,21 +202,164 @@ def _masked_sum(tree, valid):
   return jax.tree.map(leaf_sum, tree)
 
 
-def unclipped_count(norms, valid, clip_norm) -> jax.Array:
-  """Adaptive clipping's count of sampled clients with ||Delta_i|| <= C: over the chunk's valid
-  slots only (a padded slot is nobody; counting it would move C as if the capacity were sampled)."""
-  return jnp.sum(valid & (norms <= clip_norm), dtype=jnp.int32)
-
-
-def noise_diagnostics(clipped_sum, released_sum, denominator) -> dict:
+def noise_diagnostics(clean_sum, released_sum, denominator) -> dict:
   """The round's NON-private diagnostics (they read the un-noised sum): `noise_std`, the root mean
   square over coordinates of the noise on the average (released - clipped sum) / m, and
   `signal_to_noise`, ||mean clipped update|| / ||noise on the average|| (inf without noise)."""
-  noise = jax.tree.map(jnp.subtract, released_sum, clipped_sum)
+  noise = jax.tree.map(jnp.subtract, released_sum, clean_sum)
   noise_norm = trees.global_norm(noise)
   size = sum(x.size for x in jax.tree.leaves(noise))
   return {'noise_std': noise_norm / math.sqrt(max(size, 1)) / denominator,
-          'signal_to_noise': trees.global_norm(clipped_sum) / noise_norm}
+          'signal_to_noise': trees.global_norm(clean_sum) / noise_norm}
+
+
+class RoundEnv(NamedTuple):
+  """What every client of a round reads. It is handed to each client explicitly, never through a
+  closure: the sharded CPU executor gives it to every device as a replicated input."""
+  state: ServerState
+  data: Any         # the FederatedData
+  streams: Any      # the round's keys.RoundKeys
+  cohort: jax.Array  # |S|
+  round_mask: Any   # a public rand-k mask, the same for every client (None if the method has none)
+
+
+class ClientResult(NamedTuple):
+  """One sampled client's part of the round (stacked over a chunk's slots by the executor)."""
+  upload: Any            # clipped, plus its noise share where the noise is distributed
+  clean: Any             # the upload before its noise share (the diagnostics; None if un-noised)
+  personal: Any          # its new personal head (the old one if its training diverged)
+  norm: jax.Array        # the global norm of its update before clipping
+  train_loss: jax.Array  # 0 if its training diverged
+  support: Any           # where the server's noise may go on its upload (None: everywhere)
+  finite: jax.Array      # False if its local training diverged
+
+
+class ChunkCarry(NamedTuple):
+  """The loop over a round's chunks of sampled clients: what each chunk adds to."""
+  index: jax.Array  # the chunk's number k (its clients are ranks k capacity .. (k + 1) capacity - 1)
+  upload_sum: Any
+  support: Any      # the union of the clients' noise supports (None: noise everywhere)
+  personal: Any     # every client's personal head; the sampled ones' written back
+  stats: dict       # the training statistics, summed
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundParts:
+  """The static pieces of a round step: the method, its model and local training, the privatizer of
+  the run and where the method's noise goes (noise.py: EveryCoordinate | OnUploadMask)."""
+  spec: MethodSpec
+  model: Any
+  local_config: LocalConfig
+  params: MethodParams
+  privatizer: Privatizer
+  support: Any
+  update_hook: Callable | None = None
+
+
+def train_client(parts: RoundParts, env: RoundEnv, personal, client_id) -> ClientResult:
+  """Lines 3-19 for one sampled client: gather its data, train, clip and (distributed) noise."""
+  spec, local_config, params = parts.spec, parts.local_config, parts.params
+  state, data, streams, cohort, round_mask = env
+  privatizer = parts.privatizer.at_clip_state(state.clip_state)  # C_t, traced under adaptive clipping
+  client_update = make_client_update(spec, parts.model, local_config, data.normalize, params,
+                                     target_mask=data.loss_mask, clip_norm=privatizer.clip_norm)
+  budget = local_config.budget(data.max_train)  # examples per client slot (static)
+  # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
+  # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
+  client_key = keys.client_key(streams.clients, client_id)
+  x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key),
+                                     local_config.subset_draw)
+  train_key, upload_key = keys.train_and_upload(client_key)
+  result = client_update(state.shared, personal, x, y, count, train_key, state.round)
+  # A diverged client is a failed client: it uploads zero and keeps its old head.
+  finite = _all_finite((result.delta, result.personal, result.train_loss))
+  delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), result.delta)
+  if parts.update_hook is not None:  # after the check: an audit canary uploads its vector even if
+    delta = parts.update_hook(client_id, delta)  # its own training diverged
+  new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old), result.personal, personal)
+  mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.keep_fraction)
+  if mask is not None:
+    delta = sparsify.apply_mask(delta, mask)
+  support = parts.support.client_support(mask)
+  # line 18: clip to C; line 19: [distributed] plus the client's share of the noise
+  sent = privatizer.privatize_client(upload_key, delta, cohort, support)
+  upload = spec.postprocess.client(sent.upload, params.keep_fraction)  # e.g. top-k of its noised upload
+  return ClientResult(upload, sent.clean, new_personal, sent.norm,
+                      jnp.where(finite, result.train_loss, 0.0), support, finite)
+
+
+def zero_stats(privatizer: Privatizer, zeros) -> dict:
+  """The round's statistics before its first chunk, with the privatizer's own sums (None where it
+  keeps none: the clean sum under central noise, the unclipped count for a fixed C)."""
+  return {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
+          'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32),
+          **privatizer.zero_sums(zeros)}
+
+
+def train_chunk(parts: RoundParts, privatizer: Privatizer, map_clients: Callable, capacity: int,
+                id_blocks, env: RoundEnv, carry: ChunkCarry) -> ChunkCarry:
+  """Trains the chunk's sampled clients (padded to `capacity` slots) and adds them to the carry."""
+  k, num_clients = carry.index, privatizer.num_clients
+  ids = chunk_ids(id_blocks, k * capacity, capacity, num_clients)
+  valid = k * capacity + jnp.arange(capacity) < env.cohort
+  safe_ids = jnp.where(valid, ids, 0)
+  take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
+  clients = map_clients(functools.partial(train_client, parts), env, take(carry.personal), safe_ids)
+  # Only sampled clients' heads are written; padded slots point past the end and are dropped.
+  write_ids = jnp.where(valid, ids, num_clients)
+  personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
+                          carry.personal, clients.personal)
+  counted = valid & clients.finite  # training statistics are over the clients that did not diverge
+  stats = jax.tree.map(jnp.add, carry.stats, {
+      'norm_sum': jnp.sum(jnp.where(counted, clients.norm, 0.0)),
+      'clipped': jnp.sum(counted & privatizer.clipped(clients.norm), dtype=jnp.int32),
+      'loss_sum': jnp.sum(jnp.where(counted, clients.train_loss, 0.0)),
+      'nonfinite': jnp.sum(valid & ~clients.finite, dtype=jnp.int32),
+      'clean_sum': _masked_sum(clients.clean, valid),
+      # Adaptive clipping's bits b_i = 1[||Delta_i|| <= C] of the update as sent to clipping: a
+      # diverged client's zero counts as unclipped, as under TFF's zeroing ahead of its adaptive DP
+      # sum. Divergence then shrinks C and the noise; bit 0 instead ran away (docs/privacy.md s. 8).
+      'unclipped': privatizer.count_unclipped(clients.norm, valid),
+  })
+  return ChunkCarry(k + 1, jax.tree.map(jnp.add, carry.upload_sum, _masked_sum(clients.upload, valid)),
+                    parts.support.merge(carry.support, clients.support, valid), personal, stats)
+
+
+def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: RoundEnv, key,
+            sampled, done: ChunkCarry):
+  """After the chunks: the privatizer's server half (noise on the sum, the public divisor, the next
+  clip state) and the server step (line 25); -> (the new ServerState, the round's metrics)."""
+  state, streams, cohort, stats = env.state, env.streams, env.cohort, done.stats
+  clean_sum = done.upload_sum if stats['clean_sum'] is None else stats['clean_sum']
+  # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
+  # if nobody was sampled, so the release is the mechanism the accountant assumed).
+  released, noise_state = privatizer.privatize_sum(NoiseContext(streams.noise, state.round, key),
+                                                   done.upload_sum, cohort, done.support,
+                                                   state.noise_state)
+  # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
+  denominator = privatizer.denominator(cohort)
+  diagnostics = noise_diagnostics(clean_sum, released, denominator)
+  released = parts.spec.postprocess.server(released, parts.params.keep_fraction)  # e.g. top-k of it
+  shared, server_opt_state = rc.server_optimizer.apply(                          # line 25
+      state.shared, released, denominator, rc.server_lr, state.server_opt_state)
+  clip_state = privatizer.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
+                                          cohort)
+  n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
+  metrics = {
+      'cohort_size': cohort,
+      'train_loss': stats['loss_sum'] / n,
+      'mean_update_norm': stats['norm_sum'] / n,
+      'clipped_fraction': stats['clipped'] / n,
+      'nonfinite_clients': stats['nonfinite'],
+      **diagnostics,
+      **privatizer.round_metrics(),  # under adaptive clipping the C this round clipped to
+      'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
+  }
+  new_state = ServerState(round=state.round + 1, shared=shared, personal=done.personal,
+                          times_sampled=state.times_sampled + sampled.astype(jnp.int32),
+                          noise_state=noise_state, server_opt_state=server_opt_state,
+                          clip_state=clip_state)
+  return new_state, metrics
 
 
 def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: RoundConfig,
@@ -227,7 +370,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     spec: the method's pieces (which parameters are shared, local optimizers, post-processing).
     model: the SplitModel (feature extractor + personal head).
     local_config: the clients' local training (epochs, batch size, learning rates, SAM rho).
-    rc: the DP mechanism and how the cohort is executed (executor, chunk size, capacity).
+    rc: the privatizer and how the cohort is executed (executor, chunk size, capacity).
     params: method-specific hyperparameters (regularizer lambda, keep fraction, ...).
     update_hook: `(client_id, delta) -> delta`, applied to a client's raw update before clipping;
       the privacy audit plants its canary with it, training never sets it.
@@ -239,137 +382,30 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     cohort_size, mean_update_norm, clipped_fraction, nonfinite_clients, finite, and the NON-private
     diagnostics noise_std and signal_to_noise of `noise_diagnostics`).
   """
-  mech = rc.mechanism
-  if mech.private != spec.private:
-    raise ValueError(f'method {spec.name!r} is {"" if spec.private else "not "}private but its '
-                     f'round mechanism is {"" if mech.private else "not "}: build both from one config.')
+  if rc.mechanism.private != spec.private:
+    raise ValueError(f'method {spec.name!r} cannot run with a {type(rc.mechanism).__name__} '
+                     'privatizer: build both from one config.')
+  parts = RoundParts(spec, model, local_config, params, rc.mechanism,
+                     noise_support(spec.noise_on_mask), update_hook)
   capacity = rc.capacity
   map_clients = client_mapper(rc.executor, rc.chunk_size)
 
-  def round_pieces(state: ServerState, data):
-    """The round's mechanism (its C traced under adaptive clipping) and one client's training."""
-    mech = rc.mechanism.at_clip_state(state.clip_state)
-    client_update = make_client_update(spec, model, local_config, data.normalize, params,
-                                       target_mask=data.loss_mask, clip_norm=mech.clip_norm)
-    return mech, client_update
-
-  def one_client(env, personal, client_id):
-    # Everything a client reads comes in `env`, never from a closure: the sharded CPU executor
-    # hands it to every device as an explicit, replicated input.
-    state, data, streams, cohort, round_mask = env
-    mech, client_update = round_pieces(state, data)
-    budget = local_config.budget(data.max_train)  # examples per client slot (static)
-    # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
-    # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
-    client_key = keys.client_key(streams.clients, client_id)
-    x, y, count = data.train_examples(client_id, budget, keys.examples_key(client_key),
-                                       local_config.subset_draw)
-    train_key, upload_key = keys.train_and_upload(client_key)
-    result = client_update(state.shared, personal, x, y, count, train_key, state.round)
-    # A diverged client is a failed client: it uploads zero and keeps its old head.
-    finite = _all_finite((result.delta, result.personal, result.train_loss))
-    delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), result.delta)
-    if update_hook is not None:  # after the check: an audit canary uploads its vector even if
-      delta = update_hook(client_id, delta)  # its own training diverged
-    new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                result.personal, personal)
-    mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.keep_fraction)
-    if mask is not None:
-      delta = sparsify.apply_mask(delta, mask)
-    support = mask if spec.noise_on_mask else None
-    upload, norm = mech.clip(delta)                                            # line 18
-    clean = upload if mech.distributed else None  # for the diagnostics' un-noised sum
-    upload = mech.privatize_upload(upload_key, upload, cohort, support)       # line 19 (distributed)
-    upload = spec.postprocess.client(upload, params.keep_fraction)  # e.g. top-k of its noised upload
-    return (upload, new_personal, norm, jnp.where(finite, result.train_loss, 0.0), support, finite,
-            clean)
-
   def round_step(state: ServerState, data, key):
-    mech, _ = round_pieces(state, data)
+    privatizer = rc.mechanism.at_clip_state(state.clip_state)
     streams = keys.round_keys(key, state.round)
-    sampled = mech.sample(streams.sample, state.round, key)                      # line 2
+    sampled = privatizer.sample(streams.sample, state.round, key)                # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
-    # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
-    id_blocks = sampled_id_blocks(sampled)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.keep_fraction)
-    env = (state, data, streams, cohort, round_mask)
-
-    def chunk(carry):
-      k, upload_sum, support, personal, stats = carry
-      ids = chunk_ids(id_blocks, k * capacity, capacity, mech.num_clients)
-      valid = k * capacity + jnp.arange(capacity) < cohort
-      safe_ids = jnp.where(valid, ids, 0)
-      take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
-      uploads, new_personal, norms, losses, masks, finite, clipped_uploads = map_clients(
-          one_client, env, take(personal), safe_ids)
-      upload_sum = jax.tree.map(jnp.add, upload_sum, _masked_sum(uploads, valid))
-      if spec.noise_on_mask:  # coordinates any sampled client kept: where central noise goes
-        support = jax.tree.map(jnp.maximum, support, _masked_max(masks, valid))
-      # Only sampled clients' heads are written; padded slots point past the end and are dropped.
-      write_ids = jnp.where(valid, ids, mech.num_clients)
-      personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
-                              personal, new_personal)
-      clipped = (norms > mech.clip_norm) if mech.private else jnp.zeros_like(valid)
-      counted = valid & finite  # training statistics are over the clients that did not diverge
-      stats = jax.tree.map(jnp.add, stats, {
-          'norm_sum': jnp.sum(jnp.where(counted, norms, 0.0)),
-          'clipped': jnp.sum(counted & clipped, dtype=jnp.int32),
-          'loss_sum': jnp.sum(jnp.where(counted, losses, 0.0)),
-          'nonfinite': jnp.sum(valid & ~finite, dtype=jnp.int32),
-          'clipped_sum': _masked_sum(clipped_uploads, valid),
-          # Adaptive clipping's bits b_i = 1[||Delta_i|| <= C] of the update as sent to clipping:
-          # a diverged client's zero counts as unclipped, as under TFF's zeroing ahead of its
-          # adaptive DP sum. Divergence then shrinks C and the noise; bit 0 instead ran away
-          # (docs/privacy.md section 8).
-          'unclipped': unclipped_count(norms, valid, mech.clip_norm) if mech.adaptive else None,
-      })
-      return k + 1, upload_sum, support, personal, stats
-
+    env = RoundEnv(state, data, streams, cohort, round_mask)
+    # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
+    chunk = functools.partial(train_chunk, parts, privatizer, map_clients, capacity,
+                              sampled_id_blocks(sampled), env)
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
-    stats0 = {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
-              'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32),
-              'clipped_sum': zeros if mech.distributed else None,
-              'unclipped': jnp.zeros((), jnp.int32) if mech.adaptive else None}
-    support0 = None
-    if spec.noise_on_mask:
-      # A public mask is noised even when nobody was sampled: an exact zero would reveal an empty
-      # cohort, which the accountant does not allow for.
-      support0 = round_mask if round_mask is not None else jax.tree.map(
-          lambda x: jnp.zeros(x.shape, jnp.float32), state.shared)
-    _, upload_sum, support, personal, stats = jax.lax.while_loop(
-        lambda carry: carry[0] * capacity < cohort, chunk,
-        (jnp.zeros((), jnp.int32), zeros, support0, state.personal, stats0))
-
-    clipped_sum = stats['clipped_sum'] if mech.distributed else upload_sum
-    # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
-    # if nobody was sampled, so the release is the mechanism the accountant assumed).
-    upload_sum, noise_state = mech.privatize_sum(NoiseContext(streams.noise, state.round, key),
-                                                 upload_sum, cohort, support, state.noise_state)
-    # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
-    denominator = mech.denominator(cohort)
-    diagnostics = noise_diagnostics(clipped_sum, upload_sum, denominator)
-    upload_sum = spec.postprocess.server(upload_sum, params.keep_fraction)  # e.g. top-k of the noised sum
-    shared, server_opt_state = rc.server_optimizer.apply(                       # line 25
-        state.shared, upload_sum, denominator, rc.server_lr, state.server_opt_state)
-    clip_state = mech.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
-                                      cohort)
-
-    n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
-    metrics = {
-        'cohort_size': cohort,
-        'train_loss': stats['loss_sum'] / n,
-        'mean_update_norm': stats['norm_sum'] / n,
-        'clipped_fraction': stats['clipped'] / n,
-        'nonfinite_clients': stats['nonfinite'],
-        **diagnostics,
-        **({'clip_norm': mech.clip_norm} if mech.adaptive else {}),  # the C this round clipped to
-        'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
-    }
-    new_state = ServerState(round=state.round + 1, shared=shared, personal=personal,
-                            times_sampled=state.times_sampled + sampled.astype(jnp.int32),
-                            noise_state=noise_state, server_opt_state=server_opt_state,
-                            clip_state=clip_state)
+    start = ChunkCarry(jnp.zeros((), jnp.int32), zeros, parts.support.round_support(round_mask, state.shared),
+                       state.personal, zero_stats(privatizer, zeros))
+    done = jax.lax.while_loop(lambda carry: carry.index * capacity < cohort, chunk, start)
+    new_state, metrics = release(parts, rc, privatizer, env, key, sampled, done)
     if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
       new_state, metrics = jax.lax.with_sharding_constraint(
           (new_state, metrics), sharding.replicated(sharding.client_mesh()))

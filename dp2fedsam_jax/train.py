@@ -34,7 +34,7 @@ from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.progress import RoundProgress
-from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.mechanism import DPMechanism, Privatizer
 from dp2fedsam_jax import federated_round
 from dp2fedsam_jax.state import init_state, ServerState, split_params
 
@@ -52,8 +52,9 @@ class Experiment:
   validation: FederatedData | None = None
 
   @property
-  def mechanism(self) -> DPMechanism:
-    """The one DPMechanism of the run: its sigma, delta and accountant are the run's."""
+  def mechanism(self) -> Privatizer:
+    """The one privatizer of the run (NonPrivate or DPMechanism): its sigma, delta and accountant are
+    the run's."""
     return self.round_config.mechanism
 
   def epsilon_after(self, rounds: int) -> float:
@@ -70,9 +71,8 @@ class Experiment:
     if self.config.get('init_checkpoint'):  # the extractor (and a fitting head) from a file
       model = CheckpointInit(model, self.config.init_checkpoint)
     state = init_state(self.spec, model, self.init_key, self.data.num_clients)
-    return state.replace(noise_state=self.mechanism.init_noise_state(state.shared),
-                         server_opt_state=self.round_config.server_optimizer.init(state.shared),
-                         clip_state=self.mechanism.init_clip_state())
+    return state.replace(**self.mechanism.init(state.shared),
+                         server_opt_state=self.round_config.server_optimizer.init(state.shared))
 
   @property
   def root_key(self) -> jax.Array:
@@ -141,7 +141,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, validated: bool = Fal
       config is checked once per run.
 
   Returns:
-    An Experiment: data, model, method spec, the DPMechanism (sigma calibrated if a target epsilon
+    An Experiment: data, model, method spec, the privatizer (sigma calibrated if a target epsilon
     is set), the RoundConfig and LocalConfig, with `make_round_step()`, `make_evaluate()`, `init_state()`.
   """
   if not validated:
@@ -199,7 +199,7 @@ def describe(config: ml_collections.ConfigDict) -> dict:
           **({'epsilon_caveat': caveat} if caveat else {})}
 
 
-def _adaptive_clipping(mechanism: DPMechanism) -> dict:
+def _adaptive_clipping(mechanism: Privatizer) -> dict:
   """--dry_run's lines for adaptive clipping: the rule, both noise parts and the one they make."""
   if not mechanism.adaptive:
     return {}
@@ -208,7 +208,7 @@ def _adaptive_clipping(mechanism: DPMechanism) -> dict:
           'effective_noise_multiplier': mechanism.effective_noise_multiplier}
 
 
-def _adaptive_header(mechanism: DPMechanism) -> str:
+def _adaptive_header(mechanism: Privatizer) -> str:
   """The run header's words for adaptive clipping (empty for a fixed C)."""
   if not mechanism.adaptive:
     return ''

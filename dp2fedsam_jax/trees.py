@@ -32,3 +32,11 @@ def apply_mask(tree, mask):
 def ones_like(tree):
   """The all-ones float32 mask of `tree` (keeps every coordinate)."""
   return jax.tree.map(lambda x: jnp.ones(x.shape, jnp.float32), tree)
+
+
+def masked_max(tree, valid):
+  """Elementwise max over the leading (client) axis of the entries where valid is True (0 if none)."""
+  def leaf_max(x):
+    keep = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
+    return jnp.max(jnp.where(keep, x, 0), axis=0)
+  return jax.tree.map(leaf_max, tree)

@@ -148,3 +148,45 @@ def test_the_rounds_cohorts_are_the_accounted_sampler(sampling):
   assert np.all(np.abs(per_client - rounds * q) < bound), per_client
   both = np.mean(sampled[1:] & sampled[:-1])
   assert abs(both - q * q) < 5 * np.sqrt(q * q * (1 - q * q) / (n * (rounds - 1))), (both, q * q)
+
+
+def test_each_privatizer_kind_answers_the_rounds_calls_without_a_flag():
+  """from_config builds the kind the method needs; each answers the client and server halves itself:
+  NonPrivate passes the update through and divides by the actual cohort (epsilon inf), DPMechanism
+  clips and, only where the noise is distributed, adds the client's share and keeps the clean upload."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate  # pylint: disable=import-outside-toplevel
+  update, cohort, key = {'w': np.full((4,), 3.0, np.float32)}, jax.numpy.int32(3), jax.random.key(0)
+  plain = DPMechanism.from_config(tiny_config(method='fedavg'), 10, METHODS['fedavg'])
+  assert isinstance(plain, NonPrivate) and plain.dp_event(5) is None and plain.epsilon(5) == np.inf
+  sent = plain.privatize_client(key, update, cohort)
+  assert sent.clean is None and float(sent.norm) == 6.0
+  np.testing.assert_array_equal(sent.upload['w'], update['w'])
+  assert float(plain.denominator(cohort)) == 3.0 and plain.init({'w': update['w']}) == {
+      'noise_state': (), 'clip_state': ()}
+  for placement in ('central', 'distributed'):
+    private = DPMechanism.from_config(tiny_config(**{'dp.noise_placement': placement,
+                                                     'dp.clip_norm': 1.5}), 10, METHODS['dp2fedsam'])
+    assert isinstance(private, DPMechanism) and private.dp_event(5) is not None
+    sent = private.privatize_client(key, update, cohort)
+    clipped = update['w'] / 4  # norm 6 clipped to 1.5
+    if placement == 'central':
+      assert sent.clean is None
+      np.testing.assert_allclose(sent.upload['w'], clipped, rtol=1e-6)
+    else:
+      np.testing.assert_allclose(sent.clean['w'], clipped, rtol=1e-6)
+      assert np.all(np.asarray(sent.upload['w']) != np.asarray(sent.clean['w']))
+    assert float(private.denominator(cohort)) == 5.0  # q N, whoever was sampled
+
+
+def test_a_round_refuses_a_privatizer_of_the_other_kind():
+  """A private method never runs with the non-private privatizer (nor the reverse): both come from
+  one config, and the round step checks that they agree before it is built."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import NonPrivate  # pylint: disable=import-outside-toplevel
+  exp = _build('poisson', 'central')
+  fields = {f.name: getattr(exp.mechanism, f.name) for f in dataclasses.fields(exp.mechanism)}
+  exp = dataclasses.replace(exp, round_config=dataclasses.replace(exp.round_config,
+                                                                  mechanism=NonPrivate(**fields)))
+  with pytest.raises(ValueError, match='cannot run with a NonPrivate privatizer'):
+    exp.make_round_step()

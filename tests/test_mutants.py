@@ -5,7 +5,8 @@ test (conftest.py); a mutant that survives fails the run.
 A mutant is a monkeypatch of a name the engine looks up while a round step is traced: a method of
 DPMechanism, or an attribute of `keys`, `noise`, `round` or `state`. The patches so survive
 refactors that keep these seams, and every killer builds and jits a fresh round step, so no jit
-cache hides a patch. Adaptive clipping's mutants patch its clip rule (clip_rules.AdaptiveClip).
+cache hides a patch. Adaptive clipping's mutants patch its clip rule (clip_rules.AdaptiveClip,
+clip_rules.unclipped_count) or the DPMechanism calls that reach it.
 
 A kill is an AssertionError from a killer that passes on the real code (it passed earlier in the
 session, or it is run unpatched here first); any other exception means the patch is broken and fails
@@ -41,7 +42,7 @@ from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data.federated import FederatedData
-from dp2fedsam_jax.privacy import accounting, correlated, noise, sampling
+from dp2fedsam_jax.privacy import accounting, clip_rules, correlated, noise, sampling
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.trees import global_norm
@@ -340,7 +341,7 @@ def _noise_at_initial_clip_norm(mp):
 
 @mutant("adaptive clipping: the padded cohort slots' bits counted", SAMPLED_ROUND)
 def _count_padded_slots(mp):
-  mp.setattr(round_module, 'unclipped_count', lambda norms, valid, clip_norm: jnp.sum(
+  mp.setattr(clip_rules, 'unclipped_count', lambda norms, valid, clip_norm: jnp.sum(
       norms <= clip_norm, dtype=jnp.int32))
 
 

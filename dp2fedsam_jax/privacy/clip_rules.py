@@ -56,6 +56,21 @@ class FixedClip:
     del state
     return initial
 
+  def next_state(self, key, state, unclipped, cohort, divisor):
+    del key, unclipped, cohort, divisor
+    return state
+
+  def count_unclipped(self, norms, valid, clip_norm) -> None:
+    """No count to release: nothing moves C."""
+    del norms, valid, clip_norm
+
+  def zero_count(self) -> None:
+    return None
+
+  def round_metrics(self, clip_norm) -> dict:
+    del clip_norm
+    return {}
+
   def effective_noise_multiplier(self, noise_multiplier: float) -> float:
     return noise_multiplier
 
@@ -122,6 +137,16 @@ class AdaptiveClip:
     fraction = self.noised_unclipped_fraction(key, unclipped, cohort, divisor)
     return state * jnp.exp(-self.clip_lr * (fraction - self.target_quantile))
 
+  def count_unclipped(self, norms, valid, clip_norm) -> jax.Array:
+    """sum_i b_i over the chunk's sampled clients (what next_state's count is made of)."""
+    return unclipped_count(norms, valid, clip_norm)
+
+  def zero_count(self) -> jax.Array:
+    return jnp.zeros((), jnp.int32)
+
+  def round_metrics(self, clip_norm) -> dict:
+    return {'clip_norm': clip_norm}  # the C this round clipped to
+
   def effective_noise_multiplier(self, noise_multiplier: float) -> float:
     """(s^-2 + (2 s_b)^-2)^(-1/2): the one Gaussian the pair (sum, count) is (0 if either is 0)."""
     count_multiplier = self.count_noise_std / self.COUNT_SENSITIVITY
@@ -149,6 +174,12 @@ class AdaptiveClip:
 
 # config.dp.clipping -> its class.
 CLIP_RULES = {cls.name: cls for cls in (FixedClip, AdaptiveClip)}
+
+
+def unclipped_count(norms, valid, clip_norm) -> jax.Array:
+  """The count of sampled clients with ||Delta_i|| <= C: over the chunk's valid slots only (a padded
+  slot is nobody; counting it would move C as if the capacity were sampled)."""
+  return jnp.sum(valid & (norms <= clip_norm), dtype=jnp.int32)
 
 
 def check_fields(target_quantile, clip_lr, count_noise_std, initial_clip_norm=1.0) -> None:

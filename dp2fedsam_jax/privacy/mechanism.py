@@ -1,47 +1,43 @@
-"""The client-level Gaussian mechanism of a run, in one object: what the round step executes is what
-the accountant composes.
+"""The privatizer of a run, in the shape of jax_privacy's noise_addition: each variant its own object,
+and the round step calls the same methods on whichever it holds, reading no feature flag. What the
+round executes is what the accountant composes: one object, built by `DPMechanism.from_config`.
 
-A DPMechanism is three pieces, each small:
+    NonPrivate    the non-private methods: no clipping, no noise, the actual cohort as the divisor,
+                  epsilon = inf
+    DPMechanism   the client-level Gaussian mechanism, a composition of small objects:
+      placement   noise.py: CentralNoise (the server adds std sigma C to the sum) | DistributedNoise
+                  (|S| client shares N(0, s^2 C^2 / |S|)), from config.dp.noise_placement
+      noise       noise_mechanisms.py: the sampler, the noise state the server carries, the noise
+                  draw, the public divisor and the dp_event of T rounds -- Independent, BandMF or
+                  TreeAggregation (the correlated ones)
+      clip rule   clip_rules.py: FixedClip (C every round) | AdaptiveClip (Andrew et al.: C_t in
+                  ServerState.clip_state, moved by the noised count of unclipped clients)
 
-    clipping    clip(delta): the client's whole shared update to global L2 norm C
-    placement   where the noise of std sigma C on the sum is added: by the server ('central'), or as
-                |S| client shares N(0, s^2 C^2 / |S|) ('distributed')
-    noise       a noise mechanism (noise_mechanisms.py): the sampler, the noise state the server
-                carries, the noise draw, the public divisor and the dp_event of T rounds --
-                Independent, BandMF or TreeAggregation
+Noise on a mask is the round's `support` object (noise.py: EveryCoordinate | OnUploadMask), passed
+to both halves. What the round step calls, on either kind:
 
-and the accountant's facade over them (dp_event, epsilon, calibrate). The round step calls
+    init          init(shared) -> {noise_state, clip_state}: what ServerState carries
+                  at_clip_state(clip_state)   this privatizer at the round's C_t (traced)
+                  sample(key, round, root)    who takes part
+    client half   privatize_client(key, delta, |S|, support) -> ClientUpload(upload, clean, norm):
+                  clip (line 18) and, where the noise is distributed, the client's share (line 19)
+                  clipped(norms), count_unclipped(norms, valid)   the chunk's statistics;
+                  zero_sums(zeros): its own sums at 0 (the clean sum, the unclipped count; or None)
+    server half   privatize_sum(ctx, sum, |S|, support, noise_state) -> (released, noise_state)
+                  denominator(|S|)    the public divisor of the released sum
+                  next_clip_state(key, clip_state, unclipped, |S|)   C_{t+1} (adaptive clipping)
+                  round_metrics()     what the round reports of it (C_t under adaptive clipping)
 
-    sample(key, round, root)       who takes part
-    clip(delta)                    -> (upload, pre-clip norm)
-    privatize_upload(key, u, |S|)  [distributed] the client's share
-    privatize_sum(ctx, sum, |S|, support, noise_state)
-                                   -> (released sum, new noise_state); ctx: NoiseContext (the
-                                   round's noise key, round index, root key)
-    init_noise_state(shared)       what the server carries between rounds (ServerState.noise_state)
-    denominator(|S|)               the public divisor of the released sum
-
-and a fourth, beside `noise`, for a clip norm that moves between rounds (`dp.clipping`):
-
-    clip rule   clip_rules.py: FixedClip (C every round) | AdaptiveClip (Andrew et al.: C_t in
-                ServerState.clip_state, moved by the noised count of unclipped clients)
-
-whose part of the accounting is `effective_noise_multiplier`: the sum at sigma and the count at
-s_b are one Gaussian of multiplier (sigma^-2 + (2 s_b)^-2)^(-1/2). The round step also calls
-
-    at_clip_state(clip_state)      this mechanism at the round's C_t (itself for FixedClip)
-    init_clip_state()              C_0 (ServerState.clip_state; () for FixedClip)
-    next_clip_state(key, clip_state, unclipped, |S|)
-                                   C_{t+1} from the noised count of the |S| clients' bits
-
-A non-private method runs the same object with `private=False`: no clipping, no noise, the actual
-cohort as the divisor, and epsilon = inf.
+and the accountant's facade (dp_event, epsilon, calibrate, record). Adaptive clipping's part of the
+accounting is `effective_noise_multiplier`: the sum at sigma and the count at s_b are one Gaussian
+of multiplier (sigma^-2 + (2 s_b)^-2)^(-1/2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,22 +45,25 @@ from absl import logging
 
 from dp2fedsam_jax import trees
 from dp2fedsam_jax.errors import ConfigError
-from dp2fedsam_jax.privacy import clip_rules, clipping, noise, noise_mechanisms
+from dp2fedsam_jax.privacy import clip_rules, clipping, noise_mechanisms
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip, FixedClip
-from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS
+from dp2fedsam_jax.privacy.noise import NOISE_PLACEMENTS, PLACEMENTS
 from dp2fedsam_jax.privacy.noise_mechanisms import BandMF, Independent, NoiseContext, TreeAggregation
 
 NoiseMechanism = Independent | BandMF | TreeAggregation
 ClipRule = FixedClip | AdaptiveClip
 
 
-@dataclasses.dataclass(frozen=True)
-class DPMechanism:
-  """Sampling, clipping, noise and accounting of one run (static as from_config builds it: hashable,
-  jit-friendly; inside a round step `at_clip_state` gives a copy whose clip_norm is the traced C_t).
+class ClientUpload(NamedTuple):
+  """The client half's result for one client."""
+  upload: Any      # what it sends: clipped, plus its noise share where the noise is distributed
+  clean: Any       # the upload before its noise share (the diagnostics); None: the upload is clean
+  norm: jax.Array  # the update's global norm before clipping
 
-  The round step executes exactly this object and the accountant composes its `dp_event`, so the
-  accounted mechanism cannot drift from the executed one. Built once per run by `from_config`.
+
+@dataclasses.dataclass(frozen=True)
+class Privatizer:
+  """What every privatizer holds (static as from_config builds it: hashable, jit-friendly).
 
   Attributes:
     noise: the noise mechanism (noise_mechanisms.py), which also holds the sampler's N and q.
@@ -73,7 +72,6 @@ class DPMechanism:
     noise_multiplier: sigma; the noise on the sum of clipped updates has std sigma C.
     noise_placement: 'central' (the server adds it) | 'distributed' (each sampled client adds a
       share of std sigma C / sqrt(|S|)); correlated noise is central only.
-    private: False for the non-private methods: no clipping, no noise, divide by the cohort.
     delta: the delta epsilon is reported at (config.dp.delta, or 1/N).
     accountant: 'pld' | 'rdp' (config.dp.accountant).
     clipping: the clip rule (clip_rules.py): FixedClip, or AdaptiveClip with its count's noise.
@@ -82,7 +80,6 @@ class DPMechanism:
   clip_norm: float         # C
   noise_multiplier: float  # sigma: noise std on the sum / C
   noise_placement: str = 'central'  # 'central' | 'distributed'
-  private: bool = True
   delta: float | None = None
   accountant: str = 'pld'
   clipping: ClipRule = FixedClip()
@@ -95,15 +92,16 @@ class DPMechanism:
     self.clipping.check(noise_mechanism=self.noise.name, noise_placement=self.noise_placement)
 
   @classmethod
-  def from_config(cls, config, num_clients: int, method=None) -> 'DPMechanism':
-    """The run's mechanism: sigma = config.dp.noise_multiplier, or calibrated for
-    config.dp.target_epsilon after num_rounds rounds; delta = config.dp.delta or 1/N.
+  def from_config(cls, config, num_clients: int, method=None) -> 'Privatizer':
+    """The run's privatizer: NonPrivate for a non-private `method`, else the DPMechanism with
+    sigma = config.dp.noise_multiplier, or calibrated for config.dp.target_epsilon after num_rounds
+    rounds; delta = config.dp.delta or 1/N.
 
-    `method` (an algorithms.MethodSpec) decides `private` and checks that the method can run the
-    configured placement and noise mechanism. When both sigma and a target are set, sigma wins (a
-    command-line `--config.dp.noise_multiplier=1.0` on top of a config file that targets an epsilon).
-    Adaptive clipping (dp.clipping): C_0 = dp.initial_clip_norm or dp.clip_norm, and a target
-    epsilon calibrates the pair's combined multiplier, from which the update's sigma is derived.
+    `method` (an algorithms.MethodSpec) decides which, and checks that it can run the configured
+    placement and noise mechanism. When both sigma and a target are set, sigma wins (a command-line
+    `--config.dp.noise_multiplier=1.0` on top of a config file that targets an epsilon). Adaptive
+    clipping (dp.clipping): C_0 = dp.initial_clip_norm or dp.clip_norm, and a target epsilon
+    calibrates the pair's combined multiplier, from which the update's sigma is derived.
     """
     dp = config.dp
     private = True if method is None else method.private
@@ -114,8 +112,8 @@ class DPMechanism:
     common = dict(clip_norm=dp.clip_norm, noise_placement=dp.noise_placement, delta=delta,
                   accountant=dp.accountant)
     if not private:
-      return cls(Independent(num_clients, config.sampling_rate, dp.sampling, dp.poisson_draw),
-                 noise_multiplier=0.0, private=False, **common)
+      return NonPrivate(Independent(num_clients, config.sampling_rate, dp.sampling, dp.poisson_draw),
+                        noise_multiplier=0.0, **common)
     sigma, target = dp.noise_multiplier, dp.target_epsilon
     if sigma is None and target is None:
       raise ConfigError(
@@ -127,7 +125,7 @@ class DPMechanism:
     noise_mechanism = noise_mechanisms.from_config(config, num_clients)
     common.update(clip_norm=clip_rules.initial_clip_norm(config),
                   clipping=clip_rules.from_config(config, noise_mechanism.divisor()))
-    mechanism = cls(noise_mechanism, noise_multiplier=float(sigma or 0.0), **common)
+    mechanism = DPMechanism(noise_mechanism, noise_multiplier=float(sigma or 0.0), **common)
     if sigma is None:
       mechanism = mechanism.with_noise(mechanism.calibrate(target, config.num_rounds))
     return mechanism
@@ -152,59 +150,25 @@ class DPMechanism:
     return self.noise.name
 
   @property
-  def correlated(self) -> bool:
-    """Noise correlated across rounds (a private run with noise_mechanism 'banded' or 'tree')."""
-    return self.private and self.noise.correlated
-
-  @property
   def cohort_sampling(self) -> str:
     """The sampler's shape for sizing chunks: 'fixed' (exactly m: fixed, tree) or 'poisson'."""
     return self.noise.cohort_shape
 
   @property
-  def noise_std(self) -> float:
-    """Std of the Gaussian noise on the sum of clipped updates: sigma C (0 if not private)."""
-    return self.noise_multiplier * self.clip_norm if self.private else 0.0
-
-  @property
   def distributed(self) -> bool:
     return self.noise_placement == 'distributed'
 
-  @property
-  def adaptive(self) -> bool:
-    """A private run whose clip norm moves between rounds (dp.clipping='adaptive')."""
-    return self.private and self.clipping.adaptive
-
-  @property
-  def effective_noise_multiplier(self) -> float:
-    """The multiplier of the one Gaussian a round releases: sigma, or with adaptive clipping the
-    pair's (sigma^-2 + (2 s_b)^-2)^(-1/2) (clip_rules.py). What the accountant composes."""
-    return self.clipping.effective_noise_multiplier(self.noise_multiplier)
-
-  def with_noise(self, noise_multiplier: float) -> 'DPMechanism':
+  def with_noise(self, noise_multiplier: float) -> 'Privatizer':
     return dataclasses.replace(self, noise_multiplier=float(noise_multiplier))
 
-  def with_num_clients(self, num_clients: int) -> 'DPMechanism':
-    """The same mechanism over `num_clients` clients (the audit adds its canaries); the class stays."""
+  def with_num_clients(self, num_clients: int) -> 'Privatizer':
+    """The same privatizer over `num_clients` clients (the audit adds its canaries); the class stays."""
     return dataclasses.replace(self, noise=dataclasses.replace(self.noise, num_clients=num_clients))
 
-  # ------------------------------------------------------------------------- what the round executes
-  def init_clip_state(self):
-    """What the server carries for the clip rule: C_0 under adaptive clipping, () otherwise."""
-    return self.clipping.init_state(self.clip_norm) if self.private else ()
-
-  def at_clip_state(self, clip_state) -> 'DPMechanism':
-    """This mechanism at the round's clip norm (inside a round step; itself for a fixed C)."""
-    if not self.adaptive:
-      return self
-    return dataclasses.replace(self, clip_norm=self.clipping.clip_norm(clip_state, self.clip_norm))
-
-  def next_clip_state(self, key: jax.Array, clip_state, unclipped: jax.Array, cohort: jax.Array):
-    """C_{t+1} from the noised count of the `unclipped` of the `cohort` sampled clients, over the
-    update's public divisor (adaptive clipping; the state unchanged otherwise)."""
-    if not self.adaptive:
-      return clip_state
-    return self.clipping.next_state(key, clip_state, unclipped, cohort, self.denominator(cohort))
+  def init(self, shared) -> dict:
+    """What the server carries for this privatizer between rounds, as ServerState's fields:
+    noise_state (BandMF's buffer) and clip_state (C_t under adaptive clipping); () where none."""
+    return {'noise_state': self.init_noise_state(shared), 'clip_state': self.init_clip_state()}
 
   def sample(self, key: jax.Array, round_index=0, root: jax.Array | None = None) -> jax.Array:
     """bool[num_clients]: the cohort of round `round_index` (`root`: the run's key, whose public
@@ -216,36 +180,165 @@ class DPMechanism:
     round's group; the tree: its block; independent: everyone). The audit's scores may use it."""
     return self.noise.schedule(round_index, root)
 
+
+@dataclasses.dataclass(frozen=True)
+class NonPrivate(Privatizer):
+  """The privatizer of the non-private methods: the sum as it is, over the actual cohort.
+
+  It keeps the config's numbers (C, placement, delta) for the run's records; it clips nothing and
+  adds nothing, so no client's update is bounded and its epsilon is inf."""
+  private = False
+  correlated = False
+  adaptive = False
+  noise_std = 0.0
+  effective_noise_multiplier = 0.0
+
+  def init_noise_state(self, shared):
+    del shared
+    return ()
+
+  def init_clip_state(self):
+    return ()
+
+  def at_clip_state(self, clip_state) -> 'NonPrivate':
+    del clip_state
+    return self
+
   def clip(self, delta):
-    """(upload, pre-clip global norm): the update clipped to norm C (unclipped if not private)."""
-    if self.private:
-      return clipping.clip_by_global_norm(delta, self.clip_norm)
+    """(the update as it is, its global norm)."""
     return delta, trees.global_norm(delta)
+
+  def privatize_client(self, key: jax.Array, delta, cohort: jax.Array, support=None) -> ClientUpload:
+    del key, cohort, support
+    upload, norm = self.clip(delta)
+    return ClientUpload(upload, None, norm)
+
+  def clipped(self, norms: jax.Array) -> jax.Array:
+    return jnp.zeros_like(norms, dtype=bool)
+
+  def count_unclipped(self, norms: jax.Array, valid: jax.Array) -> None:
+    del norms, valid
+
+  def zero_sums(self, zeros) -> dict:
+    """The sums of its own the round accumulates: none."""
+    del zeros
+    return {'clean_sum': None, 'unclipped': None}
+
+  def privatize_sum(self, ctx: NoiseContext, total, cohort: jax.Array, support=None, noise_state=()):
+    del ctx, cohort, support
+    return total, noise_state
+
+  def denominator(self, cohort: jax.Array) -> jax.Array:
+    """The actual cohort size (at least 1): the plain mean of the uploads."""
+    return jnp.maximum(cohort, 1).astype(jnp.float32)
+
+  def next_clip_state(self, key: jax.Array, clip_state, unclipped, cohort: jax.Array):
+    del key, unclipped, cohort
+    return clip_state
+
+  def round_metrics(self) -> dict:
+    return {}
+
+  def dp_event(self, rounds: int) -> None:
+    del rounds
+
+  def epsilon(self, rounds: int, delta: float | None = None, accountant: str | None = None) -> float:
+    del rounds, delta, accountant
+    return math.inf
+
+  def calibrate(self, target_epsilon: float, rounds: int, delta: float | None = None,
+                accountant: str | None = None) -> float:
+    raise ValueError(f'a non-private run adds no noise: no sigma gives epsilon {target_epsilon}.')
+
+  def record(self) -> dict:
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class DPMechanism(Privatizer):
+  """The client-level Gaussian mechanism: sampling, clipping, noise and accounting of a private run
+  (inside a round step `at_clip_state` gives a copy whose clip_norm is the traced C_t).
+
+  The round step executes exactly this object and the accountant composes its `dp_event`, so the
+  accounted mechanism cannot drift from the executed one. Built once per run by `from_config`.
+  """
+  private = True
+
+  @property
+  def placement(self):
+    """Where the noise is added (noise.py): CentralNoise | DistributedNoise."""
+    return PLACEMENTS[self.noise_placement]
+
+  @property
+  def correlated(self) -> bool:
+    """Noise correlated across rounds (noise_mechanism 'banded' or 'tree')."""
+    return self.noise.correlated
+
+  @property
+  def noise_std(self) -> float:
+    """Std of the Gaussian noise on the sum of clipped updates: sigma C."""
+    return self.noise_multiplier * self.clip_norm
+
+  @property
+  def adaptive(self) -> bool:
+    """A clip norm that moves between rounds (dp.clipping='adaptive')."""
+    return self.clipping.adaptive
+
+  @property
+  def effective_noise_multiplier(self) -> float:
+    """The multiplier of the one Gaussian a round releases: sigma, or with adaptive clipping the
+    pair's (sigma^-2 + (2 s_b)^-2)^(-1/2) (clip_rules.py). What the accountant composes."""
+    return self.clipping.effective_noise_multiplier(self.noise_multiplier)
+
+  # ---------------------------------------------------------------------------------------- init
+  def init_noise_state(self, shared):
+    """The noise state a run starts with (BandMF: a buffer of b-1 zero draws; () otherwise)."""
+    return self.noise.init_state(shared)
+
+  def init_clip_state(self):
+    """What the server carries for the clip rule: C_0 under adaptive clipping, () otherwise."""
+    return self.clipping.init_state(self.clip_norm)
+
+  def at_clip_state(self, clip_state) -> 'DPMechanism':
+    """This mechanism at the round's clip norm (inside a round step; C itself for a fixed rule)."""
+    return dataclasses.replace(self, clip_norm=self.clipping.clip_norm(clip_state, self.clip_norm))
+
+  # --------------------------------------------------------------------------------- client half
+  def clip(self, delta):
+    """(upload, pre-clip global norm): the update clipped to global norm C."""
+    return clipping.clip_by_global_norm(delta, self.clip_norm)
 
   def client_noise_std(self, cohort: jax.Array) -> jax.Array:
     """A client's share: the |S| shares add up to N(0, (sigma C)^2) on the sum (distributed)."""
-    if not (self.private and self.distributed):
-      return jnp.zeros((), jnp.float32)
-    return self.noise_std / jnp.sqrt(jnp.maximum(cohort, 1).astype(jnp.float32))
-
-  def server_noise_std(self, cohort: jax.Array) -> jax.Array:
-    """What the server adds: all of it (central), or all of it only if nobody was sampled, so the
-    release is the Gaussian the accountant assumes also for an empty Poisson cohort."""
-    if not self.private:
-      return jnp.zeros((), jnp.float32)
-    if self.distributed:
-      return jnp.where(cohort == 0, self.noise_std, 0.0)
-    return jnp.asarray(self.noise_std, jnp.float32)
+    return self.placement.client_noise_std(self.noise_std, cohort)
 
   def privatize_upload(self, key: jax.Array, upload, cohort: jax.Array, support=None):
     """A client's clipped upload plus its noise share (distributed placement; else unchanged)."""
-    if not (self.private and self.distributed):
-      return upload
-    return noise.add_gaussian_noise(key, upload, self.client_noise_std(cohort), support)
+    return self.placement.add_client_share(key, upload, self.client_noise_std(cohort), support)
 
-  def init_noise_state(self, shared):
-    """The noise state a run starts with (BandMF: a buffer of b-1 zero draws; () otherwise)."""
-    return self.noise.init_state(shared) if self.private else ()
+  def privatize_client(self, key: jax.Array, delta, cohort: jax.Array, support=None) -> ClientUpload:
+    """A client's update clipped and, where the noise is distributed, with its share on `support`."""
+    upload, norm = self.clip(delta)                                          # line 18
+    noised = self.privatize_upload(key, upload, cohort, support)             # line 19 (distributed)
+    return ClientUpload(noised, self.placement.clean(upload), norm)
+
+  def clipped(self, norms: jax.Array) -> jax.Array:
+    """bool[...]: which of these pre-clip norms were clipped."""
+    return norms > self.clip_norm
+
+  def count_unclipped(self, norms: jax.Array, valid: jax.Array):
+    """The clip rule's count of the valid slots' unclipped clients (None for a fixed C)."""
+    return self.clipping.count_unclipped(norms, valid, self.clip_norm)
+
+  def zero_sums(self, zeros) -> dict:
+    """The sums of its own the round accumulates, at zero: the clean sum of the uploads where the
+    clients add noise (the diagnostics), the unclipped count where C moves (else None)."""
+    return {'clean_sum': self.placement.clean(zeros), 'unclipped': self.clipping.zero_count()}
+
+  # --------------------------------------------------------------------------------- server half
+  def server_noise_std(self, cohort: jax.Array) -> jax.Array:
+    """What the server adds: all of it (central), or all of it only if nobody was sampled."""
+    return self.placement.server_noise_std(self.noise_std, cohort)
 
   def privatize_sum(self, ctx: NoiseContext, total, cohort: jax.Array, support=None,
                     noise_state=()):
@@ -253,8 +346,6 @@ class DPMechanism:
     a 0/1 mask where noise goes (a public rand-k mask; the union of private masks for the leaky
     methods; never with correlated noise). The noise mechanism draws w_t of std sigma C from
     `ctx` (the round's noise stream; the run's root key, for the tree's node keys)."""
-    if not self.private:
-      return total, noise_state
     if support is not None and self.noise.correlated:
       raise ValueError('correlated noise goes on every coordinate; a noise support is refused.')
     w, noise_state = self.noise.draw(ctx, total, self.server_noise_std(cohort), noise_state)
@@ -263,24 +354,26 @@ class DPMechanism:
     return jax.tree.map(jnp.add, total, w), noise_state
 
   def denominator(self, cohort: jax.Array) -> jax.Array:
-    """What the noised sum is divided by: the *expected* cohort size for private runs, a public
-    constant, so the mean's sensitivity does not depend on who was sampled."""
-    if self.private:
-      return jnp.asarray(self.noise.divisor(), jnp.float32)
-    return jnp.maximum(cohort, 1).astype(jnp.float32)
+    """What the noised sum is divided by: the *expected* cohort size, a public constant, so the
+    mean's sensitivity does not depend on who was sampled."""
+    del cohort
+    return jnp.asarray(self.noise.divisor(), jnp.float32)
+
+  def next_clip_state(self, key: jax.Array, clip_state, unclipped, cohort: jax.Array):
+    """C_{t+1} from the noised count of the `unclipped` of the `cohort` sampled clients, over the
+    update's public divisor (adaptive clipping; the state unchanged for a fixed C)."""
+    return self.clipping.next_state(key, clip_state, unclipped, cohort, self.denominator(cohort))
+
+  def round_metrics(self) -> dict:
+    return self.clipping.round_metrics(self.clip_norm)
 
   # ------------------------------------------------------------------------ the accountant's facade
   def dp_event(self, rounds: int):
-    """The dp_accounting event of `rounds` rounds of this mechanism (None if not private)."""
-    if not self.private:
-      return None
+    """The dp_accounting event of `rounds` rounds of this mechanism."""
     return self.noise.dp_event(self.effective_noise_multiplier, rounds)
 
   def epsilon(self, rounds: int, delta: float | None = None, accountant: str | None = None) -> float:
-    """Client-level epsilon at `delta` (default: the run's) after `rounds` rounds (inf if not
-    private)."""
-    if not self.private:
-      return math.inf
+    """Client-level epsilon at `delta` (default: the run's) after `rounds` rounds."""
     return self.noise.epsilon(self.effective_noise_multiplier, rounds, self._delta(delta),
                               accountant or self.accountant, self._event_of_effective(rounds))
 
@@ -306,4 +399,4 @@ class DPMechanism:
 
   def record(self) -> dict:
     """What a resumed run must find unchanged beyond its config (BandMF's coefficients)."""
-    return self.noise.record() if self.private else {}
+    return self.noise.record()
