@@ -1,0 +1,283 @@
+r"""The fair benchmark (docs/benchmark.md): every row of a block searched by launch.tune under one law,
+then its selection at 3 seeds on the full training split, then the block's non-private ceiling.
+
+  python3 -m launch.fair_benchmark --root=$HOME/fair --plan       # runs, CPU hours, GPU estimate
+  python3 -m launch.fair_benchmark --root=$HOME/fair              # blocks a, d, c, b on the CPU
+  python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows_at_once=5 --parallel=2
+                                                                  # a whole block on a GPU, ~10 at a time
+
+One sweep root; resumable: a row whose tuning.json is done is not tuned again (launch.tune resumes
+its trials otherwise), a finished final run is skipped, a stopped one resumes from its checkpoint.
+Per row: <root>/<block config>/<row>/trial=<k> (the search), <row>/tuning.json, <row>/final/seed=<s>
+(the selection, validation_fraction 0). <root>/<block config>/benchmark.json lists every row with
+its trial law, tuner seed, selected values and the selection's epsilon beside it (what a table row
+prints), and the final runs' status; it is rewritten after each row.
+
+The plan counts E[K] trials a row (the law's mean: K is drawn by launch.tune, secret where it must
+be) plus the final seeds, and times them from committed measurements (COST_* below); it runs nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from dp2fedsam_jax import cli, metric_writers
+from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.privacy import selection
+from launch import sweep, tune
+
+FLAGS = flags.FLAGS
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK_CONFIGS = {
+    'a': 'experiments/configs/fair_a_dp2fedsam.py',
+    'b': 'experiments/configs/fair_b_topk.py',
+    'c': 'experiments/configs/fair_c_pfeddsu.py',
+    'd': 'experiments/configs/fair_d_shakespeare.py',
+}
+CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block next on a CPU
+SUMMARY_FILE = 'benchmark.json'
+
+# Cost model, from committed measurements (nothing runs for the plan).
+# Fashion-MNIST, one run at a time on the 2 cores, quiet machine: the seconds of the 200 rounds
+# (train_metrics.jsonl) of the committed tuning trials, SAM (DP2-FedSAM, its head phase included)
+# and SGD (DP-FedAvg-FT); a row's optimizer picks the anchor. Block (b)'s client does the same work
+# (108 rows x 1 epoch against 54 x 2). A fine-tuning evaluation of the 1,000 clients took 133 s for
+# the two passes (validation and test) of a trial (fmnist_paper_regime.tuning_space's docstring).
+COST_ANCHORS = {'sam': 'experiments/results/fmnist_tuning/runs/dp2fedsam',
+                'sgd': 'experiments/results/fmnist_tuning/runs/dp_fedavg_ft'}
+FINETUNE_PASS_SECONDS = 66.5
+# Shakespeare: experiments.studies.shakespeare_field's cost model (CPU hours a 1,000-round run, from
+# its runs), plus the adaptation of every role at T: a whole-model fine-tune ~6 min a pass (its
+# docstring; a row that may pick it is counted at it), a trial two passes, a final run one.
+FULL_ADAPT_PASS_HOURS = 0.1
+# GPU (one H200, benchmarks/README.md): a Fashion-MNIST round of DP2-FedSAM (cohort 50, 2 + 2
+# epochs) 0.100 s vmapped: 20 s a run, plus GPU_START_SECONDS assumed for start-up, compilation and
+# evaluation, GPU_SHARING_SLOWDOWN assumed when 10 share the chip (block (a)'s first call measures
+# both). Shakespeare: 269-299 s a run with its adaptation, measured 6 at a time.
+GPU_ROUND_SECONDS = 0.100
+GPU_START_SECONDS = 60.0
+GPU_SHARING_SLOWDOWN = 2.0
+GPU_RUNS_AT_ONCE = 10
+GPU_SHAKESPEARE_RUN_SECONDS, GPU_SHAKESPEARE_AT_ONCE = 290.0, 6
+
+
+def _log(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def load_block(letter: str):
+  """(config path, module, BLOCK) of a block letter."""
+  if letter not in BLOCK_CONFIGS:
+    raise ValueError(f'--blocks: unknown block {letter!r}; choose from {sorted(BLOCK_CONFIGS)}')
+  path = BLOCK_CONFIGS[letter]
+  module = sweep.load_config_module(os.path.join(ROOT_DIR, path))
+  return path, module, module.BLOCK
+
+
+def config_name(path: str) -> str:
+  return os.path.splitext(os.path.basename(path))[0]
+
+
+def row_dir(root: str, path: str, row) -> str:
+  return os.path.join(root, config_name(path), row.name)
+
+
+def final_runs(root: str, path: str, module, block, row, selected: dict) -> list:
+  """[(sweep.Run, config)] of the row's final seeds at the selected values, full training split."""
+  values = {**block.final_fixed_for(row), **selected}
+  texts = tuple(f'--config.{f}={"None" if v is None else sweep.format_value(v)}'
+                for f, v in sorted(values.items()))
+  out = []
+  for seed in block.final_seeds(row):
+    args = {**block.study(row)['args'], 'seed': seed}
+    config = sweep.apply_overrides(module.get_config(sweep.arg_string(args)), list(texts))
+    run = sweep.Run(args, os.path.join(row_dir(root, path, row), 'final', f'seed={seed}'),
+                    int(config.num_rounds), config.method, config_name(path), texts,
+                    sweep.missing_data(config))
+    out.append((run, config))
+  sweep.validate_runs([r for r, _ in out], [c for _, c in out])
+  return out
+
+
+# ------------------------------------------------------------------ the plan's cost
+
+
+def _anchor_seconds(directory: str) -> float:
+  """Mean over the committed trials under `directory` of their rounds' seconds."""
+  totals = []
+  for name in sorted(os.listdir(os.path.join(ROOT_DIR, directory))):
+    path = os.path.join(ROOT_DIR, directory, name, metric_writers.TRAIN_FILE)
+    if os.path.exists(path):
+      totals.append(sum(r['seconds'] for r in metric_writers.read_jsonl(path)))
+  if not totals:
+    raise ValueError(f'no committed train_metrics.jsonl under {directory} to time a run by')
+  return sum(totals) / len(totals)
+
+
+def cpu_hours(block, row, kind: str) -> float:
+  """CPU hours of one trial (kind 'trial') or final run ('final') of the row (2 cores)."""
+  spec = METHODS[row.method]
+  if block.metric == 'test_accuracy_pooled':  # the Shakespeare block
+    from experiments.studies import shakespeare_field as field  # pylint: disable=import-outside-toplevel
+    hours = field.planned_hours({'method': row.method, 'personal_epochs': 10,
+                                 'model': 'char_lstm_small'})
+    return hours + FULL_ADAPT_PASS_HOURS * (2 if kind == 'trial' else 1)
+  anchor = 'sam' if spec.shared_optimizer in ('sam', 'asam') else 'sgd'
+  seconds = _anchor_seconds(COST_ANCHORS[anchor])
+  if spec.evaluation.finetunes:
+    rounds = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
+    passes = 2 if kind == 'trial' else 200 // rounds
+    seconds += FINETUNE_PASS_SECONDS * passes
+  return seconds / 3600
+
+
+def gpu_seconds(block) -> float:
+  """GPU seconds of a run of the block, shared with the others running at once (see GPU_*)."""
+  if block.metric == 'test_accuracy_pooled':
+    return GPU_SHAKESPEARE_RUN_SECONDS / GPU_SHAKESPEARE_AT_ONCE
+  alone = 200 * GPU_ROUND_SECONDS + GPU_START_SECONDS
+  return alone * GPU_SHARING_SLOWDOWN / GPU_RUNS_AT_ONCE
+
+
+def block_plan(letter: str, root: str) -> dict:
+  """{'rows': [(row, E[K], finals, cpu hours, status)], 'runs', 'cpu_hours', 'gpu_hours'} of a block."""
+  path, _, block = load_block(letter)
+  mean_k = selection.TrialDistribution.from_dict(block.trials).mean
+  rows, runs, hours = [], 0.0, 0.0
+  for row in block.all_rows():
+    finals = len(block.final_seeds(row))
+    row_hours = mean_k * cpu_hours(block, row, 'trial') + finals * cpu_hours(block, row, 'final')
+    rows.append((row, mean_k, finals, row_hours, row_status(root, path, row)))
+    runs += mean_k + finals
+    hours += row_hours
+  return {'block': block, 'path': path, 'rows': rows, 'runs': runs, 'cpu_hours': hours,
+          'gpu_hours': runs * gpu_seconds(block) / 3600}
+
+
+def row_status(root: str, path: str, row) -> str:
+  """'new' | 'tuning' | 'tuned; n final run(s) finished' of a row under root."""
+  tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
+  if tuning is None:
+    return 'new'
+  if tuning.get('status') != 'done':
+    return 'tuning'
+  finals = os.path.join(row_dir(root, path, row), 'final')
+  done = 0
+  for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
+    config = _read(os.path.join(finals, name, 'config.json'))
+    records = metric_writers.read_jsonl(os.path.join(finals, name, metric_writers.EVAL_FILE))
+    done += bool(config and records and records[-1]['round'] >= config['num_rounds'])
+  return f'tuned; {done} final run(s) finished'
+
+
+def print_plan(letters, root: str) -> dict:
+  totals = {'runs': 0.0, 'cpu_hours': 0.0, 'gpu_hours': 0.0}
+  for letter in letters:
+    plan = block_plan(letter, root)
+    block = plan['block']
+    print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
+          f'trial; ceiling: {block.ceiling_reference}')
+    print(f'  regime rule: {block.regime_rule}')
+    for row, mean_k, finals, hours, status in plan['rows']:
+      mark = f'  [{row.mark}]' if row.mark else ''
+      print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
+            f'final, ~{hours:.1f} CPU h; {status}{mark}')
+    print(f"  block ({letter}): ~{plan['runs']:.0f} runs, ~{plan['cpu_hours']:.1f} CPU h (2 cores), "
+          f"~{plan['gpu_hours'] * 60:.0f} GPU min")
+    for key in totals:
+      totals[key] += plan[key]
+  print(f"total: ~{totals['runs']:.0f} runs (E[K] trials a row), ~{totals['cpu_hours']:.1f} CPU h "
+        f"on the 2 cores, ~{totals['gpu_hours'] * 60:.0f} min of one GPU ({GPU_RUNS_AT_ONCE} "
+        'Fashion-MNIST runs at a time; GPU_* assumptions in launch/fair_benchmark.py)')
+  return totals
+
+
+# ------------------------------------------------------------------ running
+
+
+def _read(path: str):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
+  """Tunes the row (or finds its finished tuning), then its final seeds; its summary entry."""
+  path, module, block = load_block(letter)
+  row = block.row(row_name)
+  tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
+  if tuning is None or tuning.get('status') != 'done':
+    tuning = tune.tune(path, root, row.name, parallel=parallel)
+  selected = tuning.get('selected_values')
+  entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
+           'tuner_seed': row.seed, 'pinned': dict(row.pinned),
+           'selection_epsilon': tuning.get('selection_epsilon'),
+           'per_trial_epsilon': tuning.get('per_trial_epsilon'), 'selected_values': selected,
+           'final_runs': {}}
+  if selected is None:
+    entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
+    return entry
+  runs = final_runs(root, path, module, block, row, selected)
+  results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
+  for run, _ in runs:
+    entry['final_runs'][os.path.relpath(run.workdir, root)] = results.get(run.workdir)
+  return entry
+
+
+def run_block(letter: str, root: str, parallel: int, rows_at_once: int) -> dict:
+  """Every row of the block (rows_at_once of them at a time), its summary written after each."""
+  path, _, block = load_block(letter)
+  summary_path = os.path.join(root, config_name(path), SUMMARY_FILE)
+  summary = _read(summary_path) or {}
+  summary.update({'block': block.name, 'paper': block.paper, 'trial_law': block.trials,
+                  'eps_per_trial': block.eps, 'regime_rule': block.regime_rule,
+                  'ceiling': block.ceiling_reference, 'metric': block.metric})
+  summary.setdefault('rows', {})
+  names = [r.name for r in block.all_rows()]
+  with concurrent.futures.ThreadPoolExecutor(max(1, rows_at_once)) as pool:
+    futures = {pool.submit(run_row, letter, n, root, parallel): n for n in names}
+    for future in concurrent.futures.as_completed(futures):
+      summary['rows'][futures[future]] = future.result()
+      os.makedirs(os.path.dirname(summary_path), exist_ok=True)
+      with open(summary_path + '.tmp', 'w') as f:
+        json.dump(summary, f, indent=2)
+      os.replace(summary_path + '.tmp', summary_path)
+      _log(f'block ({letter}): row {futures[future]} done -> {summary_path}')
+  return summary
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  fv = {'flag_values': flag_values}
+  flags.DEFINE_string('root', None, 'The one sweep root of the benchmark.', **fv)
+  flags.DEFINE_list('blocks', list(CPU_ORDER), 'Blocks in the order they run.', **fv)
+  flags.DEFINE_integer('parallel', 1, 'Runs at a time within a row (trials, then final seeds).',
+                       **fv)
+  flags.DEFINE_integer('rows_at_once', 1, 'Rows of a block searched at once (a GPU: 5 rows x '
+                       '--parallel=2 ~ 10 runs at a time; the CPU: 1).', **fv)
+  flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
+                    **fv)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  for letter in FLAGS.blocks:
+    load_block(letter)  # an unknown block fails before anything runs
+  if FLAGS.plan:
+    print_plan(FLAGS.blocks, FLAGS.root)
+    return
+  for letter in FLAGS.blocks:
+    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows_at_once)
+
+
+if __name__ == '__main__':
+  define_flags()
+  flags.mark_flags_as_required(['root'])
+  cli.run(main)
