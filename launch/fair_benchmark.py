@@ -3,15 +3,16 @@ then its selection at 3 seeds on the full training split, then the block's non-p
 
   python3 -m launch.fair_benchmark --root=$HOME/fair --plan       # runs, CPU hours, GPU estimate
   python3 -m launch.fair_benchmark --root=$HOME/fair              # blocks a, d, c, b on the CPU
-  python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows_at_once=5 --parallel=2
-                                                                  # a whole block on a GPU, ~10 at a time
+  python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows=centaur --parallel=2
+  bash launch/fair_benchmark_device.sh OUT_DIR                    # a whole block on a lent GPU
 
 One sweep root; resumable: a row whose tuning.json is done is not tuned again (launch.tune resumes
 its trials otherwise), a finished final run is skipped, a stopped one resumes from its checkpoint.
 Per row: <root>/<block config>/<row>/trial=<k> (the search), <row>/tuning.json, <row>/final/seed=<s>
-(the selection, validation_fraction 0). <root>/<block config>/benchmark.json lists every row with
-its trial law, tuner seed, selected values and the selection's epsilon beside it (what a table row
-prints), and the final runs' status; it is rewritten after each row.
+(the selection, validation_fraction 0), <row>/row.json (the row's entry). <root>/<block
+config>/benchmark.json gathers the entries after each row: the block's law, eps and regime rule, and
+every row with its tuner seed, selected values and the selection's epsilon beside it (what a table
+row prints), and its final runs' status.
 
 The plan counts E[K] trials a row (the law's mean: K is drawn by launch.tune, secret where it must
 be) plus the final seeds, and times them from committed measurements (COST_* below); it runs nothing.
@@ -19,7 +20,6 @@ be) plus the final seeds, and times them from committed measurements (COST_* bel
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import sys
@@ -41,7 +41,7 @@ BLOCK_CONFIGS = {
     'd': 'experiments/configs/fair_d_shakespeare.py',
 }
 CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block next on a CPU
-SUMMARY_FILE = 'benchmark.json'
+SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'
 
 # Cost model, from committed measurements (nothing runs for the plan).
 # Fashion-MNIST, one run at a time on the 2 cores, quiet machine: the seconds of the 200 rounds
@@ -209,7 +209,8 @@ def _read(path: str):
 
 
 def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
-  """Tunes the row (or finds its finished tuning), then its final seeds; its summary entry."""
+  """Tunes the row (or finds its finished tuning), then its final seeds; writes and returns its
+  entry of the block's summary (<row>/row.json)."""
   path, module, block = load_block(letter)
   row = block.row(row_name)
   tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
@@ -223,34 +224,44 @@ def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
            'final_runs': {}}
   if selected is None:
     entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
-    return entry
-  runs = final_runs(root, path, module, block, row, selected)
-  results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
-  for run, _ in runs:
-    entry['final_runs'][os.path.relpath(run.workdir, root)] = results.get(run.workdir)
+  else:
+    runs = final_runs(root, path, module, block, row, selected)
+    results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
+    for run, _ in runs:
+      entry['final_runs'][os.path.relpath(run.workdir, root)] = results.get(run.workdir)
+  _write_json(os.path.join(row_dir(root, path, row), ROW_FILE), entry)
   return entry
 
 
-def run_block(letter: str, root: str, parallel: int, rows_at_once: int) -> dict:
-  """Every row of the block (rows_at_once of them at a time), its summary written after each."""
+def _write_json(path: str, value) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f'{path}.{os.getpid()}.tmp'  # rows of a block may finish in several processes at once
+  with open(tmp, 'w') as f:
+    json.dump(value, f, indent=2)
+  os.replace(tmp, path)
+
+
+def write_summary(letter: str, root: str) -> dict:
+  """<root>/<block config>/benchmark.json from the rows' row.json: the block's law, eps and rule,
+  and every finished row with its selection epsilon beside it."""
   path, _, block = load_block(letter)
-  summary_path = os.path.join(root, config_name(path), SUMMARY_FILE)
-  summary = _read(summary_path) or {}
-  summary.update({'block': block.name, 'paper': block.paper, 'trial_law': block.trials,
-                  'eps_per_trial': block.eps, 'regime_rule': block.regime_rule,
-                  'ceiling': block.ceiling_reference, 'metric': block.metric})
-  summary.setdefault('rows', {})
-  names = [r.name for r in block.all_rows()]
-  with concurrent.futures.ThreadPoolExecutor(max(1, rows_at_once)) as pool:
-    futures = {pool.submit(run_row, letter, n, root, parallel): n for n in names}
-    for future in concurrent.futures.as_completed(futures):
-      summary['rows'][futures[future]] = future.result()
-      os.makedirs(os.path.dirname(summary_path), exist_ok=True)
-      with open(summary_path + '.tmp', 'w') as f:
-        json.dump(summary, f, indent=2)
-      os.replace(summary_path + '.tmp', summary_path)
-      _log(f'block ({letter}): row {futures[future]} done -> {summary_path}')
+  rows = {r.name: _read(os.path.join(row_dir(root, path, r), ROW_FILE)) for r in block.all_rows()}
+  summary = {'block': block.name, 'paper': block.paper, 'trial_law': block.trials,
+             'eps_per_trial': block.eps, 'score_noise': block.score_noise,
+             'regime_rule': block.regime_rule, 'ceiling': block.ceiling_reference,
+             'metric': block.metric, 'rows': {n: e for n, e in rows.items() if e is not None}}
+  _write_json(os.path.join(root, config_name(path), SUMMARY_FILE), summary)
   return summary
+
+
+def run_block(letter: str, root: str, parallel: int, rows=None) -> dict:
+  """The block's rows (all, or `rows`) in order, the summary rewritten after each."""
+  _, _, block = load_block(letter)
+  for name in rows or [r.name for r in block.all_rows()]:
+    run_row(letter, name, root, parallel)
+    write_summary(letter, root)
+    _log(f'block ({letter}): row {name} done')
+  return write_summary(letter, root)
 
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
@@ -259,8 +270,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_list('blocks', list(CPU_ORDER), 'Blocks in the order they run.', **fv)
   flags.DEFINE_integer('parallel', 1, 'Runs at a time within a row (trials, then final seeds).',
                        **fv)
-  flags.DEFINE_integer('rows_at_once', 1, 'Rows of a block searched at once (a GPU: 5 rows x '
-                       '--parallel=2 ~ 10 runs at a time; the CPU: 1).', **fv)
+  flags.DEFINE_list('rows', None, 'Only these rows of the one block --blocks names (a GPU runs '
+                    'several rows at once, one process each: launch/fair_benchmark_device.sh).', **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
 
@@ -269,12 +280,17 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   for letter in FLAGS.blocks:
-    load_block(letter)  # an unknown block fails before anything runs
+    load_block(letter)  # an unknown block or row fails before anything runs
+  if FLAGS.rows:
+    if len(FLAGS.blocks) != 1:
+      raise app.UsageError('--rows: name one block with --blocks')
+    for name in FLAGS.rows:
+      load_block(FLAGS.blocks[0])[2].row(name)
   if FLAGS.plan:
     print_plan(FLAGS.blocks, FLAGS.root)
     return
   for letter in FLAGS.blocks:
-    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows_at_once)
+    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows)
 
 
 if __name__ == '__main__':

@@ -201,6 +201,10 @@ def test_a_row_records_its_seed_and_selection_epsilon_and_runs_its_selection(tmp
   assert all(f'--config.local.sam_rho={sweep.format_value(selected["local.sam_rho"])}' in r.overrides
              for r in ran)
   assert all('--config.validation_fraction=0' in r.overrides for r in ran)
+  summary = fair_benchmark.write_summary('a', str(tmp_path))  # what a table row prints
+  assert summary['rows']['dp2fedsam']['selection_epsilon'] == 0.9
+  assert summary['eps_per_trial'] == block.eps and summary['trial_law'] == block.trials
+  assert set(summary['rows']) == {'dp2fedsam'}  # the rows not run yet are not listed
 
 
 def test_the_plan_sizes_the_benchmark_to_150_to_200_runs(tmp_path, capsys):

@@ -132,7 +132,7 @@ class Block:
     for r in self.all_rows():
       if r.name == name:
         return r
-    raise KeyError(f'block {self.name}: no row {name!r}')
+    raise ValueError(f'block {self.name}: no row {name!r}; rows: {[r.name for r in self.all_rows()]}')
 
   def all_rows(self) -> tuple:
     return self.rows + ((self.ceiling,) if self.ceiling else ())
