@@ -218,7 +218,7 @@ def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
     tuning = tune.tune(path, root, row.name, parallel=parallel)
   selected = tuning.get('selected_values')
   entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
-           'tuner_seed': row.seed, 'pinned': dict(row.pinned),
+           'tuner_seed': row.seed, 'pinned': dict(row.pinned), 'space': block.study(row)['space'],
            'selection_epsilon': tuning.get('selection_epsilon'),
            'per_trial_epsilon': tuning.get('per_trial_epsilon'), 'selected_values': selected,
            'final_runs': {}}

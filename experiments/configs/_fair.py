@@ -32,6 +32,10 @@ COMMON_KNOBS = ('local.lr_shared', 'server_lr', 'dp.clip_norm')
 FINAL_SEEDS = _common.SEEDS
 CEILING_SEEDS = (0,)
 VALIDATION_FRACTION = 0.1  # the trials' validation split; the final runs train on every row
+# The regime rule of every block: the non-private ceiling at least this many points above the best
+# private row, else the block is no test of the paper's order (its rows still shown).
+REGIME_MARGIN = 2.0
+AT_CEILING = "at the ceiling: no verdict on the paper's order"
 
 # The config fields each piece of a MethodSpec adds to the search (by the piece's class name, so that
 # this module needs no engine import). Every class of algorithms/pieces.py is listed: a new piece
@@ -122,11 +126,23 @@ class Block:
   ranges: dict              # {field: law} every knob of every row draws from
   ceiling: Row | None       # the non-private ceiling's search (None: a committed reference)
   ceiling_reference: str    # what the ceiling is when it is not searched here
-  regime_rule: str          # declared before any run: what makes the block a test, and if it fails
+  if_rule_fails: str        # declared before any run: the block's next step when the rule fails
   metric: str = 'test_accuracy'
   block_fixed: tuple = ()   # ((field, value), ...) every trial and final run of the block sets
   trial_fixed: tuple = ()   # ((field, value), ...) the trials set besides the validation split
   final_fixed: tuple = ()   # ((field, value), ...) the final runs set
+  regime_margin: float = REGIME_MARGIN
+
+  @property
+  def regime_rule(self) -> str:
+    return (f'the ceiling >= the best private row (3-seed mean) + {self.regime_margin:g} points; '
+            f'else "{AT_CEILING}", then {self.if_rule_fails}')
+
+  def regime(self, ceiling: float, private_means: dict) -> str:
+    """'test' when the ceiling's accuracy (points) clears the best private row's mean by the
+    margin, else AT_CEILING: the rule applied, once every row has its 3 seeds."""
+    best = max(private_means.values())
+    return 'test' if ceiling >= best + self.regime_margin else AT_CEILING
 
   def row(self, name: str) -> Row:
     for r in self.all_rows():

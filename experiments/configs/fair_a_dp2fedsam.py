@@ -57,8 +57,7 @@ BLOCK = _fair.Block(
     name='a', paper='dp2-fedsam.txt Tables 2/3', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=10.0,
     ranges=RANGES, ceiling=_fair.Row('ceiling_p_fedsam', 'p_fedsam', seed=100),
     ceiling_reference='non-private P-FedSAM, searched under the same law, 1 seed',
-    regime_rule='ceiling >= best private row + 2 points; else "at the ceiling: no verdict", then '
-                '(1000, 5) at the same eps and law',
+    if_rule_fails='(1000, 5) at the same eps and law',
     trial_fixed=(('eval_every', 200),), final_fixed=(('eval_every', 50),))
 
 

@@ -67,8 +67,7 @@ BLOCK = _fair.Block(
     name='b', paper='dp-fedsam-topk.txt Table 1', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=5.0,
     ranges=RANGES, ceiling=_fair.Row('ceiling_fedavg', 'fedavg', seed=200),
     ceiling_reference='non-private FedAvg, searched under the same law, 1 seed',
-    regime_rule='ceiling >= best private row + 2 points; else "at the ceiling: no verdict", then '
-                'the block again at eps = 0.25',
+    if_rule_fails='the block again at eps = 0.25 with new tuner seeds',
     trial_fixed=(('eval_every', 200),), final_fixed=(('eval_every', 50),))
 
 

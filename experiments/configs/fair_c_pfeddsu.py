@@ -50,8 +50,7 @@ BLOCK = _fair.Block(
     name='c', paper='dp-pfeddsu.txt Table II', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=10.0,
     ranges=RANGES, ceiling=None,
     ceiling_reference="block (a)'s ceiling_p_fedsam (the same split, law and settings)",
-    regime_rule="(a)'s ceiling >= best private row + 2 points; else \"at the ceiling: no verdict\", "
-                'then s = 5 at the same eps and law',
+    if_rule_fails='s = 5 at the same eps and law',
     trial_fixed=block_a.BLOCK.trial_fixed, final_fixed=block_a.BLOCK.final_fixed)
 
 
