@@ -146,38 +146,43 @@ def gpu_seconds(block) -> float:
 
 
 def block_plan(letter: str, root: str) -> dict:
-  """{'rows': [(row, E[K], finals, cpu hours, status)], 'runs', 'cpu_hours', 'gpu_hours'} of a block."""
+  """{'rows': [(row, E[K], finals, cpu hours, status)], 'runs', 'cpu_hours', 'gpu_hours'} of a
+  block, and 'runs_left' / 'cpu_hours_left' of what root does not hold finished yet."""
   path, _, block = load_block(letter)
   mean_k = selection.TrialDistribution.from_dict(block.trials).mean
-  rows, runs, hours = [], 0.0, 0.0
+  rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0}
   for row in block.all_rows():
     finals = len(block.final_seeds(row))
-    row_hours = mean_k * cpu_hours(block, row, 'trial') + finals * cpu_hours(block, row, 'final')
-    rows.append((row, mean_k, finals, row_hours, row_status(root, path, row)))
-    runs += mean_k + finals
-    hours += row_hours
-  return {'block': block, 'path': path, 'rows': rows, 'runs': runs, 'cpu_hours': hours,
-          'gpu_hours': runs * gpu_seconds(block) / 3600}
+    trial_hours, final_hours = cpu_hours(block, row, 'trial'), cpu_hours(block, row, 'final')
+    tuned, finals_done = row_progress(root, path, row)
+    status = 'new' if tuned is None else 'tuning' if not tuned else (
+        f'tuned; {finals_done} final run(s) finished')
+    rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status))
+    out['runs'] += mean_k + finals
+    out['cpu_hours'] += mean_k * trial_hours + finals * final_hours
+    trials_left = 0.0 if tuned else mean_k  # a search under way: E[K] still (its K is not read)
+    out['runs_left'] += trials_left + finals - finals_done
+    out['cpu_hours_left'] += trials_left * trial_hours + (finals - finals_done) * final_hours
+  return {'block': block, 'path': path, 'rows': rows, **out,
+          'gpu_hours': out['runs'] * gpu_seconds(block) / 3600}
 
 
-def row_status(root: str, path: str, row) -> str:
-  """'new' | 'tuning' | 'tuned; n final run(s) finished' of a row under root."""
+def row_progress(root: str, path: str, row) -> tuple:
+  """(None: no search yet | False: searching | True: selected, final runs finished) of a row."""
   tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
-  if tuning is None:
-    return 'new'
-  if tuning.get('status') != 'done':
-    return 'tuning'
+  if tuning is None or tuning.get('status') != 'done':
+    return (None if tuning is None else False), 0
   finals = os.path.join(row_dir(root, path, row), 'final')
   done = 0
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
     config = _read(os.path.join(finals, name, 'config.json'))
     records = metric_writers.read_jsonl(os.path.join(finals, name, metric_writers.EVAL_FILE))
     done += bool(config and records and records[-1]['round'] >= config['num_rounds'])
-  return f'tuned; {done} final run(s) finished'
+  return True, done
 
 
 def print_plan(letters, root: str) -> dict:
-  totals = {'runs': 0.0, 'cpu_hours': 0.0, 'gpu_hours': 0.0}
+  totals = {'runs': 0.0, 'cpu_hours': 0.0, 'gpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0}
   for letter in letters:
     plan = block_plan(letter, root)
     block = plan['block']
@@ -189,12 +194,14 @@ def print_plan(letters, root: str) -> dict:
       print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
             f'final, ~{hours:.1f} CPU h; {status}{mark}')
     print(f"  block ({letter}): ~{plan['runs']:.0f} runs, ~{plan['cpu_hours']:.1f} CPU h (2 cores), "
-          f"~{plan['gpu_hours'] * 60:.0f} GPU min")
+          f"~{plan['gpu_hours'] * 60:.0f} GPU min; left here: ~{plan['runs_left']:.0f} runs, "
+          f"~{plan['cpu_hours_left']:.1f} CPU h")
     for key in totals:
       totals[key] += plan[key]
   print(f"total: ~{totals['runs']:.0f} runs (E[K] trials a row), ~{totals['cpu_hours']:.1f} CPU h "
         f"on the 2 cores, ~{totals['gpu_hours'] * 60:.0f} min of one GPU ({GPU_RUNS_AT_ONCE} "
-        'Fashion-MNIST runs at a time; GPU_* assumptions in launch/fair_benchmark.py)')
+        'Fashion-MNIST runs at a time; GPU_* assumptions in launch/fair_benchmark.py); left under '
+        f"{root}: ~{totals['runs_left']:.0f} runs, ~{totals['cpu_hours_left']:.1f} CPU h")
   return totals
 
 

@@ -10,6 +10,7 @@ split at 3 seeds (the ceiling at 1).
 from __future__ import annotations
 
 import inspect
+import json
 import math
 
 import pytest
@@ -225,3 +226,16 @@ def test_the_plan_sizes_the_benchmark_to_150_to_200_runs(tmp_path, capsys):
 def test_a_block_uses_one_trial_law_object_the_tuner_accepts():
   for _, _, block in BLOCKS.values():
     assert selection.TrialDistribution.from_dict(block.trials).mean >= 3
+
+
+def test_the_plan_counts_what_the_root_holds_finished(tmp_path):
+  row_dir = tmp_path / 'fair_a_dp2fedsam' / 'dp_fedavg'
+  final = row_dir / 'final' / 'seed=0'
+  final.mkdir(parents=True)
+  (row_dir / 'tuning.json').write_text(json.dumps({'status': 'done'}))
+  (final / 'config.json').write_text(json.dumps({'num_rounds': 200}))
+  (final / 'metrics.jsonl').write_text(json.dumps({'round': 200}) + '\n')
+  plan = fair_benchmark.block_plan('a', str(tmp_path))
+  assert plan['runs'] - plan['runs_left'] == pytest.approx(3.0 + 1)  # its E[K] trials, one seed
+  status = {row.name: s for row, _, _, _, s in plan['rows']}
+  assert status['dp_fedavg'] == 'tuned; 1 final run(s) finished' and status['centaur'] == 'new'
