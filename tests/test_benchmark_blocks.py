@@ -147,8 +147,10 @@ def test_the_blocks_rows_are_the_papers_table_rows(letter):
   methods = {row.method for row in block.rows}
   assert methods == PAPER_ROWS[letter]
   marked = {row.name for row in block.rows if row.mark}
-  if letter == 'b':  # both forms of DP-FedSAM-topk and Fed-SMP-topk, each marked
+  if letter == 'b':  # both forms of DP-FedSAM-topk and Fed-SMP-topk, each marked; global models
     assert {'dp_fedsam_topk', 'dp_fedsam_topk_server', 'fed_smp_topk', 'fed_smp_topk_safe'} <= marked
+    assert {type(METHODS[m].evaluation) for m in methods} == {pieces.TestGlobal}
+    assert {type(METHODS[m].personal) for m in methods} == {pieces.NoPersonal}
   if letter == 'c':
     assert {'dp_pfeddsu', 'dp_pfeddsu_safe'} <= marked
   if letter == 'd':  # the symmetric-adaptation variant: DP2-FedSAM with the whole-model fine-tune
