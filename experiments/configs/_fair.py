@@ -101,8 +101,8 @@ class Row:
   method        the registry's method
   seed          the tuner's seed, recorded in tuning.json; different for every row of every block
   mark          what a reader must know (e.g. 'paper form: the mask leaks; eps does not cover it')
-  pinned        {field: value} a variant fixes instead of searching, with `why` (e.g. the whole-model
-                fine-tune of a symmetric-adaptation row)
+  pinned        ((field, value), ...) a variant fixes instead of searching, with why_pinned (e.g. the
+                whole-model fine-tune of a symmetric-adaptation row)
   paper_row     the paper's table row this row reproduces ('' for a variant the paper lacks)
   """
   name: str
@@ -182,4 +182,5 @@ class Block:
             'validation_fraction': 0.0}
 
   def final_seeds(self, row: Row) -> tuple:
-    return CEILING_SEEDS if self.ceiling is not None and row is self.ceiling else FINAL_SEEDS
+    is_ceiling = self.ceiling is not None and row.name == self.ceiling.name
+    return CEILING_SEEDS if is_ceiling else FINAL_SEEDS
