@@ -120,51 +120,62 @@ def _anchor_seconds(directory: str) -> float:
   return sum(totals) / len(totals)
 
 
-def cpu_hours(block, row, kind: str) -> float:
+ANCHOR_ROUNDS = 200  # the anchors' runs
+
+
+def row_config(module, block, row):
+  """The row's config as its trials start from (the block's settings, before the search's values)."""
+  return module.get_config(sweep.arg_string(block.study(row)['args']))
+
+
+def cpu_hours(block, row, config, kind: str) -> float:
   """CPU hours of one trial (kind 'trial') or final run ('final') of the row (2 cores)."""
   spec = METHODS[row.method]
-  if block.metric == 'test_accuracy_pooled':  # the Shakespeare block
+  if config.dataset == 'shakespeare':
     from experiments.studies import shakespeare_field as field  # pylint: disable=import-outside-toplevel
     hours = field.planned_hours({'method': row.method, 'personal_epochs': 10,
-                                 'model': 'char_lstm_small'})
+                                 'model': config.model})
     return hours + FULL_ADAPT_PASS_HOURS * (2 if kind == 'trial' else 1)
   anchor = 'sam' if spec.shared_optimizer in ('sam', 'asam') else 'sgd'
-  seconds = _anchor_seconds(COST_ANCHORS[anchor])
+  seconds = _anchor_seconds(COST_ANCHORS[anchor]) * config.num_rounds / ANCHOR_ROUNDS
   if spec.evaluation.finetunes:
-    rounds = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
-    passes = 2 if kind == 'trial' else 200 // rounds
+    every = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
+    passes = 2 if kind == 'trial' else config.num_rounds // every
     seconds += FINETUNE_PASS_SECONDS * passes
   return seconds / 3600
 
 
-def gpu_seconds(block) -> float:
-  """GPU seconds of a run of the block, shared with the others running at once (see GPU_*)."""
-  if block.metric == 'test_accuracy_pooled':
+def gpu_seconds(config) -> float:
+  """GPU seconds of a run, shared with the others running at once (see GPU_*)."""
+  if config.dataset == 'shakespeare':
     return GPU_SHAKESPEARE_RUN_SECONDS / GPU_SHAKESPEARE_AT_ONCE
-  alone = 200 * GPU_ROUND_SECONDS + GPU_START_SECONDS
+  alone = config.num_rounds * GPU_ROUND_SECONDS + GPU_START_SECONDS
   return alone * GPU_SHARING_SLOWDOWN / GPU_RUNS_AT_ONCE
 
 
 def block_plan(letter: str, root: str) -> dict:
   """{'rows': [(row, E[K], finals, cpu hours, status)], 'runs', 'cpu_hours', 'gpu_hours'} of a
   block, and 'runs_left' / 'cpu_hours_left' of what root does not hold finished yet."""
-  path, _, block = load_block(letter)
+  path, module, block = load_block(letter)
   mean_k = selection.TrialDistribution.from_dict(block.trials).mean
-  rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0}
+  rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0,
+                   'gpu_hours': 0.0}
   for row in block.all_rows():
     finals = len(block.final_seeds(row))
-    trial_hours, final_hours = cpu_hours(block, row, 'trial'), cpu_hours(block, row, 'final')
+    config = row_config(module, block, row)
+    trial_hours = cpu_hours(block, row, config, 'trial')
+    final_hours = cpu_hours(block, row, config, 'final')
     tuned, finals_done = row_progress(root, path, row)
     status = 'new' if tuned is None else 'tuning' if not tuned else (
         f'tuned; {finals_done} final run(s) finished')
     rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status))
     out['runs'] += mean_k + finals
     out['cpu_hours'] += mean_k * trial_hours + finals * final_hours
+    out['gpu_hours'] += (mean_k + finals) * gpu_seconds(config) / 3600
     trials_left = 0.0 if tuned else mean_k  # a search under way: E[K] still (its K is not read)
     out['runs_left'] += trials_left + finals - finals_done
     out['cpu_hours_left'] += trials_left * trial_hours + (finals - finals_done) * final_hours
-  return {'block': block, 'path': path, 'rows': rows, **out,
-          'gpu_hours': out['runs'] * gpu_seconds(block) / 3600}
+  return {'block': block, 'path': path, 'rows': rows, **out}
 
 
 def row_progress(root: str, path: str, row) -> tuple:
