@@ -128,6 +128,16 @@ def row_config(module, block, row):
   return module.get_config(sweep.arg_string(block.study(row)['args']))
 
 
+def selection_epsilons(path: str, module, block, row) -> tuple:
+  """(selection eps, one trial's eps) of the row's search (launch.tune's accounting: the law's
+  E[K], K secret; None for a non-private row): the same for every private row of a block."""
+  _, _, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
+  fixed = [f'--config.{f}={sweep.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
+  config = sweep.apply_overrides(row_config(module, block, row), fixed)
+  cost = tune.privacy_cost(spec, [config], naive_trials=1)
+  return cost['selection_epsilon'], cost['per_trial_epsilon']
+
+
 def cpu_hours(block, row, config, kind: str) -> float:
   """CPU hours of one trial (kind 'trial') or final run ('final') of the row (2 cores)."""
   spec = METHODS[row.method]
@@ -154,8 +164,9 @@ def gpu_seconds(config) -> float:
 
 
 def block_plan(letter: str, root: str) -> dict:
-  """{'rows': [(row, E[K], finals, cpu hours, status)], 'runs', 'cpu_hours', 'gpu_hours'} of a
-  block, and 'runs_left' / 'cpu_hours_left' of what root does not hold finished yet."""
+  """{'rows': [(row, E[K], finals, cpu hours, status, (selection eps, one trial's eps))], 'runs',
+  'cpu_hours', 'gpu_hours'} of a block, and 'runs_left' / 'cpu_hours_left' of what root does not
+  hold finished yet."""
   path, module, block = load_block(letter)
   mean_k = selection.TrialDistribution.from_dict(block.trials).mean
   rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0,
@@ -168,7 +179,8 @@ def block_plan(letter: str, root: str) -> dict:
     tuned, finals_done = row_progress(root, path, row)
     status = 'new' if tuned is None else 'tuning' if not tuned else (
         f'tuned; {finals_done} final run(s) finished')
-    rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status))
+    rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status,
+                 selection_epsilons(path, module, block, row)))
     out['runs'] += mean_k + finals
     out['cpu_hours'] += mean_k * trial_hours + finals * final_hours
     out['gpu_hours'] += (mean_k + finals) * gpu_seconds(config) / 3600
@@ -200,10 +212,12 @@ def print_plan(letters, root: str) -> dict:
     print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
           f'trial; ceiling: {block.ceiling_reference}')
     print(f'  regime rule: {block.regime_rule}')
-    for row, mean_k, finals, hours, status in plan['rows']:
+    for row, mean_k, finals, hours, status, (eps, one) in plan['rows']:
       mark = f'  [{row.mark}]' if row.mark else ''
+      privacy = (f'selection eps {eps:.3f} (one trial {one:.3f})' if eps is not None
+                 else 'non-private: no eps')
       print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
-            f'final, ~{hours:.1f} CPU h; {status}{mark}')
+            f'final, ~{hours:.1f} CPU h; {privacy}; {status}{mark}')
     print(f"  block ({letter}): ~{plan['runs']:.0f} runs, ~{plan['cpu_hours']:.1f} CPU h (2 cores), "
           f"~{plan['gpu_hours'] * 60:.0f} GPU min; left here: ~{plan['runs_left']:.0f} runs, "
           f"~{plan['cpu_hours_left']:.1f} CPU h")

@@ -239,5 +239,16 @@ def test_the_plan_counts_what_the_root_holds_finished(tmp_path):
   (final / 'metrics.jsonl').write_text(json.dumps({'round': 200}) + '\n')
   plan = fair_benchmark.block_plan('a', str(tmp_path))
   assert plan['runs'] - plan['runs_left'] == pytest.approx(3.0 + 1)  # its E[K] trials, one seed
-  status = {row.name: s for row, _, _, _, s in plan['rows']}
+  status = {row.name: s for row, _, _, _, s, _ in plan['rows']}
   assert status['dp_fedavg'] == 'tuned; 1 final run(s) finished' and status['centaur'] == 'new'
+
+
+@pytest.mark.parametrize('letter', sorted(BLOCKS))
+def test_every_private_row_of_a_block_costs_the_same_selection_epsilon(letter, tmp_path):
+  plan = fair_benchmark.block_plan(letter, str(tmp_path))
+  private = {row.name: eps for row, _, _, _, _, eps in plan['rows'] if METHODS[row.method].private}
+  assert len({round(e[0], 9) for e in private.values()}) == 1, private
+  selection_eps, one_trial = next(iter(private.values()))
+  assert one_trial < selection_eps  # the search costs more than a run, and it is on the page
+  for row, _, _, _, _, eps in plan['rows']:
+    assert (eps[0] is None) == (not METHODS[row.method].private)
