@@ -241,13 +241,13 @@ def _read(path: str):
 
 
 def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
-  """Tunes the row (or finds its finished tuning), then its final seeds; writes and returns its
-  entry of the block's summary (<row>/row.json)."""
+  """Tunes the row (launch.tune resumes or finds its finished search), then its final seeds; writes
+  and returns its entry of the block's summary (<row>/row.json)."""
   path, module, block = load_block(letter)
   row = block.row(row_name)
-  tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
-  if tuning is None or tuning.get('status') != 'done':
-    tuning = tune.tune(path, root, row.name, parallel=parallel)
+  # Always through the tuner, also for a finished search: it skips the finished trials and refuses
+  # a plan that changed since (another seed, law or candidates), so no selection outlives its space.
+  tuning = tune.tune(path, root, row.name, parallel=parallel)
   selected = tuning.get('selected_values')
   entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
            'tuner_seed': row.seed, 'pinned': dict(row.pinned), 'space': block.study(row)['space'],
