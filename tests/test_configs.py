@@ -23,7 +23,9 @@ ALL_CONFIG_NAMES = sorted(os.path.basename(p)[:-3]
 # Configs of other binaries than experiments.train: no sweep grid (each tested with its binary).
 OTHER_BINARIES = {'audit': 'experiments.audit (tests/test_audit.py)',
                   'audit_default': 'experiments.audit (tests/test_audit.py)',
-                  'tune_tiny': 'launch.tune (tests/test_tune.py)'}
+                  'tune_tiny': 'launch.tune (tests/test_tune.py)',
+                  **{f'fair_{b}': 'launch.fair_benchmark (tests/test_benchmark_blocks.py)'
+                     for b in ('a_dp2fedsam', 'b_topk', 'c_pfeddsu', 'd_shakespeare')}}
 CONFIG_NAMES = [n for n in ALL_CONFIG_NAMES if n not in OTHER_BINARIES]
 
 KNOWN_DATASETS = {'fashion_mnist', 'synthetic', 'cifar10', 'cifar100', 'femnist', _common.EMNIST_62,

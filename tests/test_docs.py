@@ -9,6 +9,7 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
   launch.sweep                --plan, in this process (every run's config is validated;
                               --seed_from copies into a fresh root, and those runs are finished)
   launch.tune                 --plan, in this process, in a fresh root (K, the candidates, the cost)
+  launch.fair_benchmark       --plan, in this process, in a fresh root (runs, CPU hours, GPU estimate)
   experiments.audit           flags parsed, every audited config validated
   experiments.report          run on an empty --root: the flags parse and it says there is nothing
   benchmarks.client_throughput  --dry_run, in a subprocess
@@ -37,7 +38,8 @@ from dp2fedsam_jax.privacy import accounting
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ('README.md', 'WORKSPACE.md')
 BINARIES = ('experiments.train', 'launch.sweep', 'experiments.report', 'experiments.audit',
-            'benchmarks.client_throughput', 'benchmarks.cohort_scaling', 'launch.tune')
+            'benchmarks.client_throughput', 'benchmarks.cohort_scaling', 'launch.tune',
+            'launch.fair_benchmark')
 
 
 def _bash_commands(text: str) -> list[str]:
@@ -166,6 +168,15 @@ def _check_tune(argv, tmp_path, capsys):
   assert 'selection eps' in capsys.readouterr().out
 
 
+def _check_fair_benchmark(argv, tmp_path, capsys):
+  from launch import fair_benchmark
+  fv = _flag_values(fair_benchmark.define_flags, argv)
+  assert fv.plan, 'a fair_benchmark command in the docs runs only with --plan here'
+  capsys.readouterr()
+  totals = fair_benchmark.print_plan(fv.blocks, str(tmp_path / 'root'))
+  assert totals['runs'] > 0 and 'total:' in capsys.readouterr().out
+
+
 def _check_audit(argv):
   from experiments import audit
   fv = _flag_values(audit.define_flags, argv)
@@ -189,6 +200,8 @@ def test_doc_command_works(doc, command, tmp_path, capsys, cached_experiments):
     _check_audit(argv)
   elif binary == 'launch.tune':
     _check_tune(argv, tmp_path, capsys)
+  elif binary == 'launch.fair_benchmark':
+    _check_fair_benchmark(argv, tmp_path, capsys)
   elif binary == 'experiments.report':
     argv = [a for a in argv if not a.startswith(('--root=', '--out='))]
     out = _run([binary, *argv, f'--root={tmp_path}', f'--out={tmp_path / "out"}'], tmp_path)

@@ -1,0 +1,186 @@
+"""The fair-comparison protocol of the benchmark blocks (docs/benchmark.md), for configs/fair_*.py.
+
+Within a block every row is searched by launch.tune under one trial law (the same K distribution and
+mean, each row its own tuner seed), at one eps per trial, selected by the noised validation score,
+over a space that holds
+
+  the knobs every method has     client lr, server lr, C (COMMON_KNOBS)
+  the knobs that are its own     read off the method's pieces in the registry (own_knobs): SAM rho
+                                 for a SAM optimizer, head lr and head epochs for a head phase, the
+                                 fraction kept for a top-k / rand-k mask or post-processing, lambda
+                                 for BLUR / PMTL / DSU's adaptive norm, DSU's mask (fraction, layers),
+                                 fine-tune epochs (and the head lr of a head fine-tune) for -FT / -fb
+
+each range declared in the block's config before any trial runs; a paper's value may be one
+candidate inside a range, never the whole range. Then the selected values train at 3 seeds on the
+full training split (validation_fraction 0), and the non-private ceiling at 1 seed. A knob no piece
+maps to fails here (KNOBS_OF_PIECE must name every piece class of algorithms/pieces.py), so a new
+piece cannot silently go untuned.
+
+This module holds the rules; the blocks hold the values (ranges, law, eps, regime rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from dp2fedsam_jax.algorithms import METHODS
+from experiments.configs import _common
+
+COMMON_KNOBS = ('local.lr_shared', 'server_lr', 'dp.clip_norm')
+FINAL_SEEDS = _common.SEEDS
+CEILING_SEEDS = (0,)
+VALIDATION_FRACTION = 0.1  # the trials' validation split; the final runs train on every row
+# The regime rule of every block: the non-private ceiling at least this many points above the best
+# private row, else the block is no test of the paper's order (its rows still shown).
+REGIME_MARGIN = 2.0
+AT_CEILING = "at the ceiling: no verdict on the paper's order"
+
+# The config fields each piece of a MethodSpec adds to the search (by the piece's class name, so that
+# this module needs no engine import). Every class of algorithms/pieces.py is listed: a new piece
+# must say here what it adds (tests/test_benchmark_blocks.py checks the list is complete).
+KNOBS_OF_PIECE = {
+    'NoRegularizer': (), 'BLUR': ('blur_lambda',), 'Proximal': ('pmtl_lambda',),
+    'AdaptiveNorm': ('dsu.lam',),
+    'NoWeightMask': (), 'DSUWeightMask': ('dsu.keep_fraction', 'dsu.masked_layers'),
+    'NoPersonal': (), 'OwnHead': (), 'HeadOffset': (),  # the head phase's knobs come with it
+    'NoUploadMask': (), 'RandKMask': ('keep_fraction',), 'TopKMask': ('keep_fraction',),
+    'DSUUploadMask': (),  # the mask of the DSU forward pass: DSUWeightMask's knobs
+    'NoPostprocess': (), 'TopKOfClientUpload': ('keep_fraction',),
+    'TopKOfNoisedSum': ('keep_fraction',),
+    'TestGlobal': (), 'TestPersonal': (), 'FineTune': ('local.finetune_epochs',),
+    'FineTuneHead': ('local.finetune_epochs', 'local.lr_personal'),
+}
+PIECE_FIELDS = ('personal', 'regularizer', 'weight_mask', 'upload_mask', 'postprocess', 'evaluation')
+HEAD_PHASE_KNOBS = ('local.lr_personal', 'local.personal_epochs')
+SAM_KNOBS = ('local.sam_rho',)
+
+
+def own_knobs(method: str) -> tuple[str, ...]:
+  """The config fields only `method` has, from its row of pieces in the registry (sorted)."""
+  spec = METHODS[method]
+  knobs = set(SAM_KNOBS if spec.shared_optimizer in ('sam', 'asam') else ())
+  if spec.personal_phase:
+    knobs.update(HEAD_PHASE_KNOBS)
+  for field in PIECE_FIELDS:
+    piece = type(getattr(spec, field)).__name__
+    if piece not in KNOBS_OF_PIECE:
+      raise ValueError(f'method {method!r}: piece {piece} ({field}) is not in _fair.KNOBS_OF_PIECE; '
+                       'say there which config fields it adds to a search.')
+    knobs.update(KNOBS_OF_PIECE[piece])
+  return tuple(sorted(knobs))
+
+
+def knobs(method: str) -> tuple[str, ...]:
+  """Every field a search of `method` must hold: the common ones (C only for a private method)."""
+  common = COMMON_KNOBS if METHODS[method].private else tuple(
+      k for k in COMMON_KNOBS if k != 'dp.clip_norm')
+  return tuple(common) + tuple(k for k in own_knobs(method) if k not in common)
+
+
+def is_single_value(law) -> bool:
+  """A law that can draw only one value (a paper value alone is no search)."""
+  if law[0] == 'choice':
+    return len(set(map(repr, law[1]))) < 2
+  return float(law[1]) == float(law[2])
+
+
+def contains(law, value) -> bool:
+  """Whether `value` is one candidate of `law`."""
+  if law[0] == 'choice':
+    return value in law[1]
+  return float(law[1]) <= float(value) <= float(law[2])
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One row of a block's table: a method searched under the block's law.
+
+  name          the row (the study's name); the method's own unless a variant of it
+  method        the registry's method
+  seed          the tuner's seed, recorded in tuning.json; different for every row of every block
+  mark          what a reader must know (e.g. 'paper form: the mask leaks; eps does not cover it')
+  pinned        ((field, value), ...) a variant fixes instead of searching, with why_pinned (e.g. the
+                whole-model fine-tune of a symmetric-adaptation row)
+  paper_row     the paper's table row this row reproduces ('' for a variant the paper lacks)
+  """
+  name: str
+  method: str
+  seed: int
+  mark: str = ''
+  pinned: tuple = ()
+  why_pinned: str = ''
+  paper_row: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  """A block: rows, one trial law and eps per trial, the ranges, the regime rule and its ceiling."""
+  name: str
+  paper: str
+  rows: tuple
+  trials: dict              # launch.tune's law of K, the same for every row
+  eps: float                # per trial and per final run, every private row
+  score_noise: float        # on the sum of the clients' validation accuracies
+  ranges: dict              # {field: law} every knob of every row draws from
+  ceiling: Row | None       # the non-private ceiling's search (None: a committed reference)
+  ceiling_reference: str    # what the ceiling is when it is not searched here
+  if_rule_fails: str        # declared before any run: the block's next step when the rule fails
+  metric: str = 'test_accuracy'
+  block_fixed: tuple = ()   # ((field, value), ...) every trial and final run of the block sets
+  trial_fixed: tuple = ()   # ((field, value), ...) the trials set besides the validation split
+  final_fixed: tuple = ()   # ((field, value), ...) the final runs set
+  regime_margin: float = REGIME_MARGIN
+
+  @property
+  def regime_rule(self) -> str:
+    return (f'the ceiling >= the best private row (3-seed mean) + {self.regime_margin:g} points; '
+            f'else "{AT_CEILING}", then {self.if_rule_fails}')
+
+  def regime(self, ceiling: float, private_means: dict) -> str:
+    """'test' when the ceiling's accuracy (points) clears the best private row's mean by the
+    margin, else AT_CEILING: the rule applied, once every row has its 3 seeds."""
+    best = max(private_means.values())
+    return 'test' if ceiling >= best + self.regime_margin else AT_CEILING
+
+  def row(self, name: str) -> Row:
+    for r in self.all_rows():
+      if r.name == name:
+        return r
+    raise ValueError(f'block {self.name}: no row {name!r}; rows: {[r.name for r in self.all_rows()]}')
+
+  def all_rows(self) -> tuple:
+    return self.rows + ((self.ceiling,) if self.ceiling else ())
+
+  def space(self, row: Row) -> dict:
+    """The row's search space: the block's range of each of its knobs, less what it pins."""
+    pinned = dict(row.pinned)
+    missing = [k for k in knobs(row.method) if k not in self.ranges and k not in pinned]
+    if missing:
+      raise ValueError(f'block {self.name}, row {row.name}: no range for {missing}; declare one in '
+                       'the block before any trial runs.')
+    extra = tuple(k for k in self.ranges if k.startswith('eval.'))  # a block-wide test-time knob
+    return {k: self.ranges[k] for k in knobs(row.method) + extra if k not in pinned}
+
+  def study(self, row: Row) -> dict:
+    """launch.tune's spec of the row (tuning_space()'s value)."""
+    private = METHODS[row.method].private
+    args = {'method': row.method, 'eps': self.eps if private else math.inf}
+    fixed = {**dict(self.block_fixed), **dict(self.trial_fixed), **dict(row.pinned),
+             'validation_fraction': VALIDATION_FRACTION}
+    return dict(args=args, fixed=fixed, space=self.space(row), trials=dict(self.trials),
+                seed=row.seed, selected_by='validation_accuracy',
+                score_noise=self.score_noise if private else 0.0)
+
+  def tuning_space(self) -> dict:
+    return {r.name: self.study(r) for r in self.all_rows()}
+
+  def final_fixed_for(self, row: Row) -> dict:
+    """What a final run sets besides the selected values: the block's settings, the row's pins."""
+    return {**dict(self.block_fixed), **dict(self.final_fixed), **dict(row.pinned),
+            'validation_fraction': 0.0}
+
+  def final_seeds(self, row: Row) -> tuple:
+    is_ceiling = self.ceiling is not None and row.name == self.ceiling.name
+    return CEILING_SEEDS if is_ceiling else FINAL_SEEDS

