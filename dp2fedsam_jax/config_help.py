@@ -11,8 +11,10 @@ FIELD_HELP = {
     'dataset': "fashion_mnist | synthetic | cifar10 | cifar100 | emnist_<config> | femnist | "
                "'tfds:<name>' (TFDS ones need the [tfds] extra)",
     'data_dir': "where the dataset's files are; None: its default location",
-    'model': 'emnist_cnn | emnist_cnn_fedavg | emnist_cnn_tff | cifar_cnn | resnet18_gn | resnet20 | mlp',
-    'conv_impl': "convolution lowering: auto (im2col on CPU, xla elsewhere) | xla | im2col",
+    'model': 'emnist_cnn | emnist_cnn_fedavg | emnist_cnn_tff | cifar_cnn | pfl_cifar_cnn | resnet18_gn | '
+             'resnet20 | mlp',
+    'conv_impl': "convolution lowering: auto (models.AUTO_CONV_IMPL: im2col on CPU, xla elsewhere) | "
+                 "xla | im2col",
     'num_clients': 'N, clients in the federation',
     'partition': 'iid | pathological (S classes per client) | dirichlet (alpha) | natural (by writer)',
     'classes_per_client': 'S of the pathological partition',

@@ -70,6 +70,20 @@ def test_cifar_cnn_param_count():
   assert model.feature_dim == 128
 
 
+def test_pfl_cifar_cnn_is_pfl_researchs_benchmark_cnn():
+  """pfl-research's CIFAR-10 simple_cnn: conv 32 3x3, conv 64 3x3, one pool, Dense 128, head 10."""
+  model = get_model('pfl_cifar_cnn', 10, (32, 32, 3))
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  layers = jax.tree.map(lambda s: s.shape, shapes)
+  assert layers['extractor'] == {'conv0': {'kernel': (3, 3, 3, 32), 'bias': (32,)},
+                                 'conv1': {'kernel': (3, 3, 32, 64), 'bias': (64,)},
+                                 'fc0': {'kernel': (14 * 14 * 64, 128), 'bias': (128,)}}
+  assert layers['head'] == {'kernel': (128, 10), 'bias': (10,)}  # the personal head
+  assert count_params(shapes) == 1_626_442 and model.feature_dim == 128
+  x = jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32)
+  assert jax.eval_shape(model.apply, shapes, x).shape == (2, 10)
+
+
 def test_emnist_cnn_and_mlp_shapes():
   emnist = get_model('emnist_cnn', 62, (28, 28, 1))
   shapes = jax.eval_shape(emnist.init, jax.random.key(0))
@@ -149,6 +163,10 @@ def test_auto_lowering_follows_backend(monkeypatch):
   assert get_model('cifar_cnn', 10, (32, 32, 3)).conv_impl == 'im2col'
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert resolve_conv_impl('auto') == 'xla'
+  # One table decides, per backend; a backend outside it gets the native convolution.
+  from dp2fedsam_jax.models import AUTO_CONV_IMPL
+  assert all(resolve_conv_impl('auto', b) == impl for b, impl in AUTO_CONV_IMPL.items())
+  assert resolve_conv_impl('auto', 'some_plugin') == 'xla'
   swapped = get_model('cifar_cnn', 10, (32, 32, 3), conv_impl='im2col').with_conv_impl('xla')
   assert swapped.conv_impl == 'xla' and swapped.extractor.conv_impl == 'xla'
   assert get_model('mlp', 10, (4, 4, 1)).with_conv_impl('auto').conv_impl == 'xla'

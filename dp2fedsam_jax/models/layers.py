@@ -26,14 +26,23 @@ _DIMS = ('NHWC', 'HWIO', 'NHWC')
 _LOWERINGS = ('xla', 'im2col')
 
 
-def resolve_conv_impl(conv_impl: str) -> str:
-  """Maps 'auto' to the lowering that is fastest on the default backend."""
+# What conv_impl='auto' lowers to, per backend: the one place this choice is made.
+# cpu -> im2col: measured 17-18x faster than 'xla' on the 2-core EPYC (CIFAR CNN, cohort 5, vmap and
+#   sequential; benchmarks/README.md, "Convolution lowering").
+# gpu, tpu -> xla: not measured against im2col yet. The one GPU run (H200, 2026-11-26,
+#   benchmarks/results/gpu-h200/speedups.json) timed 'xla' only; benchmarks/conv_sweep.py (a step of
+#   benchmarks/accelerator.sh) times both, and this table changes only from its results.
+AUTO_CONV_IMPL = {'cpu': 'im2col', 'gpu': 'xla', 'tpu': 'xla'}
+
+
+def resolve_conv_impl(conv_impl: str, backend: str | None = None) -> str:
+  """Maps 'auto' to the lowering of AUTO_CONV_IMPL for `backend` (default: JAX's default backend)."""
   if conv_impl not in CONV_IMPLS:
     raise ValueError(
         f'config.conv_impl={conv_impl!r} is unknown; choose one of {sorted(CONV_IMPLS)}')
   if conv_impl == 'auto':
-    # GPUs/TPUs have fast (grouped) conv kernels; XLA:CPU does not.
-    return 'im2col' if jax.default_backend() == 'cpu' else 'xla'
+    # A backend outside the table (a plugin) gets the native convolution.
+    return AUTO_CONV_IMPL.get(backend or jax.default_backend(), 'xla')
   return conv_impl
 
 

@@ -95,6 +95,14 @@ def _emnist_cnn_tff(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
                                     conv_impl=conv_impl, pool_impl=pool_impl)
 
 
+def _pfl_cifar_cnn(conv_impl: str, pool_impl: str = 'reshape') -> nn.Module:
+  # pfl-research's CIFAR-10 benchmark CNN (apple/pfl-research, benchmarks/model/pytorch/cnn.py,
+  # simple_cnn; benchmarks/image_classification/configs/baseline.yaml): conv 32 3x3, conv 64 3x3
+  # (VALID), one 2x2 max pool, Dense 128, head 10; 1,626,442 params on 32x32x3. The same layers as
+  # TFF's EMNIST model (both are the Keras MNIST CNN); without its two dropouts (as there).
+  return _emnist_cnn_tff(conv_impl, pool_impl)
+
+
 def _resnet18_gn(conv_impl: str, num_groups: int = 2) -> nn.Module:
   return resnet.ResNet18Extractor(num_groups=num_groups, conv_impl=conv_impl)
 
@@ -132,6 +140,7 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     'emnist_cnn_fedavg': _emnist_cnn_fedavg,
     'emnist_cnn_tff': _emnist_cnn_tff,
     'mlp': _mlp,
+    'pfl_cifar_cnn': _pfl_cifar_cnn,
     'resnet18_gn': _resnet18_gn,
     'resnet20': _resnet20,
 }
