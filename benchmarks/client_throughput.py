@@ -25,6 +25,7 @@ cell (the same parameters) instead of the models' FusedLSTM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -45,13 +46,14 @@ from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
 from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.local import LocalConfig
-from dp2fedsam_jax.models import count_params, get_model
+from dp2fedsam_jax.models import CONV_IMPLS, count_params, get_model
 from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
 from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
 from dp2fedsam_jax.state import init_state
 
-INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3), 'resnet18_gn': (32, 32, 3),
+INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'pfl_cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3),
+                'resnet18_gn': (32, 32, 3),
                 'emnist_cnn': (28, 28, 1), 'emnist_cnn_fedavg': (28, 28, 1),
                 'emnist_cnn_tff': (28, 28, 1), 'mlp': (28, 28, 1)}
 TOKEN_MODELS = ('char_lstm', 'char_lstm_small')  # input (seq_len,) ids; classes = the vocabulary
@@ -84,7 +86,20 @@ _CPU_DEVICES = flags.DEFINE_integer(
     'small per-step GEMMs on one thread. Default: one per host core (os.cpu_count()).')
 _METHOD = flags.DEFINE_string('method', 'dp2fedsam', 'Method (algorithms registry name).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); the median is reported.')
-_CONV_IMPL = flags.DEFINE_enum('conv_impl', 'auto', ['auto', 'xla', 'im2col'], 'Conv lowering.')
+_CONV_IMPL = flags.DEFINE_enum('conv_impl', 'auto', list(CONV_IMPLS), 'Conv lowering.')
+# What each --matmul_precision does to an f32 dot or convolution (jax.default_matmul_precision; the
+# GPU and TPU meanings of 'default' are jax.lax.Precision's docstring). Written into the JSON.
+MATMUL_PRECISIONS = {
+    'default': "the backend's choice: f32 on CPU; TF32 tensor cores on NVIDIA A100/H100/H200 (inputs "
+               'rounded to 10-bit mantissas, rel. ~5e-4, f32 sums), plain f32 on older GPUs; bf16 '
+               'passes on a TPU',
+    'float32': 'full f32 products (on a TPU and on tensor cores: several bf16/TF32 passes)',
+    'tensorfloat32': 'inputs rounded to TF32 (10-bit mantissa, rel. ~5e-4), f32 sums',
+    'bfloat16': 'inputs rounded to bf16 (7-bit mantissa, rel. ~4e-3), f32 sums',
+}
+_PRECISION = flags.DEFINE_enum('matmul_precision', 'default', list(MATMUL_PRECISIONS),
+                               'jax.default_matmul_precision for every dot and convolution timed '
+                               '(the matmul peak too, so %% peak is against the same precision).')
 _CHUNK = flags.DEFINE_integer('chunk_size', None, 'Clients per chunk (memory bound); None: whole cohort.')
 _JSON_OUT = flags.DEFINE_string('json_out', None, 'Write the results as JSON here.')
 _TORCH = flags.DEFINE_bool('torch', True, 'Time the PyTorch baseline too (dp2fedsam on '
@@ -211,13 +226,31 @@ def local_config() -> LocalConfig:
   return LocalConfig.from_config(c)
 
 
+def precision_context(name: str):
+  """The context the timed programs are traced in: jax.default_matmul_precision(name), or nothing."""
+  if name not in MATMUL_PRECISIONS:
+    raise ValueError(f'matmul precision {name!r} is unknown; choose one of {list(MATMUL_PRECISIONS)}')
+  return contextlib.nullcontext() if name == 'default' else jax.default_matmul_precision(name)
+
+
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
-  data = synthetic_data(cohort, _SAMPLES.value, model.input_shape, model.num_classes,
-                        min_samples=_MIN_SAMPLES.value, tokens=_MODEL.value in TOKEN_MODELS)
+  return time_round(mode, cohort, spec, model, lc, samples=_SAMPLES.value, rounds=_ROUNDS.value,
+                    min_samples=_MIN_SAMPLES.value, chunk_size=_CHUNK.value,
+                    tokens=_MODEL.value in TOKEN_MODELS)
+
+
+def time_round(mode: str, cohort: int, spec, model, lc, *, samples: int, rounds: int,
+               min_samples: int | None = None, chunk_size: int | None = None,
+               tokens: bool = False) -> dict:
+  """One (executor, cohort) line: `cohort` clients of `samples` synthetic examples, every client
+  sampled; compile, one warm-up round, then the median of `rounds` timed rounds. The last round's
+  update norm and loss are kept, to compare the numerics of lines that differ in precision only."""
+  data = synthetic_data(cohort, samples, model.input_shape, model.num_classes,
+                        min_samples=min_samples, tokens=tokens)
   privatizer = DPMechanism if spec.private else NonPrivate
   mechanism = privatizer(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
                          noise_multiplier=1.0 if spec.private else 0.0)
-  rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=_CHUNK.value)
+  rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=chunk_size)
   step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
   state = init_state(spec, model, jax.random.key(0), cohort)
   key = jax.random.key(1)
@@ -231,7 +264,7 @@ def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   state, metrics = compiled(state, data, key)  # warm-up round
   jax.block_until_ready(state)
   times = []
-  for _ in range(_ROUNDS.value):
+  for _ in range(rounds):
     start = time.perf_counter()
     state, metrics = compiled(state, data, key)
     jax.block_until_ready((state, metrics))
@@ -241,7 +274,8 @@ def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   return {'mode': mode, 'clients': cohort, 'seconds_per_round': seconds, 'round_seconds': times,
           'clients_per_second': cohort / seconds,
           'examples_per_second': int(np.sum(data.train_count)) * (
-              _HEAD_EPOCHS.value * spec.personal_phase + _BODY_EPOCHS.value) / seconds,
+              lc.personal_epochs * spec.personal_phase + lc.shared_epochs) / seconds,
+          'last_round': {k: float(metrics[k]) for k in ('mean_update_norm', 'train_loss') if k in metrics},
           'compile_seconds': compile_seconds, 'capacity': rc.capacity,
           'xla_temp_bytes': int(getattr(mem, 'temp_size_in_bytes', 0) or 0),
           **peak_memory(), 'load_before': load_before, 'load_after': _load()}
@@ -274,6 +308,11 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
 
 
 def main(argv):
+  with precision_context(_PRECISION.value):
+    _main(argv)
+
+
+def _main(argv):
   if len(argv) > 1:
     raise ValueError(f'unexpected arguments: {argv[1:]}')
   cpu_devices = os.cpu_count() or 1 if _CPU_DEVICES.value is None else _CPU_DEVICES.value
@@ -293,7 +332,8 @@ def main(argv):
   if unknown:
     raise ValueError(f'--modes: unknown {unknown}; choose from {list(_MODE_NAMES)}')
   if _DRY_RUN.value:
-    print(json.dumps({'model': _MODEL.value, 'conv_impl': model.conv_impl, 'method': _METHOD.value,
+    print(json.dumps({'model': _MODEL.value, 'conv_impl': model.conv_impl,
+                      'matmul_precision': _PRECISION.value, 'method': _METHOD.value,
                       'clients': cohorts, 'modes': _MODES.value, 'rounds': _ROUNDS.value,
                       'chunk_size': _CHUNK.value, 'json_out': _JSON_OUT.value}))
     return
@@ -319,6 +359,8 @@ def main(argv):
   result = {
       'config': {'model': _MODEL.value, 'num_params': count_params(jax.eval_shape(
                      model.init, jax.random.key(0))), 'conv_impl': model.conv_impl,
+                 'matmul_precision': _PRECISION.value,
+                 'matmul_precision_means': MATMUL_PRECISIONS[_PRECISION.value],
                  'method': _METHOD.value, 'samples_per_client': _SAMPLES.value,
                  'min_samples_per_client': _MIN_SAMPLES.value, 'batch_size': _BATCH.value,
                  'personal_epochs': _HEAD_EPOCHS.value,

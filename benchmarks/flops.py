@@ -24,8 +24,18 @@ from dp2fedsam_jax.state import init_state
 
 
 def cost_flops(fn, *args) -> float:
-  """XLA's FLOP count of fn(*args), compiled for the default backend."""
-  analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+  """XLA's FLOP count of fn(*args), compiled for the CPU backend whatever the default one is.
+
+  XLA:GPU's cost analysis leaves out convolutions that run as cuDNN calls: on the H200
+  (results/gpu-h200/speedups.json) it gave 0.60 GFLOP for a CIFAR-CNN client that the CPU counts
+  at 24.44 (98 % of its matmul FLOPs are convolutions), so its GFLOP/s were ~40x too low. The work
+  of a client does not depend on where it runs, so it is counted where XLA counts all of it.
+  """
+  # Shapes only: an array already on the accelerator would pin the program there.
+  args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if isinstance(a, jax.Array) else a,
+                      args)
+  with jax.default_device(jax.devices('cpu')[0]):
+    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
   if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
     analysis = analysis[0]
   return float(analysis.get('flops', 0.0))
