@@ -25,36 +25,25 @@ cell (the same parameters) instead of the models' FusedLSTM.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import platform
-import resource
 import statistics
 import time
 
 from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks import flops as flops_lib
+from benchmarks import timing
 from dp2fedsam_jax import cli, run_files
-from dp2fedsam_jax import sharding
 from dp2fedsam_jax.algorithms import get_method
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
-from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import CONV_IMPLS, count_params, get_model
-from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate
-from dp2fedsam_jax.privacy.noise_mechanisms import Independent
-from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
-from dp2fedsam_jax.state import init_state
 
 INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'pfl_cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3),
-                'resnet18_gn': (32, 32, 3),
-                'emnist_cnn': (28, 28, 1), 'emnist_cnn_fedavg': (28, 28, 1),
+                'resnet18_gn': (32, 32, 3), 'emnist_cnn': (28, 28, 1), 'emnist_cnn_fedavg': (28, 28, 1),
                 'emnist_cnn_tff': (28, 28, 1), 'mlp': (28, 28, 1)}
 TOKEN_MODELS = ('char_lstm', 'char_lstm_small')  # input (seq_len,) ids; classes = the vocabulary
 
@@ -87,17 +76,7 @@ _CPU_DEVICES = flags.DEFINE_integer(
 _METHOD = flags.DEFINE_string('method', 'dp2fedsam', 'Method (algorithms registry name).')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per (mode, cohort); the median is reported.')
 _CONV_IMPL = flags.DEFINE_enum('conv_impl', 'auto', list(CONV_IMPLS), 'Conv lowering.')
-# What each --matmul_precision does to an f32 dot or convolution (jax.default_matmul_precision; the
-# GPU and TPU meanings of 'default' are jax.lax.Precision's docstring). Written into the JSON.
-MATMUL_PRECISIONS = {
-    'default': "the backend's choice: f32 on CPU; TF32 tensor cores on NVIDIA A100/H100/H200 (inputs "
-               'rounded to 10-bit mantissas, rel. ~5e-4, f32 sums), plain f32 on older GPUs; bf16 '
-               'passes on a TPU',
-    'float32': 'full f32 products (on a TPU and on tensor cores: several bf16/TF32 passes)',
-    'tensorfloat32': 'inputs rounded to TF32 (10-bit mantissa, rel. ~5e-4), f32 sums',
-    'bfloat16': 'inputs rounded to bf16 (7-bit mantissa, rel. ~4e-3), f32 sums',
-}
-_PRECISION = flags.DEFINE_enum('matmul_precision', 'default', list(MATMUL_PRECISIONS),
+_PRECISION = flags.DEFINE_enum('matmul_precision', 'default', list(timing.MATMUL_PRECISIONS),
                                'jax.default_matmul_precision for every dot and convolution timed '
                                '(the matmul peak too, so %% peak is against the same precision).')
 _CHUNK = flags.DEFINE_integer('chunk_size', None, 'Clients per chunk (memory bound); None: whole cohort.')
@@ -116,37 +95,6 @@ _FLOPS = flags.DEFINE_bool('flops', True, "XLA's FLOP count of one client (GFLOP
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Check the flags, print what would be timed as one '
                              'JSON line, and exit.')
 _MODE_NAMES = ('vmap', 'sequential', 'sharded')
-
-
-def _load() -> list[float]:
-  return [round(x, 2) for x in os.getloadavg()]
-
-
-def device_description() -> dict:
-  d = jax.devices()[0]
-  desc = {'platform': d.platform, 'device_kind': d.device_kind, 'device_count': jax.device_count(),
-          'process_count': jax.process_count(), 'jax_version': jax.__version__,
-          'host_cpus': os.cpu_count(), 'machine': platform.machine()}
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-    desc['cpu_model'] = names[0] if names else None
-  except OSError:
-    pass
-  return desc
-
-
-def matmul_peak_gflops(n: int, repeats: int = 10) -> float:
-  """Best f32 n x n matmul rate on the default device (GFLOP/s): the machine's practical peak."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    f(a).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 2 * n ** 3 / min(times) / 1e9
 
 
 def loop_gemm_gflops(m: int, k: int, n: int, steps: int = 80, repeats: int = 20) -> dict:
@@ -179,38 +127,6 @@ def lstm_step_gemms(model, batch: int) -> list[dict]:
   return [loop_gemm_gflops(*shape) for shape in shapes]
 
 
-def peak_memory() -> dict:
-  """Peak device memory where the backend reports it (GPU/TPU), else this process's peak RSS."""
-  stats = jax.devices()[0].memory_stats()
-  if stats and 'peak_bytes_in_use' in stats:
-    return {'peak_device_memory_bytes': int(stats['peak_bytes_in_use'])}
-  # Linux reports KiB. Process-wide and monotone: a later entry includes earlier ones.
-  return {'peak_rss_bytes_process': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-
-
-def synthetic_data(num_clients: int, samples: int, input_shape, num_classes: int, seed: int = 0,
-                   min_samples: int | None = None, tokens: bool = False):
-  """Random images (uint8) and labels, or token rows: ids in [1, num_classes) and a next id per
-  position (pad id 0, never drawn)."""
-  rng = np.random.default_rng(seed)
-  low = 1 if tokens else 0
-  x = rng.integers(low, num_classes if tokens else 256, (num_clients, samples, *input_shape),
-                   dtype=np.uint8)
-  y = rng.integers(low, num_classes, (num_clients, samples, *(input_shape if tokens else ())))
-  y = y.astype(np.uint8 if tokens else np.int32)
-  count = np.full((num_clients,), samples, np.int32)
-  if min_samples is not None:
-    count = rng.integers(min_samples, samples + 1, num_clients).astype(np.int32)
-  c = input_shape[-1]
-  real = np.arange(samples)[None, :] < count[:, None]  # each client's first count examples
-  kind = (dict(input_kind='tokens', pad_id=0) if tokens else
-          dict(mean=(0.5,) * c, std=(0.25,) * c))
-  return from_flat_arrays(
-      train_x=x[real], train_y=y[real], train_offsets=np.r_[0, np.cumsum(count)],
-      test_x=x[:, 0], test_y=y[:, 0], test_offsets=np.arange(num_clients + 1),
-      num_classes=num_classes, **kind)
-
-
 def build_model(seq_len: int | None = None, unroll: int | None = None):
   """The --model; token models at `seq_len` ids (default --seq_len) and `unroll` (--lstm_unroll)."""
   if _MODEL.value not in TOKEN_MODELS:
@@ -226,59 +142,10 @@ def local_config() -> LocalConfig:
   return LocalConfig.from_config(c)
 
 
-def precision_context(name: str):
-  """The context the timed programs are traced in: jax.default_matmul_precision(name), or nothing."""
-  if name not in MATMUL_PRECISIONS:
-    raise ValueError(f'matmul precision {name!r} is unknown; choose one of {list(MATMUL_PRECISIONS)}')
-  return contextlib.nullcontext() if name == 'default' else jax.default_matmul_precision(name)
-
-
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
-  return time_round(mode, cohort, spec, model, lc, samples=_SAMPLES.value, rounds=_ROUNDS.value,
-                    min_samples=_MIN_SAMPLES.value, chunk_size=_CHUNK.value,
-                    tokens=_MODEL.value in TOKEN_MODELS)
-
-
-def time_round(mode: str, cohort: int, spec, model, lc, *, samples: int, rounds: int,
-               min_samples: int | None = None, chunk_size: int | None = None,
-               tokens: bool = False) -> dict:
-  """One (executor, cohort) line: `cohort` clients of `samples` synthetic examples, every client
-  sampled; compile, one warm-up round, then the median of `rounds` timed rounds. The last round's
-  update norm and loss are kept, to compare the numerics of lines that differ in precision only."""
-  data = synthetic_data(cohort, samples, model.input_shape, model.num_classes,
-                        min_samples=min_samples, tokens=tokens)
-  privatizer = DPMechanism if spec.private else NonPrivate
-  mechanism = privatizer(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
-                         noise_multiplier=1.0 if spec.private else 0.0)
-  rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=chunk_size)
-  step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
-  state = init_state(spec, model, jax.random.key(0), cohort)
-  key = jax.random.key(1)
-  if mode == 'sharded':
-    state, data, key = sharding.replicate((state, data, key))
-  load_before = _load()
-  start = time.perf_counter()
-  compiled = step.lower(state, data, key).compile()
-  compile_seconds = time.perf_counter() - start
-  mem = compiled.memory_analysis()
-  state, metrics = compiled(state, data, key)  # warm-up round
-  jax.block_until_ready(state)
-  times = []
-  for _ in range(rounds):
-    start = time.perf_counter()
-    state, metrics = compiled(state, data, key)
-    jax.block_until_ready((state, metrics))
-    times.append(time.perf_counter() - start)
-  assert int(metrics['cohort_size']) == cohort and bool(metrics['finite']), metrics
-  seconds = statistics.median(times)
-  return {'mode': mode, 'clients': cohort, 'seconds_per_round': seconds, 'round_seconds': times,
-          'clients_per_second': cohort / seconds,
-          'examples_per_second': int(np.sum(data.train_count)) * (
-              lc.personal_epochs * spec.personal_phase + lc.shared_epochs) / seconds,
-          'last_round': {k: float(metrics[k]) for k in ('mean_update_norm', 'train_loss') if k in metrics},
-          'compile_seconds': compile_seconds, 'capacity': rc.capacity,
-          'xla_temp_bytes': int(getattr(mem, 'temp_size_in_bytes', 0) or 0),
-          **peak_memory(), 'load_before': load_before, 'load_after': _load()}
+  return timing.time_round(mode, cohort, spec, model, lc, samples=_SAMPLES.value,
+                           rounds=_ROUNDS.value, min_samples=_MIN_SAMPLES.value,
+                           chunk_size=_CHUNK.value, tokens=_MODEL.value in TOKEN_MODELS)
 
 
 def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
@@ -290,7 +157,7 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
   rows = []
   for threads in _TORCH_THREADS.value:
     for cohort in cohorts:
-      load_before = _load()
+      load_before = timing.load_average()
       r = torch_baseline.run(cohort, _SAMPLES.value, model=_MODEL.value, seq_len=_SEQ_LEN.value,
                              vocab=_VOCAB.value, batch_size=lc.batch_size,
                              personal_epochs=lc.personal_epochs, shared_epochs=lc.shared_epochs,
@@ -303,12 +170,12 @@ def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
                                            * (lc.personal_epochs + lc.shared_epochs) / s),
                    # JAX's executed count (padded last batch included); PyTorch skips the padding.
                    'gflops_per_second': cohort * client_gflop / s,
-                   'load_before': load_before, 'load_after': _load()})
+                   'load_before': load_before, 'load_after': timing.load_average()})
   return rows
 
 
 def main(argv):
-  with precision_context(_PRECISION.value):
+  with timing.precision_context(_PRECISION.value):
     _main(argv)
 
 
@@ -338,7 +205,8 @@ def _main(argv):
                       'chunk_size': _CHUNK.value, 'json_out': _JSON_OUT.value}))
     return
   tokens = _MODEL.value in TOKEN_MODELS
-  data1 = synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes, tokens=tokens)
+  data1 = timing.synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes,
+                                tokens=tokens)
   if _FLOPS.value and tokens:  # the scan over time is counted once by XLA: lengths 2 and 3, unrolled
     cf = flops_lib.sequence_flops(
         lambda t: flops_lib.client_flops(spec, build_model(t, t), lc, _SAMPLES.value,
@@ -349,9 +217,9 @@ def _main(argv):
     cf = flops_lib.ClientFlops(*(float('nan'),) * 4, head_steps=0, body_steps=0)
   layers = flops_lib.layer_matmul_flops(model)
   conv = sum(v for k, v in layers.items() if k.startswith('conv:'))
-  machine = device_description()
+  machine = timing.device_description()
   if _MATMUL.value:
-    machine['matmul_peak_gflops'] = matmul_peak_gflops(_MATMUL.value)
+    machine['matmul_peak_gflops'] = timing.matmul_peak_gflops(_MATMUL.value)
     machine['matmul_size'] = _MATMUL.value
   if _MATMUL.value and tokens:  # the limit: the step's own GEMM shapes, timed in a loop
     machine['step_gemms'] = lstm_step_gemms(model, _BATCH.value)
@@ -360,7 +228,7 @@ def _main(argv):
       'config': {'model': _MODEL.value, 'num_params': count_params(jax.eval_shape(
                      model.init, jax.random.key(0))), 'conv_impl': model.conv_impl,
                  'matmul_precision': _PRECISION.value,
-                 'matmul_precision_means': MATMUL_PRECISIONS[_PRECISION.value],
+                 'matmul_precision_means': timing.MATMUL_PRECISIONS[_PRECISION.value],
                  'method': _METHOD.value, 'samples_per_client': _SAMPLES.value,
                  'min_samples_per_client': _MIN_SAMPLES.value, 'batch_size': _BATCH.value,
                  'personal_epochs': _HEAD_EPOCHS.value,
