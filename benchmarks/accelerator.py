@@ -1,27 +1,41 @@
-r"""Everything the speed issue asks of a GPU or TPU machine, in one command (benchmarks/accelerator.sh).
+r"""Everything the speed issues ask of a GPU or TPU machine, in one command (benchmarks/accelerator.sh).
 
-    python -m benchmarks.accelerator --out=benchmarks/results/<machine>   [--smoke]
+    python -m benchmarks.accelerator [--out=DIR] [--smoke] [--steps=...] [--budget_seconds=360]
 
-Five steps, each written under --out and summarised at the end:
-  1. cost against the cohort (benchmarks.cohort_scaling): cifar_cnn and resnet18_gn, cohorts
-     1..256, vmap / sequential / chunked; cohort_scaling.{json,png};
-  2. vmap over sequential at cohorts 16, 50, 100, 500 (benchmarks.client_throughput, cifar_cnn);
-     speedups.json;
-  2b. the same for the Shakespeare round (char_lstm, 16 rows of 80 ids per client, batch 8, 1+1
-     epochs) at cohorts 10, 50, 100, 500; lstm_speedups.json;
-  3. the executors agree: one round of the default experiment under vmap and under sequential,
-     compared by relative differences (bound below); agreement.json;
-  4. the wall time of a 200-round paper-regime run (experiments/configs/fmnist_paper_regime.py,
-     DP2-FedSAM, executor auto); paper_regime/ is its workdir.
---smoke runs every step at toy sizes (an MLP, a few clients, one round): what CI runs on its CPU to
+DIR defaults to benchmarks/results/<device>-<UTC date> (e.g. nvidia-h200-2026-11-30). The default
+steps, in this order (the most wanted first), each written under DIR as it finishes, with
+summary.json rewritten after every step:
+  conv_sweep    the CIFAR CNN round (DP2-FedSAM, 45 examples, 2+2 epochs) under conv_impl xla and
+                im2col, vmap at cohorts 16, 50, 500 and sequential at 50, then the fastest lowering
+                at cohort 50 in bf16 and f32 matmul precision (benchmarks.conv_sweep); conv_sweep.json;
+  pfl           pfl-research's CIFAR-10 setup as FedAvg, DP-FedAvg and DP2-FedSAM, 300 of its
+                1,500 rounds timed, its minutes projected (benchmarks.pfl_cifar10); pfl_cifar10.json;
+  agreement     one round of the default experiment under vmap and under sequential, compared by
+                relative differences (bounds below); agreement.json;
+  paper_regime  the wall time of a 200-round paper-regime run (experiments/configs/
+                fmnist_paper_regime.py, DP2-FedSAM, executor auto); paper_regime/ is its workdir;
+  scaling       cost against the cohort (benchmarks.cohort_scaling): cifar_cnn vmapped, 1,000
+                clients in one round (with the sweep's 16-500: where the cohort stops fitting);
+                cohort_scaling.{json,png}.
+On request: speedups (cifar_cnn, conv_impl auto, vmap and sequential at 16, 50, 100, 500) and
+lstm_speedups (the Shakespeare round, char_lstm, cohorts 10-500): both ran on an H200 on 2026-11-26
+(results/gpu-h200/).
+
+Sized for one H100/H200 in about 6 minutes, estimated from results/gpu-h200 (compiles of 8-18 s a
+CNN round, 0.1 s a vmapped round of 50): conv_sweep ~150 s (10 compiles), pfl ~65 s, agreement
+~45 s, paper_regime ~75 s, scaling ~20 s. A step that would start after --budget_seconds is
+skipped (recorded as such), so a slower device loses the last steps, not the first.
+--smoke runs every step at toy sizes (a few clients, one or two rounds): what CI runs on its CPU to
 keep the command working end to end. On a CPU the full sizes take hours (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,11 +49,14 @@ from dp2fedsam_jax.federated_round import make_round_step
 from dp2fedsam_jax.train import build_experiment
 from experiments.configs import default
 
-_OUT = flags.DEFINE_string('out', None, 'Directory for every result file.')
+_OUT = flags.DEFINE_string('out', None, 'Directory for every result file (default: '
+                           'benchmarks/results/<device>-<UTC date>).')
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Toy sizes (CI on CPU): the same steps, minutes not hours.')
-STEP_NAMES = ('scaling', 'speedups', 'lstm_speedups', 'agreement', 'paper_regime')
-_STEPS = flags.DEFINE_list('steps', list(STEP_NAMES),
-                           'Which steps to run.')
+STEP_NAMES = ('conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling', 'speedups', 'lstm_speedups')
+DEFAULT_STEPS = ('conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling')
+_STEPS = flags.DEFINE_list('steps', list(DEFAULT_STEPS), f'Which steps to run, in order: {STEP_NAMES}.')
+_BUDGET = flags.DEFINE_float('budget_seconds', 360.0, 'Skip the steps that would start after this '
+                             'many seconds (0: no limit).')
 
 # The executors agree when these relative differences after one round stay below the bounds. They
 # differ only in the order of float32 reductions (batched vs single GEMMs), but the default
@@ -106,10 +123,17 @@ def agreement(out: str, smoke: bool) -> dict:
   return result
 
 
+# The steps' own processes see the environment as it was given: this process only asks its GPU
+# backend not to reserve most of the device's memory up front (JAX's default), which would leave
+# the benchmarks it starts a quarter of it.
+_CHILD_ENV = dict(os.environ)
+_PREALLOCATE = 'XLA_PYTHON_CLIENT_PREALLOCATE'
+
+
 def _run(cmd: list[str], what: str) -> float:
   print(f'\n== {what}: {" ".join(cmd)}', flush=True)
   start = time.perf_counter()
-  subprocess.run(cmd, check=True)
+  subprocess.run(cmd, check=True, env=_CHILD_ENV)
   return time.perf_counter() - start
 
 
@@ -119,9 +143,10 @@ def _write(out: str, name: str, obj) -> None:
 
 
 def scaling(out: str, smoke: bool) -> dict:
+  # Full size: the one cohort the sweep does not time, all of pfl-research's 1,000 users at once.
   sizes = (['--models=mlp', '--cohorts=1,2', '--modes=sequential,vmap', '--samples_per_client=8',
             '--batch_size=4', '--epochs=1'] if smoke else
-           ['--models=cifar_cnn,resnet18_gn', '--cohorts=1,4,16,64,256', '--max_round_seconds=300'])
+           ['--models=cifar_cnn', '--cohorts=1000', '--modes=vmap', '--max_round_seconds=60'])
   _run([sys.executable, '-m', 'benchmarks.cohort_scaling', f'--out={out}', *sizes],
        'cost against the cohort')
   with open(os.path.join(out, 'cohort_scaling.json')) as f:
@@ -156,6 +181,42 @@ def _speedups(path: str, sizes: list[str], what: str) -> dict:
           for (mode, c) in seconds if mode == 'vmap' and ('sequential', c) in seconds}
 
 
+def conv_sweep(out: str, smoke: bool) -> dict:
+  # Smoke: pfl-research's smaller CNN on a few examples, no FLOP count (its compilations).
+  sizes = (['--model=pfl_cifar_cnn', '--vmap_cohorts=2', '--sequential_cohorts=2',
+            '--precision_cohort=2', '--extra_precisions=bfloat16', '--samples_per_client=4',
+            '--batch_size=2', '--personal_epochs=1', '--shared_epochs=1', '--rounds=1',
+            '--matmul_size=64', '--noflops'] if smoke else
+           ['--model=cifar_cnn', '--vmap_cohorts=16,50,500', '--sequential_cohorts=50',
+            '--precision_cohort=50', '--extra_precisions=bfloat16,float32', '--rounds=2'])
+  _run([sys.executable, '-m', 'benchmarks.conv_sweep', f'--out={out}', '--impls=xla,im2col', *sizes],
+       'conv lowering sweep')
+  with open(os.path.join(out, 'conv_sweep.json')) as f:
+    return json.load(f)['summary']
+
+
+def pfl(out: str, smoke: bool) -> dict:
+  sizes = (['--rounds=2', '--users=4', '--cohort=2', '--examples_per_user=4', '--batch_size=2',
+            '--noise_multiplier=1.0'] if smoke else ['--rounds=300'])
+  _run([sys.executable, '-m', 'benchmarks.pfl_cifar10', f'--out={out}', *sizes],
+       "pfl-research's CIFAR-10 setup")
+  with open(os.path.join(out, 'pfl_cifar10.json')) as f:
+    result = json.load(f)
+  keys = ('executor', 'setup_minutes', 'setup_minutes_projected', 'client_updates_per_second',
+          'compile_seconds', 'rounds')
+  return {'results': {r['method']: {k: r[k] for k in keys} for r in result['results']},
+          'pfl_research': result['pfl_research']}
+
+
+def default_out(device) -> str:
+  """benchmarks/results/<device kind, lower-case, dashes>-<UTC date>."""
+  kind = re.sub(r'[^a-z0-9]+', '-', str(device.device_kind).lower()).strip('-') or device.platform
+  if device.platform == 'cpu':
+    kind = 'cpu'
+  return os.path.join('benchmarks', 'results',
+                      f'{kind}-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}')
+
+
 def paper_regime(out: str, smoke: bool) -> dict:
   workdir = os.path.join(out, 'paper_regime')
   arg = ':N=20' if smoke else ''
@@ -176,21 +237,34 @@ def paper_regime(out: str, smoke: bool) -> dict:
 def main(argv):
   if len(argv) > 1:
     raise ValueError(f'unexpected arguments: {argv[1:]}')
-  if not _OUT.value:
-    raise ValueError('--out: a directory for the results is needed')
   unknown = sorted(set(_STEPS.value) - set(STEP_NAMES))
   if unknown:
     raise ValueError(f'--steps: unknown {unknown}')
-  os.makedirs(_OUT.value, exist_ok=True)
-  steps = {'scaling': scaling, 'speedups': speedups, 'lstm_speedups': lstm_speedups,
-           'agreement': agreement, 'paper_regime': paper_regime}
+  steps = {'conv_sweep': conv_sweep, 'pfl': pfl, 'scaling': scaling, 'speedups': speedups,
+           'lstm_speedups': lstm_speedups, 'agreement': agreement, 'paper_regime': paper_regime}
+  os.environ[_PREALLOCATE] = 'false'  # before this process's backend starts (jax.devices)
   device = jax.devices()[0]
+  out = _OUT.value or default_out(device)
+  os.makedirs(out, exist_ok=True)
+  print(f'== results under {out}', flush=True)
   summary = {'device': {'platform': device.platform, 'device_kind': device.device_kind,
                         'device_count': jax.device_count(), 'jax_version': jax.__version__},
-             'smoke': _SMOKE.value}
+             'smoke': _SMOKE.value,
+             'started_utc': f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}',
+             'load_before': [round(x, 2) for x in os.getloadavg()], 'step_seconds': {}, 'skipped': []}
+  start = time.perf_counter()
   for name in _STEPS.value:
-    summary[name] = steps[name](_OUT.value, _SMOKE.value)
-  _write(_OUT.value, 'summary.json', summary)
+    if _BUDGET.value and time.perf_counter() - start >= _BUDGET.value:
+      print(f'\n== {name}: skipped, {time.perf_counter() - start:.0f} s of the '
+            f'{_BUDGET.value:.0f} s budget spent', flush=True)
+      summary['skipped'].append(name)
+      continue
+    step_start = time.perf_counter()
+    summary[name] = steps[name](out, _SMOKE.value)
+    summary['step_seconds'][name] = time.perf_counter() - step_start
+    summary['total_seconds'] = time.perf_counter() - start
+    _write(out, 'summary.json', summary)  # after every step: a run cut short keeps what it finished
+  _write(out, 'summary.json', summary)
   print(f"\n== {device.device_kind} ({device.platform}), jax {jax.__version__}"
         + (' -- smoke sizes' if _SMOKE.value else ''))
   if 'scaling' in summary:
@@ -203,6 +277,20 @@ def main(argv):
   if 'lstm_speedups' in summary:
     print('vmap over sequential, char_lstm: ' + ', '.join(
         f'{c} clients {s:.2f}x' for c, s in summary['lstm_speedups'].items()))
+  if 'conv_sweep' in summary:
+    s = summary['conv_sweep']
+    for cohort, lines in s.get('vmap_over_best_sequential', {}).items():
+      print(f'conv sweep, vmap over the best sequential line, {cohort} clients: '
+            + ', '.join(f'{impl} {x:.2f}x' for impl, x in lines.items()))
+    print(f"conv sweep: {s.get('goal')}: {s.get('goal_met')}; auto's lowering measured fastest "
+          f"{s.get('auto_conv_impl_supported')}, now {s.get('auto_conv_impl_now')}")
+  if 'pfl' in summary:
+    low, high = summary['pfl']['pfl_research']['derived_client_updates_per_second']
+    for method, r in summary['pfl']['results'].items():
+      print(f"pfl-research's CIFAR-10 setup, {method} ({r['executor']}): {r['setup_minutes']:.2f} min"
+            f"{' (projected from ' + str(r['rounds']) + ' rounds)' if r['setup_minutes_projected'] else ''}"
+            f", {r['client_updates_per_second']:.0f} client updates/s (pfl-research: {low}-{high}/s on "
+            'one A100, derived)')
   if 'agreement' in summary:
     a = summary['agreement']
     print('executors agree (metrics within {:g}, model step within {:g}): {} -- {}'.format(

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# The speed benchmarks of a GPU or TPU machine in one command (benchmarks/README.md, "Accelerators"):
+# The speed benchmarks of a GPU or TPU machine in one command (benchmarks/README.md, "GPU run pending"):
 #
 #   bash benchmarks/accelerator.sh [OUT_DIR]
 #
 # installs the project (launch/setup.sh, without TensorFlow) and the JAX build for the accelerator it
 # finds (CUDA 13 for an NVIDIA driver >= 580, else CUDA 12; TPU on a TPU VM / Colab TPU), then runs
-# python -m benchmarks.accelerator: cost against the cohort (table + plot), vmap over sequential at
-# 16/50/100/500 clients (cifar_cnn) and 10/50/100/500 (char_lstm, the Shakespeare round), the
-# executors' agreement, and a 200-round paper-regime run.
-# SMOKE=1: toy sizes (CI runs this on its CPU); SKIP_INSTALL=1: use what is installed.
+# python -m benchmarks.accelerator: the conv lowering sweep of the CIFAR CNN (xla / im2col, vmap and
+# sequential, bf16 and f32 precision), pfl-research's CIFAR-10 setup (FedAvg, DP-FedAvg, DP2-FedSAM),
+# the executors' agreement, a 200-round paper-regime run and a 1,000-client cohort: about 6 minutes
+# on one H100/H200, JSON under OUT_DIR (default benchmarks/results/<device>-<UTC date>) with a
+# summary.json. SMOKE=1: toy sizes (CI runs this on its CPU); SKIP_INSTALL=1: use what is installed
+# (a machine without network: the JAX build for its accelerator must already be there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-benchmarks/results/accelerator-$(date +%Y%m%d-%H%M)}"
+ARGS=()
+if [ -n "${1:-}" ]; then ARGS+=("--out=$1"); fi
 if [ "${SKIP_INSTALL:-0}" != "1" ]; then
   SKIP_TFDS=1 bash launch/setup.sh
   JAX_VERSION="$(python3 -c 'import jax; print(jax.__version__)')"
@@ -25,5 +28,5 @@ if [ "${SKIP_INSTALL:-0}" != "1" ]; then
     python3 -m pip install -q "jax[tpu]==${JAX_VERSION}"
   fi
 fi
-SMOKE_FLAG=""; [ "${SMOKE:-0}" = "1" ] && SMOKE_FLAG="--smoke"
-python3 -m benchmarks.accelerator --out="${OUT}" ${SMOKE_FLAG}
+if [ "${SMOKE:-0}" = "1" ]; then ARGS+=("--smoke"); fi
+python3 -m benchmarks.accelerator ${ARGS[@]+"${ARGS[@]}"}
