@@ -34,7 +34,7 @@ from benchmarks import flops as flops_lib
 from benchmarks import timing
 from dp2fedsam_jax import cli, run_files
 from dp2fedsam_jax.algorithms import get_method
-from dp2fedsam_jax.models import AUTO_CONV_IMPL, count_params, get_model
+from dp2fedsam_jax.models import count_params, get_model
 
 _OUT = flags.DEFINE_string('out', None, 'Directory for conv_sweep.json.')
 _IMPLS = flags.DEFINE_list('impls', ['xla', 'im2col'], 'Lowerings to time (models.CONV_IMPLS but auto).')
@@ -48,56 +48,11 @@ _EXTRA_PRECISIONS = flags.DEFINE_list('extra_precisions', ['float32', 'bfloat16'
                                       'default (timing.MATMUL_PRECISIONS).')
 _PRECISION_COHORT = flags.DEFINE_integer('precision_cohort', 50, 'The vmap cohort of those lines; '
                                          'also the cohort of the goal (vmap >= 10x sequential).')
-GOAL_SPEEDUP = 10.0  # issue 59: vmap >= 10x the best sequential line at cohort 50 on one H100/H200
-
-
 def _ints(values: list[str], name: str) -> list[int]:
   try:
     return [int(v) for v in values]
   except ValueError as e:
     raise ValueError(f'--{name}={",".join(values)}: a list of integers ({e})') from e
-
-
-def sweep_summary(rows: list[dict], goal_cohort: int) -> dict:
-  """The ratios the issue asks for, from the lines that ran at the default precision."""
-  ok = [r for r in rows if r.get('status') == 'ok' and r['matmul_precision'] == 'default']
-  sequential = [r['seconds_per_round'] / r['clients'] for r in ok if r['mode'] == 'sequential']
-  best_seq = min(sequential) if sequential else None  # seconds per client, any lowering
-  vmap = {}
-  for r in ok:
-    if r['mode'] == 'vmap':
-      vmap.setdefault(r['clients'], {})[r['conv_impl']] = r['seconds_per_round']
-  fastest = {c: min(lines, key=lines.get) for c, lines in sorted(vmap.items())}
-  speedups = {str(c): {impl: best_seq * c / s for impl, s in lines.items()}
-              for c, lines in sorted(vmap.items())} if best_seq else {}
-  at_goal = speedups.get(str(goal_cohort), {})
-  summary = {'best_sequential_seconds_per_client': best_seq,
-             'vmap_over_best_sequential': speedups,
-             'fastest_vmap_impl': {str(c): impl for c, impl in fastest.items()},
-             'goal': f'vmap >= {GOAL_SPEEDUP:g}x the best sequential line at cohort {goal_cohort}',
-             'goal_met': (max(at_goal.values()) >= GOAL_SPEEDUP) if at_goal else None}
-  if goal_cohort in fastest:  # executor auto is vmap off the CPU: its fastest lowering is auto's
-    summary['auto_conv_impl_supported'] = {jax.default_backend(): fastest[goal_cohort]}
-    summary['auto_conv_impl_now'] = {jax.default_backend(): AUTO_CONV_IMPL.get(jax.default_backend())}
-  return summary
-
-
-def numerics(rows: list[dict]) -> list[dict]:
-  """Each precision's last-round update norm and loss against the float32 line of the same
-  (lowering, executor, cohort): relative differences after the same rounds from the same start."""
-  ref = {(r['conv_impl'], r['mode'], r['clients']): r['last_round'] for r in rows
-         if r.get('status') == 'ok' and r['matmul_precision'] == 'float32'}
-  out = []
-  for r in rows:
-    key = (r['conv_impl'], r['mode'], r['clients'])
-    if r.get('status') != 'ok' or key not in ref or r['matmul_precision'] == 'float32':
-      continue
-    out.append({'conv_impl': key[0], 'mode': key[1], 'clients': key[2],
-                'matmul_precision': r['matmul_precision'],
-                'relative_difference_to_float32': {
-                    k: abs(v - ref[key][k]) / max(abs(ref[key][k]), 1e-30)
-                    for k, v in r['last_round'].items() if k in ref[key]}})
-  return out
 
 
 def main(argv):
@@ -160,8 +115,8 @@ def main(argv):
 
   def record(row: dict) -> None:
     result['results'].append(row)
-    result['summary'] = sweep_summary(result['results'], _PRECISION_COHORT.value)
-    result['numerics'] = numerics(result['results'])
+    result['summary'] = timing.sweep_summary(result['results'], _PRECISION_COHORT.value)
+    result['numerics'] = timing.numerics(result['results'])
     run_files.write_json_atomic(path, result)
 
   for impl in impls:
