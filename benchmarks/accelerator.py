@@ -151,7 +151,10 @@ def scaling(out: str, smoke: bool) -> dict:
   _run([sys.executable, '-m', 'benchmarks.cohort_scaling', f'--out={out}', *sizes],
        'cost against the cohort')
   with open(os.path.join(out, 'cohort_scaling.json')) as f:
-    return json.load(f)['vmap_wins']
+    result = json.load(f)
+  keys = ('model', 'mode', 'clients', 'status', 'seconds_per_client', 'peak_memory_bytes')
+  return {'vmap_wins': result['vmap_wins'],
+          'rows': [{k: r[k] for k in keys if k in r} for r in result['rows']]}
 
 
 def speedups(out: str, smoke: bool) -> dict:
@@ -270,7 +273,11 @@ def main(argv):
   print(f"\n== {device.device_kind} ({device.platform}), jax {jax.__version__}"
         + (' -- smoke sizes' if _SMOKE.value else ''))
   if 'scaling' in summary:
-    for model, wins in (summary['scaling'] or {}).items():
+    for r in summary['scaling']['rows']:
+      print(f"cohort {r['clients']}, {r['model']} {r['mode']}: " + (
+          f"{r['seconds_per_client']:.4f} s a client, {r['peak_memory_bytes'] / 2**30:.1f} GiB"
+          if r['status'] == 'ok' else r['status']))
+    for model, wins in summary['scaling']['vmap_wins'].items():
       print(f'vmap beats the loop, {model}: ' + ', '.join(
           f"{w['clients']} clients ({w['mode']}, {w['speedup']:.2f}x)" for w in wins))
   if 'speedups' in summary:

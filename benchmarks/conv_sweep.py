@@ -39,8 +39,8 @@ from dp2fedsam_jax.models import count_params, get_model
 _OUT = flags.DEFINE_string('out', None, 'Directory for conv_sweep.json.')
 _IMPLS = flags.DEFINE_list('impls', ['xla', 'im2col'], 'Lowerings to time (models.CONV_IMPLS but auto).')
 _VMAP_COHORTS = flags.DEFINE_list('vmap_cohorts', ['16', '50', '100', '500'], 'Cohorts under vmap.')
-# On the H200 the loop's cost per client was flat from 16 to 500 clients (4.9-5.1 ms,
-# results/gpu-h200/speedups.json), so one cohort of it is enough for the ratios.
+# accelerator.py times the loop at 50 clients only: on the H200 its cost per client was flat from 16
+# to 500 (4.9-5.1 ms, results/gpu-h200/speedups.json), so one cohort of it gives every ratio.
 _SEQ_COHORTS = flags.DEFINE_list('sequential_cohorts', ['16', '50', '100', '500'],
                                  'Cohorts under the sequential executor (empty: none).')
 _EXTRA_PRECISIONS = flags.DEFINE_list('extra_precisions', ['float32', 'bfloat16'],
@@ -48,6 +48,8 @@ _EXTRA_PRECISIONS = flags.DEFINE_list('extra_precisions', ['float32', 'bfloat16'
                                       'default (timing.MATMUL_PRECISIONS).')
 _PRECISION_COHORT = flags.DEFINE_integer('precision_cohort', 50, 'The vmap cohort of those lines; '
                                          'also the cohort of the goal (vmap >= 10x sequential).')
+
+
 def _ints(values: list[str], name: str) -> list[int]:
   try:
     return [int(v) for v in values]

@@ -61,6 +61,8 @@ def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
   assert set(summary['pfl']['results']) == {'fedavg', 'dp_fedavg', 'dp2fedsam'}
   assert all(r['client_updates_per_second'] > 0 for r in summary['pfl']['results'].values())
   assert summary['pfl']['pfl_research']['derived_client_updates_per_second'] == [250, 420]
+  assert {(r['mode'], r['clients']) for r in summary['scaling']['rows']} == {
+      ('sequential', 1), ('sequential', 2), ('vmap', 1), ('vmap', 2)}
   scaling = json.loads((out / 'cohort_scaling.json').read_text())
   assert {(r['mode'], r['clients']) for r in scaling['rows'] if r['status'] == 'ok'} == {
       ('sequential', 1), ('sequential', 2), ('vmap', 1), ('vmap', 2)}
