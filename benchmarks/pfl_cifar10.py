@@ -37,7 +37,7 @@ from dp2fedsam_jax.config import base_config
 from dp2fedsam_jax.federated_round import make_round_step, resolve_executor, RoundConfig
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import CONV_IMPLS, count_params, get_model
-from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
 from dp2fedsam_jax.state import init_state
 
@@ -89,10 +89,10 @@ def local_config() -> LocalConfig:
   return LocalConfig.from_config(c)
 
 
-def mechanism_for(spec, sigma: float | None) -> DPMechanism:
+def mechanism_for(spec, sigma: float | None) -> DPMechanism | NonPrivate:
   sampler = Independent(_USERS.value, _COHORT.value / _USERS.value, 'fixed')
   if not spec.private:
-    return DPMechanism(sampler, clip_norm=_CLIP.value, noise_multiplier=0.0, private=False)
+    return NonPrivate(sampler, clip_norm=_CLIP.value, noise_multiplier=0.0)
   # Fixed-size cohorts are accounted with RDP (replace-one neighbours).
   mechanism = DPMechanism(sampler, clip_norm=_CLIP.value, noise_multiplier=1.0, delta=_DELTA.value,
                           accountant='rdp')
