@@ -25,7 +25,9 @@ Sized for one H100/H200 in about 6 minutes, estimated from results/gpu-h200 (com
 CIFAR-CNN round, 0.1 s a vmapped round of 50, 1.0 s of 500): conv_sweep ~165 s (10 compiles), pfl
 ~65 s, agreement ~45 s, paper_regime ~75 s: ~350 s; scaling (~35 s) runs only if the others took
 less. A step that would start after --budget_seconds (300) is skipped and recorded as such, so a
-slower device loses the last steps, not the first, and the run ends within about 6 minutes.
+slower device loses the last steps, not the first, and the run ends within about 6 minutes. A step
+that fails (a dataset missing on the machine) is recorded in summary.json's `failed` and the next
+one runs; the command then exits with an error.
 --smoke runs every step at toy sizes (a few clients, one or two rounds): what CI runs on its CPU to
 keep the command working end to end. On a CPU the full sizes take hours (benchmarks/README.md).
 """
@@ -255,7 +257,8 @@ def main(argv):
                         'device_count': jax.device_count(), 'jax_version': jax.__version__},
              'smoke': _SMOKE.value,
              'started_utc': f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}',
-             'load_before': [round(x, 2) for x in os.getloadavg()], 'step_seconds': {}, 'skipped': []}
+             'load_before': [round(x, 2) for x in os.getloadavg()], 'step_seconds': {}, 'skipped': [],
+             'failed': {}}
   budget = 0.0 if _SMOKE.value else _BUDGET.value  # a CI smoke run checks every step
   start = time.perf_counter()
   for name in _STEPS.value:
@@ -265,7 +268,13 @@ def main(argv):
       summary['skipped'].append(name)
       continue
     step_start = time.perf_counter()
-    summary[name] = steps[name](out, _SMOKE.value)
+    try:
+      summary[name] = steps[name](out, _SMOKE.value)
+    except (subprocess.CalledProcessError, OSError, ValueError, RuntimeError) as e:
+      # One step that fails (a dataset missing on the machine, a process out of memory) must not
+      # cost the device time of the steps after it: recorded, and the run ends with an error.
+      print(f'\n== {name} failed: {type(e).__name__}: {e}', flush=True)
+      summary['failed'][name] = f'{type(e).__name__}: {e}'[:1000]
     summary['step_seconds'][name] = time.perf_counter() - step_start
     summary['total_seconds'] = time.perf_counter() - start
     _write(out, 'summary.json', summary)  # after every step: a run cut short keeps what it finished
@@ -311,6 +320,8 @@ def main(argv):
           f"accuracy {100 * p['test_accuracy']:.1f} %, eps {p['epsilon']:.3f}")
   if 'agreement' in summary and not summary['agreement']['agree']:
     raise SystemExit('error: the executors disagree beyond the bound (agreement.json)')
+  if summary['failed']:
+    raise SystemExit(f"error: steps {sorted(summary['failed'])} failed (summary.json)")
 
 
 if __name__ == '__main__':
