@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks import flops as flops_lib
 from dp2fedsam_jax import cli, run_files
-from dp2fedsam_jax import sharding
+from dp2fedsam_jax import executors
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
@@ -217,12 +217,12 @@ def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   privatizer = DPMechanism if spec.private else NonPrivate
   mechanism = privatizer(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
                          noise_multiplier=1.0 if spec.private else 0.0)
-  rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=_CHUNK.value)
+  rc = RoundConfig(mechanism=mechanism, server_lr=1.0,
+                   executor=executors.from_name(mode, _CHUNK.value))
   step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
   state = init_state(spec, model, jax.random.key(0), cohort)
   key = jax.random.key(1)
-  if mode == 'sharded':
-    state, data, key = sharding.replicate((state, data, key))
+  state, data, key = rc.executor.place((state, data, key))
   load_before = _load()
   start = time.perf_counter()
   compiled = step.lower(state, data, key).compile()
