@@ -48,7 +48,6 @@ import jax.numpy as jnp
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import executors, keys, trees
-from dp2fedsam_jax.executors import Executor, Vmap
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import Privatizer
@@ -92,7 +91,7 @@ class RoundConfig:
   """Everything static a round needs, resolved from the experiment config."""
   mechanism: Privatizer  # sampling, clipping, noise, divisor: the privatizer that is accounted
   server_lr: float
-  executor: Executor = Vmap()  # how the cohort runs (executors.py): its mapping, sizing, placement
+  executor: executors.Executor = executors.Vmap()  # how the cohort runs: mapping, sizing, placement
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
   server_optimizer: ServerOptimizer = ServerOptimizer()  # the step on the released average
 

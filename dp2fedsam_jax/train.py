@@ -236,6 +236,8 @@ ADAPTIVE_SCALARS = ('clip_norm',)
 # takes (they grow with the cohort's size).
 PRIVATE_TRAIN_SCALARS = ('clip_norm',)
 PRIVATE_RECORD_KEYS = ('round', 'epsilon', 'epsilon_caveat')
+
+
 def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str]:
   """The config with executor 'auto' replaced by the one the run uses, and how it was chosen.
 
