@@ -47,7 +47,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from dp2fedsam_jax import cli
+from dp2fedsam_jax import cli, executors
 from dp2fedsam_jax.federated_round import make_round_step
 from dp2fedsam_jax.train import build_experiment
 from experiments.configs import default
@@ -106,7 +106,7 @@ def compare_rounds(start, first: tuple, second: tuple) -> dict:
 def one_round(config, executor: str):
   """(shared params before, (state, metrics) after) the first round of `config` under `executor`."""
   exp = build_experiment(config)
-  rc = dataclasses.replace(exp.round_config, executor=executor)
+  rc = dataclasses.replace(exp.round_config, executor=executors.from_name(executor))
   step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params))
   state = exp.init_state()
   start = jax.device_get(state.shared)

@@ -49,7 +49,8 @@ def main(argv):
   exp = build_experiment(config)
   data, key = exp.data, jax.random.key(0)
   state = exp.init_state()
-  cpb = evaluation.evaluation_batch_size(exp.spec, exp.round_config.executor)
+  cpb = exp.round_config.executor.evaluation_batch(exp.spec.evaluation.own_weights,
+                                                   evaluation.CLIENTS_PER_BATCH)
   finetunes = exp.spec.evaluation in ('finetune', 'finetune_head')
   runs = {}
   for cell in _CELLS.value:

@@ -34,7 +34,8 @@ from dp2fedsam_jax import cli, run_files
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
-from dp2fedsam_jax.federated_round import make_round_step, resolve_executor, RoundConfig
+from dp2fedsam_jax import executors
+from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import CONV_IMPLS, count_params, get_model
 from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate
@@ -104,7 +105,7 @@ def time_method(name: str, model, data, lc: LocalConfig, sigma: float | None) ->
   spec = get_method(name)
   mechanism = mechanism_for(spec, sigma)
   rc = RoundConfig(mechanism=mechanism, server_lr=_SERVER_LR.value,
-                   executor=resolve_executor(_EXECUTOR.value))
+                   executor=executors.from_name(_EXECUTOR.value))
   step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
   state, key = init_state(spec, model, jax.random.key(0), _USERS.value), jax.random.key(1)
   start = time.perf_counter()
@@ -119,7 +120,7 @@ def time_method(name: str, model, data, lc: LocalConfig, sigma: float | None) ->
   # the work (the pixels are random, there is nothing to learn).
   assert int(metrics['cohort_size']) == _COHORT.value, metrics
   per_round = seconds / _ROUNDS.value
-  row = {'method': name, 'executor': rc.executor, 'private': spec.private,
+  row = {'method': name, 'executor': rc.executor.name, 'private': spec.private,
          'compile_seconds': compile_seconds, 'rounds': _ROUNDS.value, 'rounds_seconds': seconds,
          'seconds_per_round': per_round,
          'client_updates_per_second': _COHORT.value / per_round,

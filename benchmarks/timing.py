@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dp2fedsam_jax import sharding
+from dp2fedsam_jax import executors
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
@@ -121,12 +121,12 @@ def time_round(mode: str, cohort: int, spec, model, lc, *, samples: int, rounds:
   privatizer = DPMechanism if spec.private else NonPrivate
   mechanism = privatizer(Independent(cohort, 1.0, 'fixed'), clip_norm=0.1,
                          noise_multiplier=1.0 if spec.private else 0.0)
-  rc = RoundConfig(mechanism=mechanism, server_lr=1.0, executor=mode, chunk_size=chunk_size)
+  rc = RoundConfig(mechanism=mechanism, server_lr=1.0,
+                   executor=executors.from_name(mode, chunk_size))
   step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
   state = init_state(spec, model, jax.random.key(0), cohort)
   key = jax.random.key(1)
-  if mode == 'sharded':
-    state, data, key = sharding.replicate((state, data, key))
+  state, data, key = rc.executor.place((state, data, key))
   load_before = load_average()
   start = time.perf_counter()
   compiled = step.lower(state, data, key).compile()

@@ -46,7 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_beta1 = 0.9
   c.server_beta2 = 0.99
   c.server_eps = 1e-3
-  # 'auto' (sequential on CPU, vmap on GPU/TPU; federated_round.resolve_executor) | 'vmap' | 'sequential' |
+  # 'auto' (sequential on CPU, vmap on GPU/TPU; executors.resolve_name) | 'vmap' | 'sequential' |
   # 'sharded' (cohort split over jax.devices(); on a CPU, JAX_NUM_CPU_DEVICES=<cores> gives one per core).
   c.executor = 'auto'
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
@@ -132,7 +132,7 @@ def choices() -> dict[str, tuple[str, ...]]:
   """
   # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax import adaptation
-  from dp2fedsam_jax import federated_round as round_lib
+  from dp2fedsam_jax import executors
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.federated import SUBSET_DRAWS
@@ -144,7 +144,7 @@ def choices() -> dict[str, tuple[str, ...]]:
       'model': tuple(registry.model_names()),
       'conv_impl': layers.CONV_IMPLS,
       'partition': PARTITIONS + (NATURAL,),  # natural: one client per writer
-      'executor': round_lib.EXECUTORS,
+      'executor': executors.NAMES,
       'server_optimizer': server_optimizer.SERVER_OPTIMIZERS,
       'dp.sampling': sampling.SAMPLINGS,
       'dp.poisson_draw': sampling.POISSON_DRAWS,

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 
 from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax import keys, sharding, trees
+from dp2fedsam_jax import executors, keys, trees
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import Privatizer
@@ -55,26 +55,6 @@ from dp2fedsam_jax.privacy.noise import noise_support
 from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
 from dp2fedsam_jax.server_optimizer import ServerOptimizer
 from dp2fedsam_jax.state import ServerState
-
-EXECUTORS = ('auto', 'vmap', 'sequential', 'sharded')
-
-
-def resolve_executor(executor: str, backend: str | None = None) -> str:
-  """'auto' -> the executor that fits `backend` (default: JAX's default backend); others as given.
-
-  CPU: 'sequential', a loop over the clients (with chunk_size, a loop over chunks of it). A CPU has
-  no idle hardware for a client batch axis to fill, and vmapped per-client weights turn each GEMM
-  into a batched one with a 5-10x larger working set: benchmarks/README.md measures sequential 1.37x
-  faster than the whole-cohort vmap at cohort 50, and vmapped sub-chunks of 2 no faster than it.
-  GPU/TPU: 'vmap', where one client's small GEMMs would leave most of the chip idle.
-  """
-  if executor not in EXECUTORS:
-    raise ValueError(f'config.executor={executor!r}: unknown; choose one of {list(EXECUTORS)}.')
-  if executor != 'auto':
-    return executor
-  backend = backend or jax.default_backend()
-  return 'sequential' if backend == 'cpu' else 'vmap'
-
 
 def program_bytes(compiled) -> int:
   """Device memory a compiled program needs at once: arguments, outputs and temporaries (XLA's
@@ -111,8 +91,7 @@ class RoundConfig:
   """Everything static a round needs, resolved from the experiment config."""
   mechanism: Privatizer  # sampling, clipping, noise, divisor: the privatizer that is accounted
   server_lr: float
-  executor: str = 'vmap'  # 'vmap' | 'sequential' | 'sharded' (slots over all devices) | 'auto'
-  chunk_size: int | None = None     # clients vmapped at once (None: the whole chunk)
+  executor: executors.Executor = executors.Vmap()  # how the cohort runs: mapping, sizing, placement
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
   server_optimizer: ServerOptimizer = ServerOptimizer()  # the step on the released average
 
@@ -127,38 +106,13 @@ class RoundConfig:
       capacity = min(self.cohort_capacity, m.num_clients)
     else:
       capacity = sampling.default_capacity(m.cohort_sampling, m.sampling_rate, m.num_clients)
-    if self.chunk_size is not None:
-      # A chunk's uploads ([slots, params]) are summed before the next chunk trains: slots beyond
-      # chunk_size would only hold more of them in memory at once.
-      capacity = min(capacity, self.chunk_size)
-    if self.executor == 'sharded':  # the same number of slots on every device
-      capacity = sharding.round_up(capacity, sharding.num_shards())
-    return capacity
+    return self.executor.slots(capacity)
 
 
 def round_config_from(config, mechanism: Privatizer) -> RoundConfig:
   return RoundConfig(mechanism=mechanism, server_lr=config.server_lr,
-                     executor=resolve_executor(config.executor),
-                     chunk_size=config.chunk_size, cohort_capacity=config.cohort_capacity,
+                     executor=executors.from_config(config), cohort_capacity=config.cohort_capacity,
                      server_optimizer=ServerOptimizer.from_config(config))
-
-
-def client_mapper(executor: str, chunk_size: int | None) -> Callable:
-  """map_clients(f, env, *stacked_args): f(env, *one_slot_args) over the stacked slots, `env` (the
-  round's values every client reads) shared by all: the one place where executors differ."""
-  executor = resolve_executor(executor)
-  if executor == 'vmap' and chunk_size is None:
-    return lambda f, env, *xs: jax.vmap(functools.partial(f, env))(*xs)
-  if executor == 'vmap':  # memory-bounded: a sequential loop over vmapped sub-chunks
-    return lambda f, env, *xs: jax.lax.map(lambda a: f(env, *a), xs, batch_size=chunk_size)
-  if executor == 'sequential':
-    return lambda f, env, *xs: jax.lax.map(lambda a: f(env, *a), xs)
-  # sharded: each device trains its slice of the slots (capacity <= chunk_size), the way one device
-  # of its kind is fastest: a GPU/TPU vmaps it, a CPU device (one per core) loops over it
-  mesh = sharding.client_mesh()
-  if sharding.loops_over_clients(executor):
-    return lambda f, env, *xs: sharding.map_slots_on_each_device(f, env, xs, mesh)
-  return lambda f, env, *xs: jax.vmap(functools.partial(f, env))(*sharding.shard_clients(xs, mesh))
 
 
 # Clients per block of the sampled-id search: a round reduces N booleans to N / _ID_BLOCK counts, then
@@ -370,7 +324,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     spec: the method's pieces (which parameters are shared, local optimizers, post-processing).
     model: the SplitModel (feature extractor + personal head).
     local_config: the clients' local training (epochs, batch size, learning rates, SAM rho).
-    rc: the privatizer and how the cohort is executed (executor, chunk size, capacity).
+    rc: the privatizer and how the cohort is executed (the executor object, capacity).
     params: method-specific hyperparameters (regularizer lambda, keep fraction, ...).
     update_hook: `(client_id, delta) -> delta`, applied to a client's raw update before clipping;
       the privacy audit plants its canary with it, training never sets it.
@@ -388,7 +342,6 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   parts = RoundParts(spec, model, local_config, params, rc.mechanism,
                      noise_support(spec.noise_on_mask), update_hook)
   capacity = rc.capacity
-  map_clients = client_mapper(rc.executor, rc.chunk_size)
 
   def round_step(state: ServerState, data, key):
     privatizer = rc.mechanism.at_clip_state(state.clip_state)
@@ -399,16 +352,13 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.keep_fraction)
     env = RoundEnv(state, data, streams, cohort, round_mask)
     # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
-    chunk = functools.partial(train_chunk, parts, privatizer, map_clients, capacity,
+    chunk = functools.partial(train_chunk, parts, privatizer, rc.executor.map_clients, capacity,
                               sampled_id_blocks(sampled), env)
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
     start = ChunkCarry(jnp.zeros((), jnp.int32), zeros, parts.support.round_support(round_mask, state.shared),
                        state.personal, zero_stats(privatizer, zeros))
     done = jax.lax.while_loop(lambda carry: carry.index * capacity < cohort, chunk, start)
     new_state, metrics = release(parts, rc, privatizer, env, key, sampled, done)
-    if rc.executor == 'sharded':  # the server state and metrics stay whole on every device
-      new_state, metrics = jax.lax.with_sharding_constraint(
-          (new_state, metrics), sharding.replicated(sharding.client_mesh()))
-    return new_state, metrics
+    return rc.executor.constrain((new_state, metrics))
 
   return round_step

@@ -51,12 +51,11 @@ def shard_clients(tree, mesh: Mesh):
 
 
 def loops_over_clients(executor: str, backend: str | None = None) -> bool:
-  """Whether each device trains one client at a time under the config's `executor`: 'sequential',
-  or 'sharded' and 'auto' on CPU devices ('auto' is 'sequential' there:
-  federated_round.resolve_executor; 'sharded': map_slots_on_each_device). Work that gives every
-  client its own weights outside the round (fine-tuning and adaptation evaluations, local_only)
-  loops there too: vmapped per-client weights make every GEMM a batched one, 4-5x slower on 2 CPU
-  cores (benchmarks/README.md)."""
+  """Whether each device trains one client at a time under the config's `executor` name. The name's
+  form of executors.Executor.loops_over_clients ('sequential'; 'sharded' and 'auto' on CPU devices),
+  kept for the helpers that still take the name (evaluation.evaluation_batch_size,
+  adaptation.evaluation_batch_size); the round and train.py ask the executor object. It goes once
+  those helpers take the object (issue 57, item 3)."""
   on_cpu = (backend or jax.default_backend()) == 'cpu'
   return executor == 'sequential' or (executor in ('auto', 'sharded') and on_cpu)
 

@@ -22,14 +22,14 @@ import ml_collections
 from absl import logging
 
 from dp2fedsam_jax import adaptation, checkpoint, keys, local_only, metric_writers, run_files
-from dp2fedsam_jax import sharding, stopping
+from dp2fedsam_jax import executors, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources, split_validation
 from dp2fedsam_jax.data.federated import load_token_clients
-from dp2fedsam_jax.evaluation import (CLIENTS_PER_BATCH, eval_client_ids, evaluation_batch_size,
-                                      make_evaluate, make_validation_evaluate)
+from dp2fedsam_jax.evaluation import (CLIENTS_PER_BATCH, eval_client_ids, make_evaluate,
+                                      make_validation_evaluate)
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
@@ -104,11 +104,12 @@ class Experiment:
 
   def make_evaluate(self):
     """The run's evaluation, a pure function to jit (evaluation.make_evaluate)."""
-    protocol = self.protocol
+    protocol, executor = self.protocol, self.round_config.executor
+    # Fine-tuning and adaptation give every client its own weights (one at a time where the round
+    # loops over clients); forward-only evaluations share one extractor.
+    own_weights = self.spec.evaluation.own_weights or protocol.adapt_epochs > 0
     return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
-                         adaptation.evaluation_batch_size(
-                             protocol, self.round_config.executor,
-                             evaluation_batch_size(self.spec, self.round_config.executor)),
+                         executor.evaluation_batch(own_weights, CLIENTS_PER_BATCH),
                          eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
                                          self.config.seed),
                          adapt=adaptation.make_adapt(
@@ -116,8 +117,7 @@ class Experiment:
                              self.initial_params()['head'] if protocol.head_init == 'random'
                              else None),
                          # the sharded executor's devices share the clients that get own weights
-                         mesh=(sharding.client_mesh() if self.round_config.executor == 'sharded'
-                               else None))
+                         mesh=executor.evaluation_mesh())
 
   @property
   def protocol(self) -> adaptation.Protocol:
@@ -236,8 +236,6 @@ ADAPTIVE_SCALARS = ('clip_norm',)
 # takes (they grow with the cohort's size).
 PRIVATE_TRAIN_SCALARS = ('clip_norm',)
 PRIVATE_RECORD_KEYS = ('round', 'epsilon', 'epsilon_caveat')
-# The executors 'auto' chooses from (federated_round.resolve_executor).
-_AUTO_CHOICES = ('sequential', 'vmap')
 
 
 def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str]:
@@ -246,16 +244,12 @@ def _with_executor(config, workdir: str) -> tuple[ml_collections.ConfigDict, str
   A resumed 'auto' run keeps the executor its config.json records (also when it resumes on another
   backend, or was started before 'auto' existed), so that the resume repeats the run exactly.
   """
-  if config.executor != 'auto':
+  name, chunk_size, how = executors.choose_for_run(config.executor, config.chunk_size,
+                                                   run_files.recorded_config(workdir))
+  if not how:
     return config, ''
-  recorded = run_files.recorded_config(workdir)
   config = config.copy_and_resolve_references()
-  if recorded.get('executor') in _AUTO_CHOICES:
-    config.executor, how = recorded['executor'], 'auto: that of the checkpointed run'
-    if config.chunk_size is None:
-      config.chunk_size = recorded.get('chunk_size')
-  else:
-    config.executor, how = federated_round.resolve_executor('auto'), f'auto on {jax.default_backend()}'
+  config.executor, config.chunk_size = name, chunk_size
   return config, how
 
 
@@ -277,7 +271,8 @@ def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
   state = jax.eval_shape(exp.init_state)
 
   def program_bytes(chunk_size):
-    rc = dataclasses.replace(exp.round_config, chunk_size=chunk_size)
+    rc = dataclasses.replace(exp.round_config,
+                             executor=exp.round_config.executor.with_chunk_size(chunk_size))
     step = federated_round.make_round_step(exp.spec, exp.model, exp.local_config, rc,
                                            exp.method_params)
     return federated_round.program_bytes(
@@ -428,15 +423,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
 
 def _fit_to_device(exp: Experiment, executor_choice: str) -> tuple[Experiment, str]:
   """'auto' on an accelerator fits the vmapped cohort to the device's memory (chunk_size)."""
-  config = exp.config
-  if not (executor_choice and config.executor == 'vmap' and config.chunk_size is None):
+  config, executor = exp.config, exp.round_config.executor
+  if not (executor_choice and executor.vmaps_whole_chunk):
     return exp, executor_choice
   chunk_size = fit_chunk_size(exp)
   if chunk_size is None:
     return exp, executor_choice
   config.chunk_size = chunk_size
   exp = dataclasses.replace(exp, config=config, round_config=dataclasses.replace(
-      exp.round_config, chunk_size=chunk_size))
+      exp.round_config, executor=executor.with_chunk_size(chunk_size)))
   return exp, executor_choice + f'; chunks of {chunk_size} clients fit the device memory'
 
 
@@ -471,7 +466,7 @@ class _CompiledRun:
   @classmethod
   def build(cls, exp: Experiment, workdir: str, state, start: int, private_only: bool):
     """The compiled run and the state placed for it."""
-    place = sharding.replicate if exp.config.executor == 'sharded' else (lambda tree: tree)
+    place = exp.round_config.executor.place
     state, data, key = place((state, exp.data, exp.root_key))
     validation = None if exp.validation is None else place(exp.validation)
     round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
@@ -587,7 +582,7 @@ class _CompiledRun:
 def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   """local_only: every client trains alone, then tests its own model; one record at round
   num_rounds, epsilon 0. No rounds, no checkpoint: an unfinished one starts again."""
-  config = exp.config
+  config, executor = exp.config, exp.round_config.executor
   metrics_path = os.path.join(workdir, metric_writers.EVAL_FILE)
   records = metric_writers.read_jsonl(metrics_path)
   if records:
@@ -609,9 +604,9 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   evaluate = jax.jit(local_only.make_evaluate(
       exp.spec, exp.model, exp.local_config, config.num_rounds, exp.initial_params(),
       # Every client trains its own model: one at a time where the round loops, as -FT evaluations.
-      1 if sharding.loops_over_clients(exp.round_config.executor) else CLIENTS_PER_BATCH,
+      executor.evaluation_batch(True, CLIENTS_PER_BATCH),
       eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed),
-      mesh=sharding.client_mesh() if exp.round_config.executor == 'sharded' else None))
+      mesh=executor.evaluation_mesh()))
   metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
   record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,
             'released': local_only.RELEASED,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import adaptation, sharding, train
+from dp2fedsam_jax import adaptation, executors, sharding, train
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
@@ -195,8 +195,8 @@ def test_padded_cohort_slots_do_not_change_the_update():
 # ---------------------------------------------------------------- executors and chunks
 
 
-@pytest.mark.parametrize('variant', [dict(executor='sequential'), dict(chunk_size=2),
-                                     dict(cohort_capacity=1)])
+@pytest.mark.parametrize('variant', [dict(executor=executors.Sequential()),
+                                     dict(executor=executors.Vmap(chunk_size=2)), dict(cohort_capacity=1)])
 def test_executors_and_chunking_give_the_vmap_state(variant):
   exp = build(**{'sampling_rate': 0.7, 'executor': 'vmap'})  # not 'auto': sequential on CPU
   reference, metrics = run_rounds(exp, rounds=2)
@@ -319,6 +319,13 @@ def test_finetune_evaluation_is_the_same_one_client_at_a_time():
   protocol = adaptation.Protocol(adapt_epochs=1, adapt_lr=0.1)
   assert [adaptation.evaluation_batch_size(protocol, e, 64) for e in ('sharded', 'vmap')] == [1, 64]
   assert evaluation_batch_size(train.get_method('dp2fedsam'), 'sequential') > 1  # forward only
+  # The executor objects give train.py the same batches and mesh as the names (this runs on CPU).
+  for name in executors.NAMES:
+    executor = executors.from_name(name)
+    assert executor.loops_over_clients == loops(name)
+    assert executor.evaluation_batch(True, 64) == evaluation_batch_size(exp.spec, name)
+    assert executor.evaluation_batch(False, 64) == 64
+    assert (executor.evaluation_mesh() is None) == (name != 'sharded')
   state, _ = run_rounds(exp)
   key = exp.eval_key(1)
   looped, vmapped = (jax.device_get(jax.jit(make_evaluate(
@@ -368,7 +375,7 @@ def test_fit_chunk_size_keeps_the_compiled_round_within_a_fake_device_memory():
   exp = build(**{'sampling_rate': 1.0, 'num_clients': 8, 'executor': 'vmap'})
 
   def bytes_at(chunk_size):
-    rc = dataclasses.replace(exp.round_config, chunk_size=chunk_size)
+    rc = dataclasses.replace(exp.round_config, executor=executors.Vmap(chunk_size))
     step = make_round_step(exp.spec, exp.model, exp.local_config, rc)
     return program_bytes(jax.jit(step, donate_argnums=0).lower(
         jax.eval_shape(exp.init_state), exp.data, exp.root_key).compile())

@@ -20,6 +20,7 @@ PACKAGE = 'dp2fedsam_jax'
 LAYERS = (
     ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'stopping', 'config_help',
      'metric_writers', 'compilation_cache', 'server_optimizer'),  # leaves
+    ('executors',),              # how a round runs its cohort (vmap, sequential, sharded on the mesh)
     ('cli', 'run_files'),        # what binaries share; a workdir's lock, config.json and metrics
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
     ('privacy', 'local'),        # DP primitives (selection: tuning's eps); one client's local training
@@ -27,8 +28,7 @@ LAYERS = (
     ('state',),                  # ServerState, split/merge of shared and personal params
     ('client', 'evaluation', 'adaptation'),  # one client's round; per-client test accuracy;
                                  # the test-time protocol (evaluation takes its hook as an argument)
-    ('federated_round', 'local_only'),  # the jitted round step and its executors; the local-only
-                                 # baseline
+    ('federated_round', 'local_only'),  # the jitted round step; the local-only baseline
     ('config',),                 # validate_config checks against the choice lists of the layers below
     ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
 )

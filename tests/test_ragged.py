@@ -19,6 +19,7 @@ from dp2fedsam_jax.data import from_flat_arrays, padded_bytes
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.models.registry import SplitModel
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
+from dp2fedsam_jax.executors import Sequential
 from dp2fedsam_jax.federated_round import RoundConfig, chunk_ids, make_round_step, sampled_id_blocks
 from dp2fedsam_jax.state import init_state
 
@@ -48,7 +49,7 @@ def _round(method, model, data, local_config, **config):
   c.dp.noise_multiplier, c.dp.target_epsilon = 0.0, None
   mechanism = DPMechanism.from_config(c, data.num_clients, spec)
   step = make_round_step(spec, model, local_config, RoundConfig(mechanism, server_lr=1.0,
-                                                                executor='sequential'))
+                                                                executor=Sequential()))
   return spec, jax.jit(step)
 
 

@@ -24,7 +24,8 @@ def _child(devices: int) -> dict:
   import jax
   import numpy as np
 
-  from dp2fedsam_jax import sharding, train
+  from dp2fedsam_jax import canaries, sharding, train
+  from dp2fedsam_jax.executors import Sharded, Vmap
   from dp2fedsam_jax.federated_round import make_round_step
 
   assert jax.device_count() == devices, jax.devices()
@@ -33,9 +34,7 @@ def _child(devices: int) -> dict:
 
   def run(**variant):
     rc = dataclasses.replace(exp.round_config, **variant)
-    state, data, key = exp.init_state(), exp.data, exp.root_key
-    if rc.executor == 'sharded':
-      state, data, key = sharding.replicate((state, data, key))
+    state, data, key = rc.executor.place((exp.init_state(), exp.data, exp.root_key))
     # Compiled once, explicitly, so the HLO checked below is the program that ran.
     step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc)).lower(
         state, data, key).compile()
@@ -43,10 +42,10 @@ def _child(devices: int) -> dict:
       state, metrics = step(state, data, key)
     return rc, step.as_text(), state, metrics
 
-  _, ref_hlo, reference, ref_metrics = run(executor='vmap')
-  variants = {'sharded': dict(executor='sharded')}
+  _, ref_hlo, reference, ref_metrics = run(executor=Vmap())
+  variants = {'sharded': dict(executor=Sharded())}
   if devices > 1:
-    variants['sharded_chunked'] = dict(executor='sharded', chunk_size=4)
+    variants['sharded_chunked'] = dict(executor=Sharded(chunk_size=4))
   out = {}
   for name, variant in variants.items():
     rc, hlo, state, metrics = run(**variant)
@@ -74,13 +73,12 @@ def _child(devices: int) -> dict:
                            and np.array_equal(mapped[1], slots.sum(1)))
   # The audit's canary hook closes over traced canary directions and signs; the sharded round (a
   # shard_map on a CPU) runs it too and releases what the vmapped one does.
-  from dp2fedsam_jax import canaries
   settings = canaries.AuditSettings(num_trials=2, num_canaries=4, num_rounds=2)
   projections = {}
-  for executor in ('vmap', 'sharded'):
+  for executor in (Vmap(), Sharded()):
     audited = canaries.with_canary_clients(dataclasses.replace(
         exp, round_config=dataclasses.replace(exp.round_config, executor=executor)), 4)
-    projections[executor] = canaries.audit_scores(audited, settings).projections
+    projections[executor.name] = canaries.audit_scores(audited, settings).projections
   out['audit_max_abs_diff'] = float(np.max(np.abs(projections['vmap'] - projections['sharded'])))
   out['audit_scores_nonzero'] = bool(np.any(projections['vmap'] != 0))
   return out

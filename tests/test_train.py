@@ -131,10 +131,10 @@ def test_a_validation_fraction_carves_validation_rows_and_writes_their_metrics(t
 
 
 def test_auto_executor_is_resolved_per_backend_and_a_resume_keeps_the_recorded_one(tmp_path):
-  from dp2fedsam_jax.federated_round import resolve_executor
-  assert [resolve_executor('auto', b) for b in ('cpu', 'gpu', 'tpu')] == [
-      'sequential', 'vmap', 'vmap']
-  assert resolve_executor('sharded', 'cpu') == 'sharded'
+  from dp2fedsam_jax import executors
+  assert [executors.from_name('auto', backend=b) for b in ('cpu', 'gpu', 'tpu')] == [
+      executors.Sequential(), executors.Vmap(), executors.Vmap()]
+  assert executors.from_name('sharded', 4, 'cpu') == executors.Sharded(chunk_size=4)
   # A checkpointed run recorded as vmap (e.g. started before 'auto' was the default, or on a GPU)
   # resumes with vmap under 'auto'; an explicit executor is kept as it is.
   (tmp_path / 'checkpoints' / '2').mkdir(parents=True)
@@ -144,7 +144,7 @@ def test_auto_executor_is_resolved_per_backend_and_a_resume_keeps_the_recorded_o
   config, how = train._with_executor(tiny_config(executor='sequential'), str(tmp_path))
   assert config.executor == 'sequential' and how == ''
   config, how = train._with_executor(tiny_config(), str(tmp_path / 'new'))
-  assert config.executor == resolve_executor('auto') and how == f'auto on {jax.default_backend()}'
+  assert config.executor == executors.resolve_name('auto') and how == f'auto on {jax.default_backend()}'
 
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path):
