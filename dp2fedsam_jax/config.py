@@ -116,8 +116,8 @@ def base_config() -> ml_collections.ConfigDict:
   # The test-time protocol (protocol.py, its fields and defaults; docs/evaluation.md): before
   # testing, each client adapts its model; the defaults are each method's own evaluation.
   c.eval = ml_collections.ConfigDict()
-  for field, default in protocol.DEFAULTS.items():  # adapt_lr's None: a float to set
-    c.eval[field] = config_dict.placeholder(float) if field == 'adapt_lr' else default
+  for field, default in protocol.DEFAULTS.items():  # a None default (adapt_lr): a float to set
+    c.eval[field] = config_dict.placeholder(float) if default is None else default
   return c
 
 
