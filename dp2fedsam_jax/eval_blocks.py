@@ -79,8 +79,7 @@ def test_clients(model_of, test, env, ids, test_count, max_test: int, clients_pe
   slots = sharding.round_up(num, sharding.num_shards(mesh)) if spread else num + max(per_block)
   sorted_ids = ids[jnp.concatenate([order, jnp.full(slots - num, order[-1])])]
   if spread:
-    results = _spread_over_devices(model_of, test, env, sorted_ids, test_count[sorted_ids], sizes,
-                                   mesh)
+    results = _spread_over_devices(model_of, test, env, sorted_ids, test_count, sizes, mesh)
   else:
     results = _loop_over_blocks(model_of, test, env, sorted_ids, test_count[sorted_ids], sizes,
                                 per_block, num, forward_only, dtypes)
@@ -119,14 +118,15 @@ def _loop_over_blocks(model_of, test, env, sorted_ids, sorted_count, sizes, per_
                             (jnp.zeros((), jnp.int32), empty))[1]
 
 
-def _spread_over_devices(model_of, test, env, sorted_ids, sorted_count, sizes, mesh):
+def _spread_over_devices(model_of, test, env, sorted_ids, test_count, sizes, mesh):
   """Blocks of one client, the clients spread over the mesh's devices: slot s on device s mod n, so
   each device gets a like share of the clients sorted by test rows (sorted_ids: a multiple of n
   slots); each client in the smallest buffer that holds its test rows, as its block of one is."""
 
-  def test_client(env, client_id, count):
+  def test_client(env_and_count, client_id):
+    env, test_count = env_and_count  # read on each device, as the env (shard_map: not a closure)
     params = model_of(env, client_id)
-    size_index = jnp.searchsorted(jnp.asarray(sizes), count)
+    size_index = jnp.searchsorted(jnp.asarray(sizes), test_count[client_id])
     return jax.lax.switch(size_index, [lambda b=b: test(env, client_id, params, b) for b in sizes])
 
-  return sharding.map_slots_on_each_device(test_client, env, (sorted_ids, sorted_count), mesh)
+  return sharding.map_slots_on_each_device(test_client, (env, test_count), (sorted_ids,), mesh)
