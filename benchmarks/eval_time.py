@@ -18,7 +18,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from dp2fedsam_jax import cli, evaluation, run_files
+from dp2fedsam_jax import cli, eval_blocks, run_files
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.train import build_experiment
 from experiments.configs import shakespeare
@@ -30,14 +30,14 @@ _JSON_OUT = flags.DEFINE_string('json_out', None, 'Write the results as JSON her
 
 
 def buffer_rows(test_counts, clients_per_batch: int, finetunes: bool) -> int:
-  """The buffer rows evaluation.per_client computes: its blocks, largest test sets first."""
+  """The buffer rows eval_blocks.test_clients computes: its blocks, largest test sets first."""
   counts = np.sort(np.asarray(test_counts))[::-1]
-  sizes = np.asarray(evaluation.test_buffer_sizes(int(counts.max())))
+  sizes = np.asarray(eval_blocks.test_buffer_sizes(int(counts.max())))
   cap = max(1, min(clients_per_batch, len(counts)))
   start, rows = 0, 0
   while start < len(counts):
     b = int(sizes[np.searchsorted(sizes, counts[start])])
-    k = cap if finetunes else max(1, min(cap, evaluation.TEST_ROWS_PER_BLOCK // b))
+    k = cap if finetunes else max(1, min(cap, eval_blocks.TEST_ROWS_PER_BLOCK // b))
     rows, start = rows + k * b, start + k
   return rows
 
@@ -49,9 +49,9 @@ def main(argv):
   exp = build_experiment(config)
   data, key = exp.data, jax.random.key(0)
   state = exp.init_state()
-  cpb = exp.round_config.executor.evaluation_batch(exp.spec.evaluation.own_weights,
-                                                   evaluation.CLIENTS_PER_BATCH)
-  finetunes = exp.spec.evaluation in ('finetune', 'finetune_head')
+  plan = exp.protocol.for_method(exp.spec, exp.local_config)
+  cpb = eval_blocks.evaluation_batch(exp.round_config.executor, plan.own_weights)[0]
+  finetunes = not plan.forward_only
   runs = {}
   for cell in _CELLS.value:
     model = get_model(config.model, data.num_classes, data.input_shape, cell=cell)

@@ -1,68 +1,19 @@
-"""The test-time protocol (config.eval): one adaptation budget given equally to every method.
-
-Before testing, each client adapts the model the method gives it, on its own training data:
-
-  adapt_part   'auto': what the method adapts -- personal-head methods (own head or head offset)
-               and -fb methods re-fit the head on the final shared model, -FT methods fine-tune
-               the whole model, global-model methods (FedAvg, DP-FedAvg) adapt nothing;
-               'head': the head on the frozen extractor, for any method; 'full': the whole model.
-  head_init    the head adaptation starts from (and tests with when nothing is trained):
-               'own' -- the head the method tests with today (the client's personal head, the
-               global head plus the client's offset, or the global head of a global model);
-               'random' -- the run's initial head (what every personal head starts from; a linear
-               probe of the final extractor); 'shared' -- the global head, for methods that have one.
-  adapt_epochs epochs of SGD (local.batch_size, local.momentum) at adapt_lr, constant (no round
-               decay), on at most local.max_examples of the client's training rows (a random
-               subset drawn as a round draws it).
-
-adapt_epochs = 0 with head_init = 'own' is today's evaluation, unchanged (`make_adapt` returns None
-and evaluation.py runs its own code); otherwise the protocol replaces the method's own fine-tuning
-(local.finetune_epochs). Nothing is selected: the budget is fixed, no test data is looked at
-before testing. docs/evaluation.md.
+"""The test-time protocol run (protocol.py): each client's model, as the method gives it, after the
+`Adaptation` its protocol resolves to, trained on the client's own training rows. One path for every
+method: its own evaluation (the defaults: a model tested as it is, an -FT method's fine-tuned
+copy, a -fb method's fine-tuned head) and a configured config.eval protocol alike. docs/evaluation.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
+import jax.numpy as jnp
 
-from dp2fedsam_jax import local, sharding
-from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax import local
+from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
 from dp2fedsam_jax.errors import ConfigError
-
-ADAPT_PARTS = ('auto', 'head', 'full')
-HEAD_INITS = ('own', 'random', 'shared')
-# The config.eval fields and their defaults (today's evaluation); also what an older run had.
-DEFAULTS = {'adapt_epochs': 0, 'adapt_lr': None, 'adapt_part': 'auto', 'head_init': 'own'}
-
-
-@dataclasses.dataclass(frozen=True)
-class Protocol:
-  """`config.eval` at the engine boundary (frozen)."""
-  adapt_epochs: int = 0
-  adapt_lr: float | None = None
-  adapt_part: str = 'auto'
-  head_init: str = 'own'
-
-  @classmethod
-  def from_config(cls, config) -> 'Protocol':
-    """From config.eval; a config without the block (a run older than it) has the defaults."""
-    block = dict(config.get('eval') or {})
-    return cls(**{k: block.get(k, v) for k, v in DEFAULTS.items()})
-
-  @property
-  def is_default(self) -> bool:
-    return self.adapt_epochs == 0 and self.head_init == 'own'
-
-  def part(self, spec: MethodSpec) -> str:
-    """'head' | 'full' | 'none': what this protocol trains for `spec`'s clients."""
-    if self.adapt_part != 'auto':
-      return self.adapt_part
-    return spec.evaluation.adapt_part
-
-  def describe(self) -> dict:
-    return dataclasses.asdict(self)
+from dp2fedsam_jax.protocol import ADAPT_PARTS, HEAD_INITS, Adaptation, Protocol
+from dp2fedsam_jax.state import model_params
 
 
 def check_config(config, spec: MethodSpec | None = None) -> None:
@@ -92,46 +43,39 @@ def check_config(config, spec: MethodSpec | None = None) -> None:
                       "are personal); use 'own' or 'random'.")
 
 
-def make_adapt(spec: MethodSpec, model, local_config: local.LocalConfig, protocol: Protocol,
-               initial_head=None):
-  """None for the default protocol, else `adapt(state, params, data, client_id, key) -> params`
-  for evaluation.make_evaluate: `params` is the client's model as the method builds it.
-  `initial_head`: the run's initial head params (needed by head_init='random')."""
+def make_client_model(spec: MethodSpec, model, local_config: local.LocalConfig,
+                      params: MethodParams, adaptation: Adaptation, initial_head=None):
+  """`client_model(state, personal, data, client_id, key) -> params`, the model a client tests: the
+  method's (the shared part through its weight mask, with the client's personal part), its head
+  swapped for `adaptation.head_init`'s, then `adaptation` trained on the client's training rows
+  (`key` orders the minibatches). `initial_head`: the run's initial head (head_init='random')."""
   local.check_local_config(local_config)
-  if protocol.is_default:
-    return None
-  if protocol.head_init == 'random' and initial_head is None:
+  if adaptation.head_init == 'random' and initial_head is None:
     raise ValueError("head_init='random' needs the run's initial head")
-  part = protocol.part(spec)
-  phase = local.Phase(protocol.adapt_epochs, local_config.batch_size, 'sgd', local_config.momentum)
+  weight_mask = spec.weight_mask.for_model(spec.name, model, params)
+  phase = local.Phase(adaptation.epochs, local_config.batch_size, 'sgd', local_config.momentum)
 
-  def adapt(state, params, data, client_id, key):
-    head = {'own': lambda: params['head'], 'random': lambda: initial_head,
-            'shared': lambda: state.shared['head']}[protocol.head_init]()
-    params = {**params, 'head': head}
-    if part == 'none' or protocol.adapt_epochs == 0:
+  def client_model(state, personal, data, client_id, key):
+    params = model_params(spec, weight_mask.forward(state.shared), personal)
+    if adaptation.head_init != 'own':
+      params = {**params, 'head': initial_head if adaptation.head_init == 'random'
+                else state.shared['head']}
+    if not adaptation.trains:
       return params
+    lr = adaptation.lr
+    if adaptation.lr_decay is not None:  # a method's own fine-tuning, at its round's local lr
+      lr = lr * jnp.asarray(adaptation.lr_decay, jnp.float32) ** state.round
+    # On at most local.max_examples of the client's examples, as local training (a random subset
+    # needs a second key; without one, the key is the one runs used before).
     budget = local_config.budget(data.max_train)
-    ft_key, examples_key = jax.random.split(key) if budget < data.max_train else (key, None)
-    train_x, y, count = data.train_examples(client_id, budget, examples_key, local_config.subset_draw)
-    x = data.normalize(train_x)
-    if part == 'full':
-      loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y,
-                                                              data.loss_mask(y, mask))
-      return local.run_phase(phase, loss, params, x, y, count, ft_key, protocol.adapt_lr)[0]
+    train_key, examples_key = jax.random.split(key) if budget < data.max_train else (key, None)
+    x, y, count = data.train_examples(client_id, budget, examples_key, local_config.subset_draw)
+    x = data.normalize(x)
+    if adaptation.part == 'full':
+      return local.train_model(model, phase, params, x, y, count, train_key, lr, data.loss_mask)[0]
     features = model.features(params['extractor'], x)  # the extractor is fixed: computed once
-    head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
-        model.logits_from_features(h, f), labels, data.loss_mask(labels, mask))
-    head, _ = local.run_phase(phase, head_loss, params['head'], features, y, count, ft_key,
-                              protocol.adapt_lr)
+    head, _ = local.train_head(model, phase, params['head'], features, y, count, train_key, lr,
+                               data.loss_mask)
     return {**params, 'head': head}
 
-  return adapt
-
-
-def evaluation_batch_size(protocol: Protocol, executor: str, default: int) -> int:
-  """Clients the evaluation vmaps at once: adaptation gives each client its own weights, one at a
-  time where the round loops over clients (as the -FT evaluation); `default` otherwise."""
-  if protocol.adapt_epochs > 0 and sharding.loops_over_clients(executor):
-    return 1
-  return default
+  return client_model

@@ -30,11 +30,8 @@ class ClientResult(NamedTuple):
   mask: object       # DSU's final mask M^tau over the shared params (None for other methods)
 
 
-def _example_mask(y, mask):
-  return mask
-
-
-def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, target_mask=_example_mask):
+def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig,
+                     target_mask=local.every_example):
   """train_personal(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
   with the extractor's features computed once (phi is fixed in this phase; [n, F] or, for token
   sequences, [n, T, F])."""
@@ -42,18 +39,15 @@ def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig, t
                       local_config.momentum)
 
   def train_personal(shared, personal, features, y, count, key, lr, epochs=None):
-    def loss(p, feats, labels, mask):
-      head = model_params(spec, shared, p)['head']
-      return local.masked_cross_entropy(model.logits_from_features(head, feats), labels,
-                                        target_mask(labels, mask))
     run = phase if epochs is None else local.Phase(epochs, phase.batch_size, 'sgd', phase.momentum)
-    return local.run_phase(run, loss, personal, features, y, count, key, lr)[0]
+    head = lambda p: model_params(spec, shared, p)['head']  # a personal head, or the global one + offset
+    return local.train_head(model, run, personal, features, y, count, key, lr, target_mask, head)[0]
 
   return train_personal
 
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
-                       params: MethodParams = MethodParams(), target_mask=_example_mask,
+                       params: MethodParams = MethodParams(), target_mask=local.every_example,
                        clip_norm=None):
   """Builds one client's local training: the head phase (Algorithm 2, lines 6-9), then the shared
   phase (lines 10-15) and the update Delta_i (line 17).

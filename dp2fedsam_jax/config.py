@@ -12,6 +12,7 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
+from dp2fedsam_jax import protocol
 from dp2fedsam_jax.errors import ConfigError  # pylint: disable=unused-import  (raised here; public)
 
 
@@ -112,15 +113,11 @@ def base_config() -> ml_collections.ConfigDict:
   # s_b, the noise std on the count of unclipped clients; None: the expected cohort / 20.
   c.dp.count_noise_multiplier = config_dict.placeholder(float)
 
-  # The test-time protocol (adaptation.py, docs/evaluation.md): before testing, each client adapts
-  # its model for adapt_epochs at adapt_lr; 0 epochs with head_init 'own' is each method's own
-  # evaluation. adapt_part: 'auto' (the method's part: personal/-fb heads, -FT whole model, global
-  # models nothing) | 'head' | 'full'; head_init: 'own' | 'random' (the initial head) | 'shared'.
+  # The test-time protocol (protocol.py, its fields and defaults; docs/evaluation.md): before
+  # testing, each client adapts its model; the defaults are each method's own evaluation.
   c.eval = ml_collections.ConfigDict()
-  c.eval.adapt_epochs = 0
-  c.eval.adapt_lr = config_dict.placeholder(float)
-  c.eval.adapt_part = 'auto'
-  c.eval.head_init = 'own'
+  for field, default in protocol.DEFAULTS.items():  # a None default (adapt_lr): a float to set
+    c.eval[field] = config_dict.placeholder(float) if default is None else default
   return c
 
 
@@ -131,7 +128,6 @@ def choices() -> dict[str, tuple[str, ...]]:
   and the sweep launcher (tests/test_layers.py checks it).
   """
   # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax import adaptation
   from dp2fedsam_jax import executors
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
@@ -153,11 +149,9 @@ def choices() -> dict[str, tuple[str, ...]]:
       'dp.accountant': accounting.ACCOUNTANTS,
       'dp.noise_mechanism': tuple(noise_mechanisms.NOISE_MECHANISMS),
       'dp.clipping': tuple(clip_rules.CLIP_RULES),
-      'eval.adapt_part': adaptation.ADAPT_PARTS,
-      'eval.head_init': adaptation.HEAD_INITS,
+      'eval.adapt_part': protocol.ADAPT_PARTS,
+      'eval.head_init': protocol.HEAD_INITS,
   }
-
-
 
 
 def _fail(field: str, value, why: str) -> None:

@@ -166,3 +166,29 @@ def run_phase(phase: Phase, loss_fn: LossFn, params, inputs, labels, count, key,
   (params, _, loss_sum, active_steps), _ = jax.lax.scan(
       epoch, carry, jax.random.split(key, phase.epochs))
   return params, loss_sum / jnp.maximum(active_steps, 1)
+
+
+def every_example(labels, mask):
+  """The target mask that counts every real example (image labels)."""
+  del labels
+  return mask
+
+
+def train_head(model, phase: Phase, trainable, features, labels, count, key, lr,
+               target_mask=every_example, head=lambda trainable: trainable):
+  """`phase` on the model's head alone over fixed features (the extractor is frozen, so its features
+  are computed once): a round's head phase, a -fb method's fine-tuned head and a test-time head
+  re-fit all train here. `head(trainable)` is the head the trained parameters give (a head is
+  itself; PPSGD's offset gives the global head plus it); `target_mask(labels, example_mask)` the
+  targets the loss counts. Returns (trainable, mean minibatch loss)."""
+  def loss(params, feats, y, mask):
+    return masked_cross_entropy(model.logits_from_features(head(params), feats), y, target_mask(y, mask))
+  return run_phase(phase, loss, trainable, features, labels, count, key, lr)
+
+
+def train_model(model, phase: Phase, params, inputs, labels, count, key, lr,
+                target_mask=every_example):
+  """`phase` on the whole model (an -FT method's fine-tuning, a test-time full re-fit, local_only's
+  visits). Returns (params, mean minibatch loss)."""
+  loss = lambda p, x, y, mask: masked_cross_entropy(model.apply(p, x), y, target_mask(y, mask))
+  return run_phase(phase, loss, params, inputs, labels, count, key, lr)

@@ -26,18 +26,16 @@ RELEASED = 'nothing: each client trains and tests alone'
 
 
 def make_train_alone(model, local_config: local.LocalConfig, num_visits: int, initial_params):
-  """`train_alone(state, params, data, client_id, key) -> params`, evaluation's adapt hook: the
-  client's model after `num_visits` visits of local training from `initial_params` (the state and
-  the model the method would test are ignored)."""
+  """`train_alone(state, personal, data, client_id, key) -> params`, the model the client tests
+  (evaluation.make_evaluate_models): its model after `num_visits` visits of local training from
+  `initial_params` (the state and the personal part are ignored)."""
   local.check_local_config(local_config)
   phase = local.Phase(local_config.shared_epochs, local_config.batch_size, 'sgd',
                       local_config.momentum)
 
-  def train_alone(state, params, data, client_id, key):
-    del state, params
+  def train_alone(state, personal, data, client_id, key):
+    del state, personal
     budget = local_config.budget(data.max_train)
-    loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y,
-                                                            data.loss_mask(y, mask))
 
     def visit(p, r):
       visit_key = jax.random.fold_in(key, r)
@@ -46,7 +44,8 @@ def make_train_alone(model, local_config: local.LocalConfig, num_visits: int, in
                                         examples_key if budget < data.max_train else None,
                                         local_config.subset_draw)
       lr = local_config.lr_shared * jnp.asarray(local_config.lr_decay, jnp.float32) ** r
-      return local.run_phase(phase, loss, p, data.normalize(x), y, count, train_key, lr)[0], None
+      return local.train_model(model, phase, p, data.normalize(x), y, count, train_key, lr,
+                               data.loss_mask)[0], None
 
     return jax.lax.scan(visit, initial_params, jnp.arange(num_visits))[0]
 
@@ -58,10 +57,10 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig, num_
   """evaluate(data, key) -> evaluation.make_evaluate's metrics of the clients' own models;
   evaluate.per_client(data, key) -> its per-client arrays. `mesh`: as make_evaluate's (the
   sharded executor's CPU devices share the clients)."""
+  del spec  # each client tests the model it trained alone, not one the method assembles
   train_alone = make_train_alone(model, local_config, num_visits, initial_params)
-  evaluate = evaluation.make_evaluate(spec, model, local_config,
-                                      clients_per_batch=clients_per_batch, client_ids=client_ids,
-                                      adapt=train_alone, mesh=mesh)
+  evaluate = evaluation.make_evaluate_models(model, train_alone, False, clients_per_batch,
+                                             client_ids, mesh)
 
   def state(data):
     # Every client trained: each counts as taking part (its model is its own, not an initial one).

@@ -26,7 +26,7 @@ import time
 import jax
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, config_help, metric_writers, stopping
+from dp2fedsam_jax import checkpoint, config_help, metric_writers, protocol, stopping
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = 'writer.lock'
@@ -139,8 +139,8 @@ ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_cl
                 'dp.clipping': 'fixed', 'dp.target_quantile': 0.5, 'dp.clip_lr': 0.2,
                 'dp.initial_clip_norm': None, 'dp.count_noise_multiplier': None,
                 'local.subset_draw': 'argsort', 'private_metrics_only': False,
-                'validation_fraction': 0.0, 'eval.adapt_epochs': 0, 'eval.adapt_lr': None,
-                'eval.adapt_part': 'auto', 'eval.head_init': 'own'}
+                'validation_fraction': 0.0,
+                **{f'eval.{field}': default for field, default in protocol.DEFAULTS.items()}}
 
 
 def write_json_atomic(path: str, obj) -> None:

@@ -50,16 +50,6 @@ def shard_clients(tree, mesh: Mesh):
   return jax.lax.with_sharding_constraint(tree, client_sharding(mesh))
 
 
-def loops_over_clients(executor: str, backend: str | None = None) -> bool:
-  """Whether each device trains one client at a time under the config's `executor` name. The name's
-  form of executors.Executor.loops_over_clients ('sequential'; 'sharded' and 'auto' on CPU devices),
-  kept for the helpers that still take the name (evaluation.evaluation_batch_size,
-  adaptation.evaluation_batch_size); the round and train.py ask the executor object. It goes once
-  those helpers take the object (issue 57, item 3)."""
-  on_cpu = (backend or jax.default_backend()) == 'cpu'
-  return executor == 'sequential' or (executor in ('auto', 'sharded') and on_cpu)
-
-
 def map_slots_on_each_device(f, env, xs, mesh: Mesh):
   """f(env, *slot) over the leading (slot) axis of `xs`, each device looping over its own slots
   (jax.shard_map); `env`, what every slot reads, enters replicated.

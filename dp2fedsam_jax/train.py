@@ -21,19 +21,19 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from dp2fedsam_jax import adaptation, checkpoint, keys, local_only, metric_writers, run_files
+from dp2fedsam_jax import checkpoint, eval_blocks, keys, local_only, metric_writers, run_files
 from dp2fedsam_jax import executors, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
 from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources, split_validation
 from dp2fedsam_jax.data.federated import load_token_clients
-from dp2fedsam_jax.evaluation import (CLIENTS_PER_BATCH, eval_client_ids, make_evaluate,
-                                      make_validation_evaluate)
+from dp2fedsam_jax.evaluation import eval_client_ids, make_evaluate, make_validation_evaluate
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import count_params, get_model
 from dp2fedsam_jax.models.pretrained import CheckpointInit
 from dp2fedsam_jax.progress import RoundProgress
+from dp2fedsam_jax.protocol import Protocol
 from dp2fedsam_jax.privacy.mechanism import DPMechanism, Privatizer
 from dp2fedsam_jax import federated_round
 from dp2fedsam_jax.state import init_state, ServerState, split_params
@@ -103,26 +103,24 @@ class Experiment:
                                            self.round_config, self.method_params)
 
   def make_evaluate(self):
-    """The run's evaluation, a pure function to jit (evaluation.make_evaluate)."""
-    protocol, executor = self.protocol, self.round_config.executor
-    # Fine-tuning and adaptation give every client its own weights (one at a time where the round
-    # loops over clients); forward-only evaluations share one extractor.
-    own_weights = self.spec.evaluation.own_weights or protocol.adapt_epochs > 0
+    """The run's evaluation, a pure function to jit (evaluation.make_evaluate): each client tests
+    the model the run's test-time protocol gives it."""
+    protocol = self.protocol
+    own_weights = protocol.for_method(self.spec, self.local_config).own_weights
+    clients_per_batch, mesh = eval_blocks.evaluation_batch(self.round_config.executor, own_weights)
     return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
-                         executor.evaluation_batch(own_weights, CLIENTS_PER_BATCH),
+                         clients_per_batch,
                          eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
                                          self.config.seed),
-                         adapt=adaptation.make_adapt(
-                             self.spec, self.model, self.local_config, protocol,
-                             self.initial_params()['head'] if protocol.head_init == 'random'
-                             else None),
-                         # the sharded executor's devices share the clients that get own weights
-                         mesh=executor.evaluation_mesh())
+                         protocol=protocol,
+                         initial_head=(self.initial_params()['head']
+                                       if protocol.head_init == 'random' else None),
+                         mesh=mesh)
 
   @property
-  def protocol(self) -> adaptation.Protocol:
-    """config.eval: the test-time protocol (adaptation.py)."""
-    return adaptation.Protocol.from_config(self.config)
+  def protocol(self) -> Protocol:
+    """config.eval: the test-time protocol (protocol.py)."""
+    return Protocol.from_config(self.config)
 
   def initial_params(self) -> dict:
     """The run's initial model {'extractor', 'head'}: what init_state splits."""
@@ -582,7 +580,7 @@ class _CompiledRun:
 def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   """local_only: every client trains alone, then tests its own model; one record at round
   num_rounds, epsilon 0. No rounds, no checkpoint: an unfinished one starts again."""
-  config, executor = exp.config, exp.round_config.executor
+  config = exp.config
   metrics_path = os.path.join(workdir, metric_writers.EVAL_FILE)
   records = metric_writers.read_jsonl(metrics_path)
   if records:
@@ -601,12 +599,12 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   logging.info('local_only on %s: %d clients each train alone for %d visits; nothing released.',
                config.dataset, exp.data.num_clients, config.num_rounds)
   start = time.perf_counter()
+  # Every client trains its own model: one at a time where the round loops, as -FT evaluations.
+  clients_per_batch, mesh = eval_blocks.evaluation_batch(exp.round_config.executor, own_weights=True)
   evaluate = jax.jit(local_only.make_evaluate(
       exp.spec, exp.model, exp.local_config, config.num_rounds, exp.initial_params(),
-      # Every client trains its own model: one at a time where the round loops, as -FT evaluations.
-      executor.evaluation_batch(True, CLIENTS_PER_BATCH),
-      eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed),
-      mesh=executor.evaluation_mesh()))
+      clients_per_batch, eval_client_ids(exp.data.num_clients, config.get('eval_clients'), config.seed),
+      mesh=mesh))
   metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
   record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,
             'released': local_only.RELEASED,

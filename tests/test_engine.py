@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import adaptation, executors, sharding, train
+from dp2fedsam_jax import executors, train
 from dp2fedsam_jax.client import make_client_update
+from dp2fedsam_jax.protocol import DEFAULT_PROTOCOL, Protocol
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from dp2fedsam_jax.privacy.noise_mechanisms import Independent
 from dp2fedsam_jax.federated_round import make_round_step
@@ -306,26 +307,25 @@ def test_evaluation_is_the_mean_own_head_accuracy_over_clients_with_test_data():
 
 
 def test_finetune_evaluation_is_the_same_one_client_at_a_time():
-  """-FT evaluations loop over clients where the round does (evaluation_batch_size: sequential, or
-  sharded on CPU devices); the result is the vmapped one up to float rounding."""
-  from dp2fedsam_jax.evaluation import evaluation_batch_size, make_evaluate
-  loops = sharding.loops_over_clients
-  assert loops('sequential', 'gpu') and loops('sharded', 'cpu') and loops('auto', 'cpu')
-  assert not (loops('sharded', 'gpu') or loops('vmap', 'cpu') or loops('auto', 'tpu'))
+  """-FT evaluations loop over clients where the round does (eval_blocks.evaluation_batch:
+  sequential, or sharded on CPU devices); the result is the vmapped one up to float rounding."""
+  from dp2fedsam_jax.eval_blocks import evaluation_batch
+  from dp2fedsam_jax.evaluation import make_evaluate
+  # On CPU devices (this test): the sequential and sharded executors loop, vmap does not.
+  sequential, vmap, sharded = (executors.from_name(n) for n in ('sequential', 'vmap', 'sharded'))
+  assert sequential.loops_over_clients and sharded.loops_over_clients
+  assert not vmap.loops_over_clients
   exp = build(method='dp_fedavg_ft', **{'local.finetune_epochs': 1})
-  assert evaluation_batch_size(exp.spec, 'sequential') == 1
-  assert evaluation_batch_size(exp.spec, 'sharded') == 1  # this test runs on CPU
-  assert evaluation_batch_size(exp.spec, 'vmap') > 1
-  protocol = adaptation.Protocol(adapt_epochs=1, adapt_lr=0.1)
-  assert [adaptation.evaluation_batch_size(protocol, e, 64) for e in ('sharded', 'vmap')] == [1, 64]
-  assert evaluation_batch_size(train.get_method('dp2fedsam'), 'sequential') > 1  # forward only
-  # The executor objects give train.py the same batches and mesh as the names (this runs on CPU).
-  for name in executors.NAMES:
-    executor = executors.from_name(name)
-    assert executor.loops_over_clients == loops(name)
-    assert executor.evaluation_batch(True, 64) == evaluation_batch_size(exp.spec, name)
-    assert executor.evaluation_batch(False, 64) == 64
-    assert (executor.evaluation_mesh() is None) == (name != 'sharded')
+  batch = lambda spec, executor, protocol=DEFAULT_PROTOCOL: evaluation_batch(
+      executor, protocol.for_method(spec, exp.local_config).own_weights)[0]
+  assert batch(exp.spec, sequential) == 1
+  assert batch(exp.spec, sharded) == 1  # this test runs on CPU
+  assert batch(exp.spec, vmap) > 1
+  refit = Protocol(adapt_epochs=1, adapt_lr=0.1)
+  dp2fedsam = train.get_method('dp2fedsam')
+  assert [batch(dp2fedsam, e, refit) for e in (sharded, vmap)] == [1, 64]
+  assert batch(dp2fedsam, sequential) > 1  # forward only
+  assert evaluation_batch(sharded, True)[1] is not None and evaluation_batch(vmap, True)[1] is None
   state, _ = run_rounds(exp)
   key = exp.eval_key(1)
   looped, vmapped = (jax.device_get(jax.jit(make_evaluate(

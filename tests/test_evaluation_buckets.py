@@ -1,5 +1,5 @@
 """The evaluation's cost follows the real test rows: clients are tested in a few buffer sizes
-(evaluation.test_buffer_sizes), never all padded to the largest client's, and every per-client
+(eval_blocks.test_buffer_sizes), never all padded to the largest client's, and every per-client
 result is the one of the client tested on exactly its own rows."""
 
 import flax.linen as nn
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import token_federation
-from dp2fedsam_jax import evaluation, local
+from dp2fedsam_jax import eval_blocks, evaluation, local
 from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.models import get_model
@@ -140,7 +140,7 @@ def test_rows_per_block_changes_no_client_result(kind, method, rows, monkeypatch
   tested alone."""
   spec, model, data, state, local_config = _setup(kind, method)
   reference = _per_client(spec, model, local_config, state, data, clients_per_batch=1)
-  monkeypatch.setattr(evaluation, 'TEST_ROWS_PER_BLOCK', rows)
+  monkeypatch.setattr(eval_blocks, 'TEST_ROWS_PER_BLOCK', rows)
   _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=64), reference)
 
 
@@ -152,17 +152,17 @@ def test_clients_spread_over_devices_get_their_one_device_results(kind, method, 
   """Own-weights evaluations (fine-tuning, or dp2fedsam's heads re-fit by a test-time protocol)
   under the sharded executor on CPU: each device loops over its share of the clients (6 clients on
   4 or 8 devices: empty slots); each client's result is the one the one-device loop gives it."""
-  from dp2fedsam_jax import adaptation, sharding  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax import sharding  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.protocol import DEFAULT_PROTOCOL, Protocol  # pylint: disable=import-outside-toplevel
   spec, model, data, state, local_config = _setup(kind, method)
-  adapt = None
-  if not spec.evaluation.finetunes:
-    adapt = adaptation.make_adapt(spec, model, local_config,
-                                  adaptation.Protocol(adapt_epochs=2, adapt_lr=0.1), None)
-  reference = _per_client(spec, model, local_config, state, data, clients_per_batch=1, adapt=adapt)
+  own = DEFAULT_PROTOCOL.for_method(spec, local_config)
+  protocol = DEFAULT_PROTOCOL if own.trains else Protocol(adapt_epochs=2, adapt_lr=0.1)
+  reference = _per_client(spec, model, local_config, state, data, clients_per_batch=1,
+                          protocol=protocol)
   mesh = sharding.client_mesh(jax.devices()[:devices])
-  _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=1, adapt=adapt,
-                           mesh=mesh), reference)
+  _assert_same(_per_client(spec, model, local_config, state, data, clients_per_batch=1,
+                           protocol=protocol, mesh=mesh), reference)
   sample = np.array([5, 0, 2], np.int32)
   _assert_same(_per_client(spec, model, local_config, state, data, client_ids=sample,
-                           clients_per_batch=1, adapt=adapt, mesh=mesh),
+                           clients_per_batch=1, protocol=protocol, mesh=mesh),
                jax.tree.map(lambda a: a[sample], reference))

@@ -19,15 +19,17 @@ PACKAGE = 'dp2fedsam_jax'
 # the units of lower layers; units that share a layer must not import each other.
 LAYERS = (
     ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'stopping', 'config_help',
-     'metric_writers', 'compilation_cache', 'server_optimizer'),  # leaves
+     'metric_writers', 'compilation_cache', 'server_optimizer',
+     'protocol'),                # leaves; protocol: config.eval's fields and defaults, no JAX
     ('executors',),              # how a round runs its cohort (vmap, sequential, sharded on the mesh)
     ('cli', 'run_files'),        # what binaries share; a workdir's lock, config.json and metrics
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData
-    ('privacy', 'local'),        # DP primitives (selection: tuning's eps); one client's local training
+    ('privacy', 'local', 'eval_blocks'),  # DP primitives (selection: tuning's eps); one client's
+                                 # local training; how the evaluation walks its clients
     ('algorithms',),             # MethodSpec registry and the pieces methods compose
     ('state',),                  # ServerState, split/merge of shared and personal params
-    ('client', 'evaluation', 'adaptation'),  # one client's round; per-client test accuracy;
-                                 # the test-time protocol (evaluation takes its hook as an argument)
+    ('adaptation',),             # the test-time protocol run: the model each client tests
+    ('client', 'evaluation'),    # one client's round; per-client test accuracy
     ('federated_round', 'local_only'),  # the jitted round step; the local-only baseline
     ('config',),                 # validate_config checks against the choice lists of the layers below
     ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
@@ -205,7 +207,9 @@ def test_config_import_is_cheap():
           'print(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "dp2fedsam_jax")))')
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, check=True).stdout
-  assert out.split() == ["['dp2fedsam_jax',", "'dp2fedsam_jax.config',", "'dp2fedsam_jax.errors']"], out
+  # protocol.py: config.eval's fields and defaults (dataclasses only).
+  assert out.split() == ["['dp2fedsam_jax',", "'dp2fedsam_jax.config',", "'dp2fedsam_jax.errors',",
+                         "'dp2fedsam_jax.protocol']"], out
 
 
 def test_selection_import_is_cheap():

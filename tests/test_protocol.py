@@ -18,6 +18,8 @@ from conftest import tiny_config
 from test_evaluation_buckets import EOS, PAD, _setup
 from dp2fedsam_jax import adaptation, cli, evaluation, local_only, run_files, sharding, train
 from dp2fedsam_jax.algorithms import get_method
+from dp2fedsam_jax.algorithms.specs import MethodParams
+from dp2fedsam_jax.protocol import Adaptation, Protocol
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.state import model_params
 from experiments import centralized
@@ -88,30 +90,49 @@ def _client(spec, state, i):
   return model_params(spec, state.shared, jax.tree.map(lambda p: p[i], state.personal))
 
 
+def _client_model(spec, model, local_config, protocol, initial_head=None):
+  """(state, data, client_id, key) -> the model the client tests under `protocol`."""
+  build = adaptation.make_client_model(spec, model, local_config, MethodParams(),
+                                       protocol.for_method(spec, local_config), initial_head)
+  return lambda state, data, i, key: build(state, jax.tree.map(lambda p: p[i], state.personal),
+                                           data, i, key)
+
+
 def test_the_default_protocol_is_each_methods_own_evaluation():
-  spec, model, _, _, local_config = _setup('image', 'dp2fedsam')
-  assert adaptation.Protocol.from_config(tiny_config()) == adaptation.Protocol()
-  assert adaptation.make_adapt(spec, model, local_config, adaptation.Protocol()) is None
+  spec, _, _, _, local_config = _setup('image', 'dp2fedsam')
+  assert Protocol.from_config(tiny_config()) == Protocol()
+  # A personal method tests its own head, a global one the global model: no adaptation.
+  assert Protocol().for_method(spec, local_config) == Adaptation()
+  assert Protocol().for_method(get_method('dp_fedavg'), local_config).forward_only
+  # An -FT method's own fine-tuning is a protocol: its epochs and part, its round's local lr.
+  assert Protocol().for_method(get_method('dp_fedavg_ft'), local_config) == Adaptation(
+      'full', local_config.finetune_epochs, local_config.lr_shared, local_config.lr_decay,
+      own_weights=True)
+  assert Protocol().for_method(get_method('dp_fedavg_fb'), local_config) == Adaptation(
+      'head', local_config.finetune_epochs, local_config.lr_personal, local_config.lr_decay)
+  # A configured protocol replaces it: a constant lr.
+  assert Protocol(2, 0.1).for_method(get_method('dp_fedavg_ft'), local_config) == Adaptation(
+      'full', 2, 0.1, None, own_weights=True)
   old = tiny_config()
   del old['eval']  # a config.json written before the block: the same protocol
-  assert adaptation.Protocol.from_config(old).is_default
+  assert Protocol.from_config(old).is_default
 
 
 def test_head_refit_trains_the_head_alone_from_the_chosen_head_at_a_constant_lr():
   spec, model, data, state, local_config = _setup('image', 'dp2fedsam')
   initial = model.init(jax.random.key(5))['head']
-  refit = lambda init, epochs=2: adaptation.make_adapt(
-      spec, model, local_config, adaptation.Protocol(epochs, 0.1, 'auto', init), initial)
+  refit = lambda init, epochs=2: _client_model(
+      spec, model, local_config, Protocol(epochs, 0.1, 'auto', init), initial)
   params, key = _client(spec, state, 2), jax.random.key(3)
-  own = refit('own')(state, params, data, 2, key)
+  own = refit('own')(state, data, 2, key)
   chex.assert_trees_all_equal(own['extractor'], params['extractor'])
   assert not np.allclose(own['head']['kernel'], params['head']['kernel'])
   # No decay with the round (the run's local.lr_decay is 0.9): the same at round 3 and 50.
-  later = refit('own')(state.replace(round=jnp.asarray(50, jnp.int32)), params, data, 2, key)
+  later = refit('own')(state.replace(round=jnp.asarray(50, jnp.int32)), data, 2, key)
   chex.assert_trees_all_equal(own, later)
   # 'random' starts from the run's initial head: with 0 epochs it is that head.
-  chex.assert_trees_all_equal(refit('random', 0)(state, params, data, 2, key)['head'], initial)
-  from_random = refit('random')(state, params, data, 2, key)
+  chex.assert_trees_all_equal(refit('random', 0)(state, data, 2, key)['head'], initial)
+  from_random = refit('random')(state, data, 2, key)
   assert not np.allclose(from_random['head']['kernel'], own['head']['kernel'])
   # A personal-head method has no global head to start from.
   with pytest.raises(ConfigError, match=r"^config\.eval\.head_init='shared'"):
@@ -120,9 +141,8 @@ def test_head_refit_trains_the_head_alone_from_the_chosen_head_at_a_constant_lr(
 
 def test_shared_head_is_the_global_one():
   spec, model, data, state, local_config = _setup('image', 'ppsgd')  # global head + own offset
-  adapt = adaptation.make_adapt(spec, model, local_config, adaptation.Protocol(0, None, 'auto',
-                                                                               'shared'))
-  got = adapt(state, _client(spec, state, 0), data, 0, jax.random.key(0))
+  shared = _client_model(spec, model, local_config, Protocol(0, None, 'auto', 'shared'))
+  got = shared(state, data, 0, jax.random.key(0))
   chex.assert_trees_all_equal(got['head'], state.shared['head'])
   validate_config(tiny_config(method='ppsgd', **{'eval.head_init': 'shared'}))
 
@@ -138,9 +158,8 @@ def test_the_protocol_replaces_a_methods_own_finetuning():
   adapt nothing, and adapt their head under 'head'."""
   spec, model, data, state, local_config = _setup('image', 'dp_fedavg_ft')
   longer = local_config.__class__(**{**local_config.__dict__, 'finetune_epochs': 5})
-  protocol = adaptation.Protocol(2, 0.1, 'auto', 'own')
-  with_protocol = lambda lc: _per_client(spec, model, lc, state, data, adapt=adaptation.make_adapt(
-      spec, model, lc, protocol))
+  protocol = Protocol(2, 0.1, 'auto', 'own')
+  with_protocol = lambda lc: _per_client(spec, model, lc, state, data, protocol=protocol)
   # Two programs (finetune_epochs is static) that compute the same: equal up to float rounding,
   # which differs with the CPU's instruction set; the longer fine-tune moves the loss far more.
   chex.assert_trees_all_close(with_protocol(local_config), with_protocol(longer), rtol=1e-5,
@@ -149,12 +168,10 @@ def test_the_protocol_replaces_a_methods_own_finetuning():
                          _per_client(spec, model, longer, state, data)['loss'])
   spec = get_method('dp_fedavg')
   plain = _per_client(spec, model, local_config, state, data)
-  auto = adaptation.make_adapt(spec, model, local_config, protocol)
-  chex.assert_trees_all_close(_per_client(spec, model, local_config, state, data, adapt=auto),
-                              plain, rtol=1e-5, atol=1e-6)
-  head = adaptation.make_adapt(spec, model, local_config,
-                               adaptation.Protocol(2, 0.1, 'head', 'own'))
-  assert not np.allclose(_per_client(spec, model, local_config, state, data, adapt=head)['loss'],
+  chex.assert_trees_all_close(_per_client(spec, model, local_config, state, data,
+                                          protocol=protocol), plain, rtol=1e-5, atol=1e-6)
+  head = Protocol(2, 0.1, 'head', 'own')
+  assert not np.allclose(_per_client(spec, model, local_config, state, data, protocol=head)['loss'],
                          plain['loss'])
 
 

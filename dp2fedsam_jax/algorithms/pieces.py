@@ -5,7 +5,8 @@
     personal       NoPersonal | OwnHead | HeadOffset                (what stays on the client)
     upload_mask    NoUploadMask | RandKMask | TopKMask | DSUUploadMask  (Delta * mask, before clipping)
     postprocess    NoPostprocess | TopKOfClientUpload | TopKOfNoisedSum (top-k of noised values)
-    evaluation     TestGlobal | TestPersonal | FineTune | FineTuneHead  (the model each client tests)
+    evaluation     TestGlobal | TestPersonal | FineTune | FineTuneHead  (the model each client tests:
+                                                                    the method's test-time protocol)
 
 The engine (client.py, federated_round.py, state.py, evaluation.py) calls their methods and never asks which
 one it holds, so a new method is a row of these objects, and a new choice is one more class here.
@@ -21,9 +22,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax import local, trees
+from dp2fedsam_jax import trees
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import sparsify
+from dp2fedsam_jax.protocol import NO_ADAPTATION, Adaptation
 
 
 def _norm(tree) -> jax.Array:
@@ -339,57 +341,48 @@ class TopKOfNoisedSum(NoPostprocess):
 
 
 # ------------------------------------------------------------------ the model each client tests
-# `finetunes`: the evaluation trains a copy first (on the client's training data, inside the
-# evaluation, never touching the server state); `finetune(...)` does it. `own_weights`: every client
-# ends with its own whole model (the sequential executor then evaluates one client at a time).
-# `adapt_part`: what config.eval's test-time protocol trains by default ('auto'; adaptation.py).
+# Each is its method's default test-time protocol (protocol.py): `adaptation(local_config)` is what
+# each client trains before testing (adaptation.py trains it, on copies inside the evaluation, never
+# touching the server state); `adapt_part` is what config.eval's adapt_part 'auto' trains.
 
 
 @dataclasses.dataclass(frozen=True)
 class TestGlobal:
-  """The global model (with the client's personal part, if the method has one)."""
+  """The global model (with the client's personal part, if the method has one), as it is."""
   name = 'global'
-  finetunes = False
-  own_weights = False
   adapt_part = 'none'
 
-  def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
-    del model, phase, x, y, count, key, local_config, decay, loss_mask
-    return params
+  def adaptation(self, local_config) -> Adaptation:
+    del local_config
+    return NO_ADAPTATION
 
 
 @dataclasses.dataclass(frozen=True)
 class TestPersonal(TestGlobal):
-  """The global shared part with the client's own personal part (head or head offset)."""
+  """The global shared part with the client's own personal part (head or head offset), as it is."""
   name = 'personal'
   adapt_part = 'head'
 
 
 @dataclasses.dataclass(frozen=True)
 class FineTune(TestGlobal):
-  """A copy of the global model fine-tuned on the client's training data (-FT methods)."""
+  """A copy of the global model fine-tuned on the client's training data (-FT methods):
+  local.finetune_epochs of SGD at the round's lr_shared."""
   name = 'finetune'
-  finetunes = True
-  own_weights = True
   adapt_part = 'full'
 
-  def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
-    loss = lambda p, x, y, mask: local.masked_cross_entropy(model.apply(p, x), y, loss_mask(y, mask))
-    params, _ = local.run_phase(phase, loss, params, x, y, count, key, local_config.lr_shared * decay)
-    return params
+  def adaptation(self, local_config) -> Adaptation:
+    return Adaptation('full', local_config.finetune_epochs, local_config.lr_shared,
+                      local_config.lr_decay, own_weights=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class FineTuneHead(TestGlobal):
-  """The global model with its head fine-tuned on the client's data (DP-FedAvg-fb)."""
+  """The global model with its head fine-tuned on the client's data (DP-FedAvg-fb):
+  local.finetune_epochs of SGD at the round's lr_personal."""
   name = 'finetune_head'
-  finetunes = True
   adapt_part = 'head'
 
-  def finetune(self, model, phase, params, x, y, count, key, local_config, decay, loss_mask):
-    features = model.features(params['extractor'], x)
-    head_loss = lambda h, f, labels, mask: local.masked_cross_entropy(
-        model.logits_from_features(h, f), labels, loss_mask(labels, mask))
-    head, _ = local.run_phase(phase, head_loss, params['head'], features, y, count, key,
-                              local_config.lr_personal * decay)
-    return {**params, 'head': head}
+  def adaptation(self, local_config) -> Adaptation:
+    return Adaptation('head', local_config.finetune_epochs, local_config.lr_personal,
+                      local_config.lr_decay)

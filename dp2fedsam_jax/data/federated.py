@@ -122,7 +122,7 @@ class FederatedData:
     """Client `client_id`'s test examples in a [buffer] buffer (default max_test): (x, y, count).
 
     All of them, in stored order and zero-padded, when `buffer` holds them (the evaluation picks
-    such a buffer for each block of clients: evaluation.test_buffer_sizes); a smaller buffer
+    such a buffer for each block of clients: eval_blocks.test_buffer_sizes); a smaller buffer
     keeps the first `buffer` of them.
     """
     size = self.max_test if buffer is None else buffer

@@ -71,7 +71,7 @@ padding every client's test rows to the largest client's 152 (161,576 rows for 1
 took 138 and 176 s (compiled in 4.8 s; the first evaluation 76.8 s, compile included; load average
 3.4 -> 7.9 while it ran); tested in 17 blocks of
 63 clients, largest test sets first, each in the smallest buffer of 8, 16, 32, 64, 128, 152 rows that
-holds its largest client (25,200 rows; evaluation.test_buffer_sizes), 16.3 and 15.8 s (compiled in
+holds its largest client (25,200 rows; eval_blocks.test_buffer_sizes), 16.3 and 15.8 s (compiled in
 13.9 s, six buffers: 31.0 s for the first evaluation, compile included; load 7.0-7.4), with the same
 metrics (test_accuracy, test_loss, spread) to every printed digit.
 

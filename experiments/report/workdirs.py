@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 
 from dp2fedsam_jax import metric_writers
+from dp2fedsam_jax.protocol import DEFAULTS as EVAL_DEFAULTS
 
 
 @dataclasses.dataclass
@@ -111,11 +112,11 @@ def load_runs(root: str) -> list[RunResult]:
   return runs
 
 
-PROTOCOL_FIELDS = ('eval.adapt_epochs', 'eval.adapt_lr', 'eval.adapt_part', 'eval.head_init',
-                   'eval_clients')
+# config.eval's fields (adapt_epochs, adapt_lr, adapt_part, head_init) and eval_clients.
+PROTOCOL_FIELDS = (*(f'eval.{field}' for field in EVAL_DEFAULTS), 'eval_clients')
 
 
-_PROTOCOL_DEFAULTS = (0, None, 'auto', 'own', None)
+_PROTOCOL_DEFAULTS = (*EVAL_DEFAULTS.values(), None)
 
 
 def protocol_label(record: dict) -> str:
@@ -137,7 +138,7 @@ def _re_evaluations(run: RunResult, config: dict, path: str) -> list[RunResult]:
   own = (*(block.get(k.split('.', 1)[1], d) for k, d in zip(PROTOCOL_FIELDS[:4], _PROTOCOL_DEFAULTS)),
          config.get('eval_clients'))
   # Without adaptation epochs the lr and the part change nothing.
-  same = lambda key: key if key[0] else (0, None, 'auto', *key[3:])
+  same = lambda key: key if key[0] else (*_PROTOCOL_DEFAULTS[:3], *key[3:])
   latest = {}
   for record in metric_writers.read_jsonl(path):
     key = same(tuple(record.get(k, d) for k, d in zip(PROTOCOL_FIELDS, _PROTOCOL_DEFAULTS)))
