@@ -70,55 +70,71 @@ def base_config() -> ml_collections.ConfigDict:
   # the head kept only if its shape fits, else freshly initialised. None: random init.
   c.init_checkpoint = config_dict.placeholder(str)
 
-  c.local = ml_collections.ConfigDict()
-  c.local.personal_epochs = 2
-  c.local.shared_epochs = 2
-  c.local.batch_size = 10
-  c.local.lr_personal = 0.005
-  c.local.lr_shared = 0.05  # 0.1 with momentum 0.7 diverges from a random init (configs/default.py)
-  c.local.momentum = 0.5
-  c.local.lr_decay = 0.99
-  c.local.sam_rho = 0.1
-  c.local.finetune_epochs = 1  # -FT / -fb evaluation: local epochs on a copy before testing
+  c.local = _local_defaults()
+  c.dp = _dp_defaults()
+  c.eval = _eval_defaults()
+  return c
+
+
+def _local_defaults() -> ml_collections.ConfigDict:
+  """config.local: each client's local training."""
+  block = ml_collections.ConfigDict()
+  block.personal_epochs = 2
+  block.shared_epochs = 2
+  block.batch_size = 10
+  block.lr_personal = 0.005
+  block.lr_shared = 0.05  # 0.1 with momentum 0.7 diverges from a random init (configs/default.py)
+  block.momentum = 0.5
+  block.lr_decay = 0.99
+  block.sam_rho = 0.1
+  block.finetune_epochs = 1  # -FT / -fb evaluation: local epochs on a copy before testing
   # Examples a client trains on per round; None = all (the largest client sets the buffer). A client
   # with more trains on a fresh random subset of this many each round (TFF's shuffle + take).
-  c.local.max_examples = config_dict.placeholder(int)
+  block.max_examples = config_dict.placeholder(int)
   # How that subset is drawn: 'argsort' (sorts a uniform per example, O(largest client)) | 'floyd'
   # (Floyd's algorithm + a shuffle, O(max_examples)); the same distribution, other random numbers.
-  c.local.subset_draw = 'argsort'
+  block.subset_draw = 'argsort'
+  return block
 
-  c.dp = ml_collections.ConfigDict()
-  c.dp.clip_norm = 0.1
-  c.dp.noise_multiplier = config_dict.placeholder(float)
-  c.dp.target_epsilon = config_dict.placeholder(float)
-  c.dp.delta = config_dict.placeholder(float)  # None: 1 / num_clients.
-  c.dp.sampling = 'poisson'
+
+def _dp_defaults() -> ml_collections.ConfigDict:
+  """config.dp: clipping, noise, sampling and accounting."""
+  block = ml_collections.ConfigDict()
+  block.clip_norm = 0.1
+  block.noise_multiplier = config_dict.placeholder(float)
+  block.target_epsilon = config_dict.placeholder(float)
+  block.delta = config_dict.placeholder(float)  # None: 1 / num_clients.
+  block.sampling = 'poisson'
   # How a Poisson cohort is drawn: 'per_client' (a uniform per client, O(N)) | 'gaps' (geometric gaps
   # between sampled ids, O(cohort)); the same distribution and epsilon, other random numbers.
-  c.dp.poisson_draw = 'per_client'
-  c.dp.noise_placement = 'central'
-  c.dp.accountant = 'pld'
+  block.poisson_draw = 'per_client'
+  block.noise_placement = 'central'
+  block.accountant = 'pld'
   # Noise across rounds (privacy/correlated.py, docs/privacy.md section 7): 'independent' | 'banded'
   # (BandMF, num_bands bands, Poisson within one of num_bands client groups per round) | 'tree'
   # (DP-FTRL tree aggregation, each client once per epoch).
-  c.dp.noise_mechanism = 'independent'
-  c.dp.num_bands = 4  # b of 'banded' (sampling_rate * num_bands <= 1; 1 is independent noise)
+  block.noise_mechanism = 'independent'
+  block.num_bands = 4  # b of 'banded' (sampling_rate * num_bands <= 1; 1 is independent noise)
   # The clip norm across rounds (privacy/clip_rules.py, docs/privacy.md section 8): 'fixed' (clip_norm
   # every round) | 'adaptive' (Andrew et al. 2021: C moves towards the target_quantile of the update
   # norms, from a noised count of unclipped clients; independent noise, central placement).
-  c.dp.clipping = 'fixed'
-  c.dp.target_quantile = 0.5  # gamma: the fraction of clients left unclipped
-  c.dp.clip_lr = 0.2          # eta: C <- C exp(-eta (noised unclipped fraction - gamma))
-  c.dp.initial_clip_norm = config_dict.placeholder(float)  # C_0; None: clip_norm
+  block.clipping = 'fixed'
+  block.target_quantile = 0.5  # gamma: the fraction of clients left unclipped
+  block.clip_lr = 0.2          # eta: C <- C exp(-eta (noised unclipped fraction - gamma))
+  block.initial_clip_norm = config_dict.placeholder(float)  # C_0; None: clip_norm
   # s_b, the noise std on the count of unclipped clients; None: the expected cohort / 20.
-  c.dp.count_noise_multiplier = config_dict.placeholder(float)
+  block.count_noise_multiplier = config_dict.placeholder(float)
+  return block
 
+
+def _eval_defaults() -> ml_collections.ConfigDict:
+  """config.eval: the test-time protocol."""
+  block = ml_collections.ConfigDict()
   # The test-time protocol (protocol.py, its fields and defaults; docs/evaluation.md): before
   # testing, each client adapts its model; the defaults are each method's own evaluation.
-  c.eval = ml_collections.ConfigDict()
   for field, default in protocol.DEFAULTS.items():  # a None default (adapt_lr): a float to set
-    c.eval[field] = config_dict.placeholder(float) if default is None else default
-  return c
+    block[field] = config_dict.placeholder(float) if default is None else default
+  return block
 
 
 def choices() -> dict[str, tuple[str, ...]]:
@@ -206,6 +222,15 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
 
   `methods`: the method names to accept (default: every registered method).
   """
+  _check_names(config, methods)
+  _check_run_numbers(config)
+  _check_init_checkpoint(config)
+  _check_clients_and_pieces(config)
+  _check_privacy(config)
+
+
+def _check_names(config, methods) -> None:
+  """The method, the dataset and every field with a list of choices."""
   from dp2fedsam_jax import config_help  # pylint: disable=import-outside-toplevel
   for old in config_help.RENAMED_FIELDS:  # e.g. a config file that still sets local.lr_body
     parent, _, leaf = old.rpartition('.')
@@ -231,6 +256,9 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
                 'dp.clipping', 'local.subset_draw'):
     _choice(config, field, allowed[field])
 
+
+def _check_run_numbers(config) -> None:
+  """The run's sizes, rounds, server optimizer and seed."""
   _positive(config, 'num_clients', integer=True)
   _positive(config, 'classes_per_client', integer=True)
   _positive(config, 'dirichlet_alpha')
@@ -248,6 +276,9 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     if _get(config, field) is not None:
       _positive(config, field, integer=True)
 
+
+def _check_init_checkpoint(config) -> None:
+  """config.init_checkpoint: a file, and never for a method reported at epsilon 0."""
   path = config.get('init_checkpoint')
   from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
   method = specs.METHODS.get(config.method)
@@ -261,6 +292,9 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
     _fail('init_checkpoint', path, 'no such file; write one with '
           'dp2fedsam_jax.models.save_params(path, params), or leave it unset for a random init.')
 
+
+def _check_clients_and_pieces(config) -> None:
+  """The validation share, q, the method pieces' numbers and config.local."""
   value = config.get('validation_fraction', 0.0)
   if not _is_number(value) or not 0.0 <= value < 1.0:
     _fail('validation_fraction', value, "the share of each client's training rows kept for "
@@ -288,6 +322,11 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   if not _is_number(m) or not 0.0 <= m < 1.0:
     _fail('local.momentum', m, 'momentum must lie in [0, 1).')
 
+
+def _check_privacy(config) -> None:
+  """private_metrics_only and config.dp, then what the noise mechanism, the clip rule and the
+  test-time protocol need of the other fields."""
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
   only = config.get('private_metrics_only', False)
   if not isinstance(only, bool):
     _fail('private_metrics_only', only, 'True or False.')
@@ -317,5 +356,4 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   clip_rules.check_config(config)
   # The test-time protocol's fields, and what it needs of the method (adaptation.py).
   from dp2fedsam_jax import adaptation  # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
   adaptation.check_config(config, specs.METHODS.get(config.method))
