@@ -29,6 +29,7 @@ from absl import flags
 
 from dp2fedsam_jax import cli, metric_writers
 from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import selection
 from launch import sweep, tune
 
@@ -148,7 +149,7 @@ def cpu_hours(block, row, config, kind: str) -> float:
     return hours + FULL_ADAPT_PASS_HOURS * (2 if kind == 'trial' else 1)
   anchor = 'sam' if spec.shared_optimizer in ('sam', 'asam') else 'sgd'
   seconds = _anchor_seconds(COST_ANCHORS[anchor]) * config.num_rounds / ANCHOR_ROUNDS
-  if spec.evaluation.finetunes:
+  if spec.evaluation.adaptation(LocalConfig.from_config(config)).trains:  # an -FT / -fb evaluation
     every = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
     passes = 2 if kind == 'trial' else config.num_rounds // every
     seconds += FINETUNE_PASS_SECONDS * passes
