@@ -68,7 +68,7 @@ def stability(config, clients: int, start=None) -> dict:
     state = state.replace(shared=start.shared, round=start.round,
                           personal=start.personal if same_personal else state.personal)
   update = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
-                                      exp.method_params, clip_norm=exp.mechanism.clip_norm))
+                                      clip_norm=exp.mechanism.clip_norm))
   losses, norms = [], []
   for i in range(clients):
     personal = jax.tree.map(lambda p, i=i: p[i], state.personal)

@@ -92,7 +92,7 @@ def test_round_releases_the_clipped_sum_over_the_expected_cohort():
     planted.append((direction * size.reshape((n,) + (1,) * leaf.ndim)).astype(np.float32))
   table = [jnp.asarray(p) for p in planted]
   hook = lambda client_id, delta: jax.tree.unflatten(treedef, [t[client_id] for t in table])
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params,
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc,
                                  update_hook=hook))
 
   planted64 = [p.astype(np.float64) for p in planted]

@@ -15,7 +15,8 @@ behaviour it selects. One round of any method is
 `personal` says what stays on each client (`shared_keys` are aggregated) and how a client's model is
 assembled. `dp2fedsam_jax.federated_round.make_round_step` turns any spec into one jitted round; no engine
 module asks which piece a spec holds. A new method is one more `register(MethodSpec(...))` row; a
-new choice of a piece is one more class in pieces.py.
+new choice of a piece is one more class in pieces.py, holding its own hyperparameters as fields
+(paper defaults) that `MethodSpec.bind(config)` overrides from the run's config.
 """
 
 from __future__ import annotations
@@ -78,12 +79,20 @@ class MethodSpec:
       raise ValueError(f'method {self.name!r}: a head phase needs a personal part')
     if self.noise_on_mask and self.upload_mask == NO_UPLOAD_MASK:
       raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
-    if (self.weight_mask == DSU_WEIGHTS) != (self.upload_mask == DSU_MASK):
+    # By type: a bound row's DSU mask carries the run's keep_fraction, so it no longer equals DSU_WEIGHTS.
+    dsu_forward = isinstance(self.weight_mask, pieces.DSUWeightMask)
+    if dsu_forward != isinstance(self.upload_mask, pieces.DSUUploadMask):
       raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
     if not self.federated and (self.private or self.personal != GLOBAL_MODEL):
       raise ValueError(f'method {self.name!r}: a method without rounds releases nothing')
     if self.postprocess.reads_noise and not self.private:
       raise ValueError(f'method {self.name!r}: top-k of the noised update needs noise')
+
+  def bind(self, config) -> 'MethodSpec':
+    """This row with each piece's own hyperparameters (its dataclass fields, paper defaults) overridden
+    from the run's config, once (pieces.configured: e.g. TopKMask.keep_fraction <- config.keep_fraction)."""
+    return dataclasses.replace(
+        self, **{field: pieces.configured(getattr(self, field), config) for field in _PIECE_TYPES})
 
   def check_noise_placement(self, noise_placement: str) -> None:
     """Client-side top-k sparsifies the client's own *noised* upload: it needs distributed noise
@@ -135,26 +144,6 @@ class MethodSpec:
               'uploads the server sees (docs/privacy.md section 4). '
               f'{self.name}_server sparsifies the noised sum, which is post-processing and covered.')
     return ''
-
-
-@dataclasses.dataclass(frozen=True)
-class MethodParams:
-  """The numbers the pieces need beyond `config.local` (fields of the experiment config). The clip
-  norm is not one of them: it is the DPMechanism's (the round passes its C_t to the client)."""
-  keep_fraction: float = 0.4    # p: fraction kept by top-k / rand-k (config.keep_fraction)
-  blur_lambda: float = 1.0      # config.blur_lambda
-  pmtl_lambda: float = 0.1      # config.pmtl_lambda
-  dsu_keep_fraction: float = 0.05  # config.dsu.keep_fraction: fraction of weights kept in masked layers
-  dsu_masked_layers: int = 4    # config.dsu.masked_layers: the last k kernel layers of the extractor
-  dsu_lam: float = 0.2          # config.dsu.lam
-
-  @classmethod
-  def from_config(cls, config) -> 'MethodParams':
-    return cls(keep_fraction=config.keep_fraction,
-               blur_lambda=config.blur_lambda, pmtl_lambda=config.pmtl_lambda,
-               dsu_keep_fraction=config.dsu.keep_fraction, dsu_masked_layers=config.dsu.masked_layers,
-               dsu_lam=config.dsu.lam)
-
 
 
 METHODS: dict[str, MethodSpec] = {}
