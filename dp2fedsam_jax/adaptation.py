@@ -53,7 +53,7 @@ def make_client_model(spec: MethodSpec, model, local_config: local.LocalConfig,
   if adaptation.head_init == 'random' and initial_head is None:
     raise ValueError("head_init='random' needs the run's initial head")
   weight_mask = spec.weight_mask.for_model(spec.name, model)
-  phase = local.Phase(adaptation.epochs, local_config.batch_size, 'sgd', local_config.momentum)
+  phase = local.Phase(adaptation.epochs, local_config.batch_size, local.SGD(), local_config.momentum)
 
   def client_model(state, personal, data, client_id, key):
     params = model_params(spec, weight_mask.forward(state.shared), personal)

@@ -35,11 +35,11 @@ def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig,
   """train_personal(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
   with the extractor's features computed once (phi is fixed in this phase; [n, F] or, for token
   sequences, [n, T, F])."""
-  phase = local.Phase(local_config.personal_epochs, local_config.batch_size, 'sgd',
+  phase = local.Phase(local_config.personal_epochs, local_config.batch_size, local.SGD(),
                       local_config.momentum)
 
   def train_personal(shared, personal, features, y, count, key, lr, epochs=None):
-    run = phase if epochs is None else local.Phase(epochs, phase.batch_size, 'sgd', phase.momentum)
+    run = phase if epochs is None else local.Phase(epochs, phase.batch_size, local.SGD(), phase.momentum)
     head = lambda p: model_params(spec, shared, p)['head']  # a personal head, or the global one + offset
     return local.train_head(model, run, personal, features, y, count, key, lr, target_mask, head)[0]
 

@@ -27,7 +27,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from dp2fedsam_jax import checkpoint, train
+from dp2fedsam_jax import checkpoint, local, train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.trees import global_norm
@@ -94,7 +94,7 @@ def main(argv):
   for method in _METHODS.value:
     for setting in _SETTINGS.value:
       lr, momentum = (float(v) for v in setting.split(':'))
-      sam = METHODS[method].shared_optimizer != 'sgd'
+      sam = isinstance(METHODS[method].shared_optimizer, local.SAM)
       for rho in rhos if sam else [None]:
         config = _CONFIG.value.copy_and_resolve_references()
         config.method, config.local.lr_shared, config.local.momentum = method, lr, momentum

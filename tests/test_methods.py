@@ -15,7 +15,7 @@ import pytest
 
 from conftest import tiny_config
 from dp2fedsam_jax import config as config_lib
-from dp2fedsam_jax import train
+from dp2fedsam_jax import local, train
 from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.client import make_client_update
@@ -268,8 +268,8 @@ def test_method_pairs_differ_only_in_their_one_piece():
   def same_but(a, b, **piece):
     return dataclasses.replace(METHODS[a], name='x', paper='', **piece) == \
         dataclasses.replace(METHODS[b], name='x', paper='')
-  assert same_but('centaur', 'dp2fedsam', shared_optimizer='sam')
-  assert same_but('dp_fedavg', 'dp_fedsam', shared_optimizer='sam')
+  assert same_but('centaur', 'dp2fedsam', shared_optimizer=local.SAM())
+  assert same_but('dp_fedavg', 'dp_fedsam', shared_optimizer=local.SAM())
   assert same_but('fedavg', 'dp_fedavg', private=True)
   assert same_but('dp2fedsam', 'p_fedsam', private=False)
   assert same_but('fed_smp_topk', 'fed_smp_topk_safe', noise_on_mask=False)

@@ -25,7 +25,7 @@ import dataclasses
 
 from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.errors import ConfigError
-from dp2fedsam_jax.local import OPTIMIZERS
+from dp2fedsam_jax import local
 
 # One instance of each piece (algorithms/pieces.py): the rows below are made of these.
 NO_REGULARIZER, BLUR, ADAPTIVE_NORM, PROXIMAL = (
@@ -56,7 +56,7 @@ class MethodSpec:
   name: str
   personal: object = GLOBAL_MODEL  # what stays on each client; its shared_keys are aggregated
   personal_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
-  shared_optimizer: str = 'sgd'  # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
+  shared_optimizer: local.SGD = local.SGD()  # the shared phase's step: local.SGD() | SAM() | ASAM()
   regularizer: object = NO_REGULARIZER  # added to the shared phase's loss, on theta - theta_received
   weight_mask: object = NO_WEIGHT_MASK  # DSU: forward pass through theta * M on the last layers
   upload_mask: object = NO_UPLOAD_MASK  # multiplies Delta before clipping
@@ -73,8 +73,9 @@ class MethodSpec:
       if not isinstance(getattr(self, field), types):
         raise ValueError(f'method {self.name!r}: {field}={getattr(self, field)!r} is not one of '
                          f'{[t.__name__ for t in types]} (algorithms/pieces.py)')
-    if self.shared_optimizer not in OPTIMIZERS:
-      raise ValueError(f'method {self.name!r}: {self.shared_optimizer!r} is not one of {OPTIMIZERS}')
+    if not isinstance(self.shared_optimizer, local.SGD):
+      raise ValueError(f'method {self.name!r}: shared_optimizer={self.shared_optimizer!r} is not one of '
+                       'local.SGD(), local.SAM(), local.ASAM()')
     if self.personal_phase and self.personal == GLOBAL_MODEL:
       raise ValueError(f'method {self.name!r}: a head phase needs a personal part')
     if self.noise_on_mask and self.upload_mask == NO_UPLOAD_MASK:
@@ -166,7 +167,7 @@ _PERSONAL_HEAD = dict(personal=OWN_HEAD, personal_phase=True, evaluation=TEST_PE
 
 # Non-private references.
 register(MethodSpec('fedavg', private=False, paper='FedAvg (McMahan et al., 2017)'))
-register(MethodSpec('fedsam', shared_optimizer='sam', private=False,
+register(MethodSpec('fedsam', shared_optimizer=local.SAM(), private=False,
                     paper='FedAvg with SAM as local optimizer (Qu et al., 2022)'))
 register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
                     paper='FedRep: head epochs, then body epochs, SGD (Collins et al., 2021)'))
@@ -180,16 +181,16 @@ register(MethodSpec('local_only', private=False, federated=False,
 register(MethodSpec('dp_fedavg', paper='DP-FedAvg, dp2-fedsam.txt Algorithm 1'))
 register(MethodSpec('dp_fedavg_ft', evaluation=FINETUNE,
                     paper='DP-FedAvg; each client fine-tunes a copy of the global model to test'))
-register(MethodSpec('dp_fedsam', shared_optimizer='sam',
+register(MethodSpec('dp_fedsam', shared_optimizer=local.SAM(),
                     paper='DP-FedSAM, dp-fedsam-topk.txt Algorithm 1 Option I'))
-register(MethodSpec('dp_fedasam', shared_optimizer='asam',
+register(MethodSpec('dp_fedasam', shared_optimizer=local.ASAM(),
                     paper='DP-FedSAM with ASAM (what the reference code runs: its --adaptive flag)'))
-register(MethodSpec('dp_fedsam_ft', shared_optimizer='sam', evaluation=FINETUNE,
+register(MethodSpec('dp_fedsam_ft', shared_optimizer=local.SAM(), evaluation=FINETUNE,
                     paper='DP-FedSAM + local fine-tuning before testing'))
-register(MethodSpec('dp_fedsam_topk', shared_optimizer='sam', postprocess=TOPK_CLIENT,
+register(MethodSpec('dp_fedsam_topk', shared_optimizer=local.SAM(), postprocess=TOPK_CLIENT,
                     paper='DP-FedSAM-topk, dp-fedsam-topk.txt Algorithm 1 Option II (eq. 12): each '
                           'client top-k\'s its own noised update (distributed noise)'))
-register(MethodSpec('dp_fedsam_topk_server', shared_optimizer='sam', postprocess=TOPK_SERVER,
+register(MethodSpec('dp_fedsam_topk_server', shared_optimizer=local.SAM(), postprocess=TOPK_SERVER,
                     paper='DP-FedSAM-topk variant: the server top-k\'s the noised sum '
                           '(post-processing, covered by epsilon)'))
 register(MethodSpec('fed_smp_randk', upload_mask=RANDK, noise_on_mask=True,
@@ -206,11 +207,11 @@ register(MethodSpec('dp_fedavg_blurs', regularizer=BLUR, upload_mask=TOPK,
                           'every coordinate'))
 
 # Personalized: a private shared extractor, a local head (dp2-fedsam.txt, dp-pfeddsu.txt).
-register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, shared_optimizer='sam',
+register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, shared_optimizer=local.SAM(),
                     paper='DP²-FedSAM, dp2-fedsam.txt Algorithm 2'))
 register(MethodSpec('centaur', **_PERSONAL_HEAD,
                     paper='CENTAUR at client level: DP²-FedSAM with SGD instead of SAM'))
-register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, shared_optimizer='sam', private=False,
+register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, shared_optimizer=local.SAM(), private=False,
                     paper='DP²-FedSAM without clipping or noise (epsilon = inf)'))
 register(MethodSpec('dp_pfeddsu', **_PERSONAL_HEAD, regularizer=ADAPTIVE_NORM, weight_mask=DSU_WEIGHTS,
                     upload_mask=DSU_MASK, noise_on_mask=True,
