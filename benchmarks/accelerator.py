@@ -107,7 +107,7 @@ def one_round(config, executor: str):
   """(shared params before, (state, metrics) after) the first round of `config` under `executor`."""
   exp = build_experiment(config)
   rc = dataclasses.replace(exp.round_config, executor=executors.from_name(executor))
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc))
   state = exp.init_state()
   start = jax.device_get(state.shared)
   return start, jax.device_get(step(state, exp.data, exp.root_key))

@@ -17,7 +17,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.models.layers import Conv2D
 from dp2fedsam_jax.state import init_state
@@ -87,7 +86,7 @@ def client_flops(spec, model, local_config, samples: int, normalize, target_mask
 
   def variant(personal_epochs: int, shared_epochs: int) -> float:
     lc = dataclasses.replace(local_config, personal_epochs=personal_epochs, shared_epochs=shared_epochs)
-    update = make_client_update(spec, model, lc, normalize, MethodParams(), **mask_kwargs)
+    update = make_client_update(spec, model, lc, normalize, **mask_kwargs)
     def run(*args):  # both outputs, or XLA drops the head phase as dead code
       result = update(*args, jnp.int32(0))
       return result.delta, result.personal

@@ -32,7 +32,6 @@ import jax
 from benchmarks import timing
 from dp2fedsam_jax import cli, run_files
 from dp2fedsam_jax.algorithms import get_method
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import base_config
 from dp2fedsam_jax import executors
 from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
@@ -106,7 +105,7 @@ def time_method(name: str, model, data, lc: LocalConfig, sigma: float | None) ->
   mechanism = mechanism_for(spec, sigma)
   rc = RoundConfig(mechanism=mechanism, server_lr=_SERVER_LR.value,
                    executor=executors.from_name(_EXECUTOR.value))
-  step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
+  step = jax.jit(make_round_step(spec, model, lc, rc), donate_argnums=0)
   state, key = init_state(spec, model, jax.random.key(0), _USERS.value), jax.random.key(1)
   start = time.perf_counter()
   compiled = step.lower(state, data, key).compile()

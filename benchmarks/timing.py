@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dp2fedsam_jax import executors
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
 from dp2fedsam_jax.models import AUTO_CONV_IMPL
@@ -123,7 +122,7 @@ def time_round(mode: str, cohort: int, spec, model, lc, *, samples: int, rounds:
                          noise_multiplier=1.0 if spec.private else 0.0)
   rc = RoundConfig(mechanism=mechanism, server_lr=1.0,
                    executor=executors.from_name(mode, chunk_size))
-  step = jax.jit(make_round_step(spec, model, lc, rc, MethodParams()), donate_argnums=0)
+  step = jax.jit(make_round_step(spec, model, lc, rc), donate_argnums=0)
   state = init_state(spec, model, jax.random.key(0), cohort)
   key = jax.random.key(1)
   state, data, key = rc.executor.place((state, data, key))

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import local
-from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
+from dp2fedsam_jax.algorithms.specs import MethodSpec
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.protocol import ADAPT_PARTS, HEAD_INITS, Adaptation, Protocol
 from dp2fedsam_jax.state import model_params
@@ -44,7 +44,7 @@ def check_config(config, spec: MethodSpec | None = None) -> None:
 
 
 def make_client_model(spec: MethodSpec, model, local_config: local.LocalConfig,
-                      params: MethodParams, adaptation: Adaptation, initial_head=None):
+                      adaptation: Adaptation, initial_head=None):
   """`client_model(state, personal, data, client_id, key) -> params`, the model a client tests: the
   method's (the shared part through its weight mask, with the client's personal part), its head
   swapped for `adaptation.head_init`'s, then `adaptation` trained on the client's training rows
@@ -52,8 +52,8 @@ def make_client_model(spec: MethodSpec, model, local_config: local.LocalConfig,
   local.check_local_config(local_config)
   if adaptation.head_init == 'random' and initial_head is None:
     raise ValueError("head_init='random' needs the run's initial head")
-  weight_mask = spec.weight_mask.for_model(spec.name, model, params)
-  phase = local.Phase(adaptation.epochs, local_config.batch_size, 'sgd', local_config.momentum)
+  weight_mask = spec.weight_mask.for_model(spec.name, model)
+  phase = local.Phase(adaptation.epochs, local_config.batch_size, local.SGD(), local_config.momentum)
 
   def client_model(state, personal, data, client_id, key):
     params = model_params(spec, weight_mask.forward(state.shared), personal)

@@ -318,8 +318,7 @@ def make_trial_scores(exp, settings: AuditSettings):
   def one_trial(state0, data, directions, run_key, signs):
     _, unravel = ravel_pytree(state0.shared)
     hook = canary_hook(first_canary, directions, unravel, settings.canary_norm * clip, signs)
-    step = make_round_step(spec, exp.model, exp.local_config, rc, exp.method_params,
-                           update_hook=hook)
+    step = make_round_step(spec, exp.model, exp.local_config, rc, update_hook=hook)
     flat0 = _flat(state0.shared)
 
     def body(state, _):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax import keys, local
-from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
+from dp2fedsam_jax.algorithms.specs import MethodSpec
 from dp2fedsam_jax.privacy import sparsify
 from dp2fedsam_jax.state import model_params
 
@@ -35,11 +35,11 @@ def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig,
   """train_personal(shared, personal, features, y, count, key, lr) -> personal: SGD on the personal part
   with the extractor's features computed once (phi is fixed in this phase; [n, F] or, for token
   sequences, [n, T, F])."""
-  phase = local.Phase(local_config.personal_epochs, local_config.batch_size, 'sgd',
+  phase = local.Phase(local_config.personal_epochs, local_config.batch_size, local.SGD(),
                       local_config.momentum)
 
   def train_personal(shared, personal, features, y, count, key, lr, epochs=None):
-    run = phase if epochs is None else local.Phase(epochs, phase.batch_size, 'sgd', phase.momentum)
+    run = phase if epochs is None else local.Phase(epochs, phase.batch_size, local.SGD(), phase.momentum)
     head = lambda p: model_params(spec, shared, p)['head']  # a personal head, or the global one + offset
     return local.train_head(model, run, personal, features, y, count, key, lr, target_mask, head)[0]
 
@@ -47,8 +47,7 @@ def personal_trainer(spec: MethodSpec, model, local_config: local.LocalConfig,
 
 
 def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig, normalize,
-                       params: MethodParams = MethodParams(), target_mask=local.every_example,
-                       clip_norm=None):
+                       target_mask=local.every_example, clip_norm=None):
   """Builds one client's local training: the head phase (Algorithm 2, lines 6-9), then the shared
   phase (lines 10-15) and the update Delta_i (line 17).
 
@@ -57,7 +56,6 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     model: the SplitModel.
     local_config: epochs, batch size, learning rates, decay, momentum, SAM rho.
     normalize: maps the stored uint8 images to model inputs.
-    params: method-specific hyperparameters.
     target_mask: `(y, example_mask) -> mask` of the targets the loss counts (FederatedData.loss_mask:
       token sequences drop the pad id); default: every real example.
     clip_norm: the round's C (the DPMechanism's, traced under adaptive clipping), which BLUR and
@@ -74,8 +72,8 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
   train_personal = personal_trainer(spec, model, local_config, target_mask)
   shared_phase = local.Phase(local_config.shared_epochs, local_config.batch_size, spec.shared_optimizer,
                            local_config.momentum, local_config.sam_rho)
-  regularizer = spec.regularizer.bind(params, clip_norm)
-  weight_mask = spec.weight_mask.for_model(spec.name, model, params)
+  regularizer = spec.regularizer.at_clip_norm(clip_norm)
+  weight_mask = spec.weight_mask.for_model(spec.name, model)
 
   def client_update(shared, personal, x, y, count, key, round_index):
     decay = jnp.asarray(local_config.lr_decay, jnp.float32) ** round_index

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dp2fedsam_jax import adaptation, eval_blocks, local
-from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
+from dp2fedsam_jax.algorithms.specs import MethodSpec
 from dp2fedsam_jax.protocol import DEFAULT_PROTOCOL, Protocol
 
 # The stream of numpy's generator that draws config.eval_clients (beside config.seed).
@@ -49,14 +49,13 @@ def eval_client_ids(num_clients: int, eval_clients: int | None, seed: int):
 
 
 def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
-                  params: MethodParams = MethodParams(),
                   clients_per_batch: int = eval_blocks.CLIENTS_PER_BATCH, client_ids=None,
                   protocol: Protocol = DEFAULT_PROTOCOL, initial_head=None, mesh=None):
   """Returns evaluate(state, data, key): each client tests the model its test-time `protocol` gives
   it (protocol.py; the default: the method's own evaluation) on its own test split. `key` seeds the
   adaptations' minibatch order. `initial_head`: the run's initial head (head_init='random')."""
   plan = protocol.for_method(spec, local_config)
-  client_model = adaptation.make_client_model(spec, model, local_config, params, plan, initial_head)
+  client_model = adaptation.make_client_model(spec, model, local_config, plan, initial_head)
   return make_evaluate_models(model, client_model, plan.forward_only, clients_per_batch, client_ids,
                               mesh)
 

@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax.algorithms.specs import MethodParams, MethodSpec
+from dp2fedsam_jax.algorithms.specs import MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import executors, keys, trees
 from dp2fedsam_jax.local import LocalConfig
@@ -204,7 +204,6 @@ class RoundParts:
   spec: MethodSpec
   model: Any
   local_config: LocalConfig
-  params: MethodParams
   privatizer: Privatizer
   support: Any
   update_hook: Callable | None = None
@@ -212,10 +211,10 @@ class RoundParts:
 
 def train_client(parts: RoundParts, env: RoundEnv, personal, client_id) -> ClientResult:
   """Lines 3-19 for one sampled client: gather its data, train, clip and (distributed) noise."""
-  spec, local_config, params = parts.spec, parts.local_config, parts.params
+  spec, local_config = parts.spec, parts.local_config
   state, data, streams, cohort, round_mask = env
   privatizer = parts.privatizer.at_clip_state(state.clip_state)  # C_t, traced under adaptive clipping
-  client_update = make_client_update(spec, parts.model, local_config, data.normalize, params,
+  client_update = make_client_update(spec, parts.model, local_config, data.normalize,
                                      target_mask=data.loss_mask, clip_norm=privatizer.clip_norm)
   budget = local_config.budget(data.max_train)  # examples per client slot (static)
   # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
@@ -231,13 +230,13 @@ def train_client(parts: RoundParts, env: RoundEnv, personal, client_id) -> Clien
   if parts.update_hook is not None:  # after the check: an audit canary uploads its vector even if
     delta = parts.update_hook(client_id, delta)  # its own training diverged
   new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old), result.personal, personal)
-  mask = spec.upload_mask.client_mask(delta, result.mask, round_mask, params.keep_fraction)
+  mask = spec.upload_mask.client_mask(delta, result.mask, round_mask)
   if mask is not None:
     delta = sparsify.apply_mask(delta, mask)
   support = parts.support.client_support(mask)
   # line 18: clip to C; line 19: [distributed] plus the client's share of the noise
   sent = privatizer.privatize_client(upload_key, delta, cohort, support)
-  upload = spec.postprocess.client(sent.upload, params.keep_fraction)  # e.g. top-k of its noised upload
+  upload = spec.postprocess.client(sent.upload)  # e.g. top-k of its noised upload
   return ClientResult(upload, sent.clean, new_personal, sent.norm,
                       jnp.where(finite, result.train_loss, 0.0), support, finite)
 
@@ -293,7 +292,7 @@ def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: Rou
   # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
   denominator = privatizer.denominator(cohort)
   diagnostics = noise_diagnostics(clean_sum, released, denominator)
-  released = parts.spec.postprocess.server(released, parts.params.keep_fraction)  # e.g. top-k of it
+  released = parts.spec.postprocess.server(released)  # e.g. top-k of it
   shared, server_opt_state = rc.server_optimizer.apply(                          # line 25
       state.shared, released, denominator, rc.server_lr, state.server_opt_state)
   clip_state = privatizer.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
@@ -317,7 +316,7 @@ def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: Rou
 
 
 def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: RoundConfig,
-                    params: MethodParams = MethodParams(), *, update_hook=None):
+                    *, update_hook=None):
   """Builds one round of Algorithm 2 (sample, train the cohort, clip, noise, average, update).
 
   Args:
@@ -325,7 +324,6 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     model: the SplitModel (feature extractor + personal head).
     local_config: the clients' local training (epochs, batch size, learning rates, SAM rho).
     rc: the privatizer and how the cohort is executed (the executor object, capacity).
-    params: method-specific hyperparameters (regularizer lambda, keep fraction, ...).
     update_hook: `(client_id, delta) -> delta`, applied to a client's raw update before clipping;
       the privacy audit plants its canary with it, training never sets it.
 
@@ -339,7 +337,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
   if rc.mechanism.private != spec.private:
     raise ValueError(f'method {spec.name!r} cannot run with a {type(rc.mechanism).__name__} '
                      'privatizer: build both from one config.')
-  parts = RoundParts(spec, model, local_config, params, rc.mechanism,
+  parts = RoundParts(spec, model, local_config, rc.mechanism,
                      noise_support(spec.noise_on_mask), update_hook)
   capacity = rc.capacity
 
@@ -349,7 +347,7 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
     sampled = privatizer.sample(streams.sample, state.round, key)                # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
-    round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared, params.keep_fraction)
+    round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared)
     env = RoundEnv(state, data, streams, cohort, round_mask)
     # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
     chunk = functools.partial(train_chunk, parts, privatizer, rc.executor.map_clients, capacity,

@@ -19,8 +19,6 @@ import optax
 from dp2fedsam_jax.trees import global_norm
 
 LossFn = Callable  # (params, inputs, labels, mask) -> scalar mean loss over mask
-OPTIMIZERS = ('sgd', 'sam', 'asam')
-_ASAM_ETA = 0.01  # ASAM's scale offset (Kwon et al., 2021).
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
@@ -48,30 +46,53 @@ def epoch_order(key: jax.Array, count: jax.Array, max_n: int, batch_size: int):
   return order.reshape(steps, batch_size), (positions < count).reshape(steps, batch_size)
 
 
-def sharpness_perturbation(kind: str, grads, params, rho):
-  """SAM: rho g/||g|| (Algorithm 2 of dp2-fedsam.txt, line 13, Eq. 11: p(phi) from the minibatch
-  gradient of line 12). ASAM: rho T^2 g/||T g|| with T = |w| + eta (scale-invariant sharpness)."""
-  if kind == 'sam':
-    scale = rho / jnp.maximum(global_norm(grads), 1e-12)
-    return jax.tree.map(lambda g: g * scale, grads)
-  t = jax.tree.map(lambda w: jnp.abs(w) + _ASAM_ETA, params)
-  tg = jax.tree.map(jnp.multiply, t, grads)
-  scale = rho / jnp.maximum(global_norm(tg), 1e-12)
-  return jax.tree.map(lambda ti, tgi: ti * tgi * scale, t, tg)
+# ------------------------------------------------------------------ local optimizers (a row names one)
+# `gradient(loss_fn, params, batch, rho)`: the gradient a step takes and the loss at `params` (before any
+# perturbation); run_phase feeds it to SGD (with momentum, if set). rho is config.local.sam_rho.
 
 
-def gradient_for_step(kind: str, loss_fn: LossFn, params, batch, rho):
-  """The gradient the optimizer steps with, and the loss at `params` (before any perturbation).
+@dataclasses.dataclass(frozen=True)
+class SGD:
+  """The minibatch gradient, as it is."""
+  name = 'sgd'
 
-  SAM is Algorithm 2's extractor loop (lines 11-15 of dp2-fedsam.txt): the minibatch gradient
+  def gradient(self, loss_fn: LossFn, params, batch, rho):
+    del rho
+    return jax.value_and_grad(loss_fn)(params, *batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class SAM(SGD):
+  """SAM is Algorithm 2's extractor loop (lines 11-15 of dp2-fedsam.txt): the minibatch gradient
   (line 12), the perturbation p (line 13, Eq. 11), the gradient at phi + p that the step takes
   (line 14, Eq. 12); run_phase loops it over the tau_phi epochs (lines 11 and 15)."""
-  loss, grads = jax.value_and_grad(loss_fn)(params, *batch)             # line 12
-  if kind == 'sgd':
-    return loss, grads
-  eps = sharpness_perturbation(kind, grads, params, rho)                 # line 13, Eq. 11
-  perturbed = jax.tree.map(jnp.add, params, eps)
-  return loss, jax.grad(loss_fn)(perturbed, *batch)                      # line 14, Eq. 12
+  name = 'sam'
+
+  def perturbation(self, grads, params, rho):
+    """rho g/||g|| (line 13, Eq. 11: p(phi) from the minibatch gradient of line 12)."""
+    del params
+    scale = rho / jnp.maximum(global_norm(grads), 1e-12)
+    return jax.tree.map(lambda g: g * scale, grads)
+
+  def gradient(self, loss_fn: LossFn, params, batch, rho):
+    loss, grads = jax.value_and_grad(loss_fn)(params, *batch)             # line 12
+    eps = self.perturbation(grads, params, rho)                           # line 13, Eq. 11
+    perturbed = jax.tree.map(jnp.add, params, eps)
+    return loss, jax.grad(loss_fn)(perturbed, *batch)                      # line 14, Eq. 12
+
+
+@dataclasses.dataclass(frozen=True)
+class ASAM(SAM):
+  """SAM with scale-invariant sharpness (Kwon et al., 2021; the reference code's --adaptive flag)."""
+  eta: float = 0.01  # the scale offset of T = |w| + eta
+  name = 'asam'
+
+  def perturbation(self, grads, params, rho):
+    """rho T^2 g/||T g|| with T = |w| + eta."""
+    t = jax.tree.map(lambda w: jnp.abs(w) + self.eta, params)
+    tg = jax.tree.map(jnp.multiply, t, grads)
+    scale = rho / jnp.maximum(global_norm(tg), 1e-12)
+    return jax.tree.map(lambda ti, tgi: ti * tgi * scale, t, tg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +148,7 @@ class Phase:
   """One phase of local training: `epochs` passes of `optimizer` steps over the client's data."""
   epochs: int
   batch_size: int
-  optimizer: str = 'sgd'  # 'sgd' | 'sam' | 'asam'
+  optimizer: SGD = SGD()  # SGD() | SAM() | ASAM(): the gradient each step takes
   momentum: float = 0.0
   rho: float = 0.0
 
@@ -148,8 +169,7 @@ def run_phase(phase: Phase, loss_fn: LossFn, params, inputs, labels, count, key,
 
     def train(carry):
       params, opt_state, loss_sum, active_steps = carry
-      loss, grads = gradient_for_step(phase.optimizer, loss_fn, params,
-                                      (inputs[idx], labels[idx], mask), phase.rho)
+      loss, grads = phase.optimizer.gradient(loss_fn, params, (inputs[idx], labels[idx], mask), phase.rho)
       updates, opt_state = tx.update(grads, opt_state, params)
       return optax.apply_updates(params, updates), opt_state, loss_sum + loss, active_steps + 1
 

@@ -30,7 +30,7 @@ def make_train_alone(model, local_config: local.LocalConfig, num_visits: int, in
   (evaluation.make_evaluate_models): its model after `num_visits` visits of local training from
   `initial_params` (the state and the personal part are ignored)."""
   local.check_local_config(local_config)
-  phase = local.Phase(local_config.shared_epochs, local_config.batch_size, 'sgd',
+  phase = local.Phase(local_config.shared_epochs, local_config.batch_size, local.SGD(),
                       local_config.momentum)
 
   def train_alone(state, personal, data, client_id, key):

@@ -24,7 +24,6 @@ from absl import logging
 from dp2fedsam_jax import checkpoint, eval_blocks, keys, local_only, metric_writers, run_files
 from dp2fedsam_jax import executors, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.config import validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources, split_validation
 from dp2fedsam_jax.data.federated import load_token_clients
@@ -90,17 +89,13 @@ class Experiment:
     return self.spec.privacy_caveat()
 
   @property
-  def method_params(self) -> MethodParams:
-    return MethodParams.from_config(self.config)
-
-  @property
   def local_config(self) -> LocalConfig:
     return LocalConfig.from_config(self.config)
 
   def make_round_step(self):
     """The run's round step, a pure function to jit (federated_round.make_round_step)."""
     return federated_round.make_round_step(self.spec, self.model, self.local_config,
-                                           self.round_config, self.method_params)
+                                           self.round_config)
 
   def make_evaluate(self):
     """The run's evaluation, a pure function to jit (evaluation.make_evaluate): each client tests
@@ -108,8 +103,7 @@ class Experiment:
     protocol = self.protocol
     own_weights = protocol.for_method(self.spec, self.local_config).own_weights
     clients_per_batch, mesh = eval_blocks.evaluation_batch(self.round_config.executor, own_weights)
-    return make_evaluate(self.spec, self.model, self.local_config, self.method_params,
-                         clients_per_batch,
+    return make_evaluate(self.spec, self.model, self.local_config, clients_per_batch,
                          eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
                                          self.config.seed),
                          protocol=protocol,
@@ -144,7 +138,7 @@ def build_experiment(config: ml_collections.ConfigDict, *, validated: bool = Fal
   """
   if not validated:
     validate_config(config, METHODS)
-  spec = get_method(config.method)
+  spec = get_method(config.method).bind(config)  # its pieces carry config.keep_fraction, blur_lambda, ...
   # Before loading data, so that a bad dp field fails fast; sigma calibrated here, once.
   mechanism = DPMechanism.from_config(config, config.num_clients, spec)
   data = make_federated_data(
@@ -271,8 +265,7 @@ def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
   def program_bytes(chunk_size):
     rc = dataclasses.replace(exp.round_config,
                              executor=exp.round_config.executor.with_chunk_size(chunk_size))
-    step = federated_round.make_round_step(exp.spec, exp.model, exp.local_config, rc,
-                                           exp.method_params)
+    step = federated_round.make_round_step(exp.spec, exp.model, exp.local_config, rc)
     return federated_round.program_bytes(
         jax.jit(step, donate_argnums=0).lower(state, exp.data, exp.root_key).compile())
 

@@ -27,7 +27,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from dp2fedsam_jax import checkpoint, train
+from dp2fedsam_jax import checkpoint, local, train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.trees import global_norm
@@ -68,7 +68,7 @@ def stability(config, clients: int, start=None) -> dict:
     state = state.replace(shared=start.shared, round=start.round,
                           personal=start.personal if same_personal else state.personal)
   update = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
-                                      exp.method_params, clip_norm=exp.mechanism.clip_norm))
+                                      clip_norm=exp.mechanism.clip_norm))
   losses, norms = [], []
   for i in range(clients):
     personal = jax.tree.map(lambda p, i=i: p[i], state.personal)
@@ -94,7 +94,7 @@ def main(argv):
   for method in _METHODS.value:
     for setting in _SETTINGS.value:
       lr, momentum = (float(v) for v in setting.split(':'))
-      sam = METHODS[method].shared_optimizer != 'sgd'
+      sam = isinstance(METHODS[method].shared_optimizer, local.SAM)
       for rho in rhos if sam else [None]:
         config = _CONFIG.value.copy_and_resolve_references()
         config.method, config.local.lr_shared, config.local.momentum = method, lr, momentum

@@ -27,7 +27,7 @@ import sys
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import cli, metric_writers
+from dp2fedsam_jax import cli, local, metric_writers
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import selection
@@ -147,7 +147,7 @@ def cpu_hours(block, row, config, kind: str) -> float:
     hours = field.planned_hours({'method': row.method, 'personal_epochs': 10,
                                  'model': config.model})
     return hours + FULL_ADAPT_PASS_HOURS * (2 if kind == 'trial' else 1)
-  anchor = 'sam' if spec.shared_optimizer in ('sam', 'asam') else 'sgd'
+  anchor = 'sam' if isinstance(spec.shared_optimizer, local.SAM) else 'sgd'
   seconds = _anchor_seconds(COST_ANCHORS[anchor]) * config.num_rounds / ANCHOR_ROUNDS
   if spec.evaluation.adaptation(LocalConfig.from_config(config)).trains:  # an -FT / -fb evaluation
     every = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])

@@ -177,7 +177,7 @@ def test_a_diverged_client_reports_the_bit_of_the_zero_it_uploads():
   poisoned = float_data.replace(train_x=float_data.train_x.at[rows].set(jnp.nan))
   zero_hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, 0.0, x), d)
   zero_step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                              exp.method_params, update_hook=zero_hook)
+                              update_hook=zero_hook)
   nan_state, nan_metrics = jax.jit(exp.make_round_step())(state, poisoned, exp.root_key)
   zero_state, zero_metrics = jax.jit(zero_step)(state, float_data, exp.root_key)
   assert int(nan_metrics['nonfinite_clients']) == 1 and int(zero_metrics['nonfinite_clients']) == 0
@@ -278,7 +278,7 @@ def test_at_q_below_one_the_noise_is_sigma_c_t_and_the_count_is_over_valid_slots
   state = exp.init_state().replace(clip_state=jnp.float32(c_t))
   zero_hook = lambda cid, d: jax.tree.map(jnp.zeros_like, d)
   step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                         exp.method_params, update_hook=zero_hook)
+                         update_hook=zero_hook)
   new, metrics = jax.jit(step)(state, exp.data, exp.root_key)
   cohort, m = int(metrics['cohort_size']), q * n
   assert exp.config.server_lr == 1.0 and exp.config.server_optimizer == 'sgd'

@@ -51,7 +51,7 @@ def _planted_round(method, **overrides):
   size = sum(x.size for x in leaves)
   planted = [jnp.full(x.shape, 3.0 / math.sqrt(size), x.dtype) for x in leaves]
   hook = lambda client_id, delta: jax.tree.unflatten(treedef, planted)
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params,
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc,
                                  update_hook=hook))
   new, metrics = step(state, exp.data, exp.root_key)
   cohort = int(metrics['cohort_size'])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import executors, train
+from dp2fedsam_jax import executors, local, train
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.protocol import DEFAULT_PROTOCOL, Protocol
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
@@ -92,7 +92,7 @@ def test_round_releases_the_clipped_sum_over_the_expected_cohort():
     planted.append((direction * size.reshape((n,) + (1,) * leaf.ndim)).astype(np.float32))
   table = [jnp.asarray(p) for p in planted]
   hook = lambda client_id, delta: jax.tree.unflatten(treedef, [t[client_id] for t in table])
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc, exp.method_params,
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, rc,
                                  update_hook=hook))
 
   planted64 = [p.astype(np.float64) for p in planted]
@@ -169,7 +169,6 @@ def test_padding_does_not_change_a_client_update():
 def test_padded_steps_are_skipped_not_computed_in_a_client_loop():
   """A client with 5 real of 40 slots (batch 5) trains 1 step an epoch; the 7 padded steps must not
   run a forward pass at all under the sequential executor (a cond, not a select)."""
-  from dp2fedsam_jax import local
   calls = []
 
   def loss_fn(w, x, y, mask):
@@ -258,7 +257,7 @@ def test_same_seed_same_state_different_seed_different_state():
 def test_centaur_and_dp2fedsam_differ_only_in_the_extractor_optimizer():
   d, c = build(), build(method='centaur')
   assert dataclasses.replace(d.spec, name='x', paper='') == dataclasses.replace(
-      c.spec, name='x', paper='', shared_optimizer='sam')
+      c.spec, name='x', paper='', shared_optimizer=local.SAM())
   sd, _ = run_rounds(d)
   sc, _ = run_rounds(c)
   # Same head phase (SGD, same keys) -> same heads; different extractor optimizer -> different phi.

@@ -20,7 +20,6 @@ from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.config import ConfigError, base_config, choices, validate_config
 from dp2fedsam_jax.models.registry import model_names
 from dp2fedsam_jax.privacy import accounting, clipping
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.federated_round import _masked_sum, make_round_step
 
 QUICK = settings(max_examples=40, deadline=None,
@@ -245,14 +244,13 @@ def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
   a zero update (the same release as a client whose update is zero), and its head is not written."""
   exp = train.build_experiment(tiny_config(sampling_rate=1.0, **{'dp.delta': 0.1}))
   state = exp.init_state()
-  params = MethodParams.from_config(exp.config)
   float_data = exp.data.replace(train_x=exp.data.train_x.astype(jnp.float32))
   rows = slice(*np.asarray(exp.data.train_offsets[2:4]))  # client 2's examples
   poisoned_data = float_data.replace(train_x=float_data.train_x.at[rows].set(jnp.nan))
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config, params))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config))
   zero_hook = lambda cid, d: jax.tree.map(lambda x: jnp.where(cid == 2, 0.0, x), d)
   zero_step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                                      params, update_hook=zero_hook))
+                                      update_hook=zero_hook))
 
   nan_state, nan_metrics = step(state, poisoned_data, exp.root_key)
   zero_state, zero_metrics = zero_step(state, float_data, exp.root_key)
@@ -277,8 +275,7 @@ def test_diverging_clients_do_not_end_a_run(tmp_path):
 def _poisoned_round_step(from_round: int):
   """The real round step, on shared parameters that are +inf from round `from_round` + 1 on."""
   def round_step(self):
-    real = make_round_step(self.spec, self.model, self.local_config, self.round_config,
-                           MethodParams.from_config(self.config))
+    real = make_round_step(self.spec, self.model, self.local_config, self.round_config)
     def step(state, data, key):
       poisoned = jax.tree.map(lambda x: jnp.where(state.round >= from_round, x + jnp.inf, x),
                               state.shared)

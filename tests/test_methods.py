@@ -1,6 +1,7 @@
 """Each method runs end to end, and the piece that makes it different does what its paper says."""
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import train
+from dp2fedsam_jax import config as config_lib
+from dp2fedsam_jax import local, train
 from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.algorithms import specs
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax.evaluation import make_evaluate
 from dp2fedsam_jax.models.registry import SplitModel
@@ -36,8 +37,7 @@ def build(**overrides):
 
 
 def one_round(exp, data=None, key=None):
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                                 MethodParams.from_config(exp.config)))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config))
   state = exp.init_state()
   new, _ = step(state, exp.data if data is None else data, exp.root_key if key is None else key)
   return state, new
@@ -125,8 +125,7 @@ def test_randk_mask_does_not_depend_on_the_data():
 
 def test_randk_noises_its_public_mask_even_when_nobody_is_sampled():
   exp = build(method='fed_smp_randk', keep_fraction=0.25, sampling_rate=0.01, num_clients=4)
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                                 MethodParams.from_config(exp.config)))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config))
   state = exp.init_state()
   for seed in range(20):  # P(empty cohort) = 0.99**4: the first seeds find one
     new, metrics = step(state, exp.data, jax.random.key(seed))
@@ -169,6 +168,31 @@ def test_adaptive_norm_and_proximal_penalties():
   np.testing.assert_allclose(dsu(theta, received, mask), 0.1 * abs(3.0 - 1.0), rtol=1e-6)
   prox = pieces.Proximal(lam=0.2, clip_norm=1.0)
   np.testing.assert_allclose(prox(theta, received), 0.2 * 25.0, rtol=1e-6)  # lam ||.||^2
+
+
+def test_each_piece_holds_its_own_hyperparameters_and_the_config_overrides_them():
+  """A piece's paper default is its field; the config default is the same number, and
+  MethodSpec.bind(config) gives the row whose pieces carry the config's values (config names kept)."""
+  base = config_lib.base_config()
+  for spec in METHODS.values():
+    for field in ('regularizer', 'weight_mask', 'upload_mask', 'postprocess'):
+      piece = getattr(spec, field)
+      for name, path in getattr(piece, 'config_fields', ()):
+        assert getattr(piece, name) == functools.reduce(getattr, path.split('.'), base), (spec.name, path)
+  overrides = {'keep_fraction': 0.25, 'blur_lambda': 2.5, 'pmtl_lambda': 0.3, 'dsu.lam': 0.7,
+               'dsu.keep_fraction': 0.2, 'dsu.masked_layers': 2}
+  config = tiny_config(**overrides)
+  bound = {name: spec.bind(config) for name, spec in METHODS.items()}
+  assert bound['dp_fedavg_blurs'].regularizer.lam == 2.5
+  assert bound['dp_fedavg_blurs'].upload_mask.keep_fraction == 0.25
+  assert bound['fed_smp_randk'].upload_mask.keep_fraction == 0.25
+  assert bound['dp_fedsam_topk'].postprocess.keep_fraction == 0.25
+  assert bound['dp_fedsam_topk_server'].postprocess.keep_fraction == 0.25
+  assert bound['pmtl_ft'].regularizer.lam == 0.3
+  dsu = bound['dp_pfeddsu']
+  assert (dsu.regularizer.lam, dsu.weight_mask.keep_fraction, dsu.weight_mask.masked_layers) == (0.7, 0.2, 2)
+  assert bound['dp2fedsam'] == METHODS['dp2fedsam']  # nothing of its own to override
+  assert build(method='dp_fedavg_blur', blur_lambda=2.5).spec.regularizer.lam == 2.5
 
 
 class _TwoLayerExtractor(nn.Module):
@@ -214,7 +238,7 @@ def test_dsu_masks_only_the_last_layers_and_trains_through_the_mask():
 
   # One local step: `high` moves only inside its mask; the layer below moves everywhere.
   client = make_client_update(exp.spec, model, exp.local_config, data.normalize,
-                              MethodParams.from_config(exp.config), clip_norm=exp.mechanism.clip_norm)
+                              clip_norm=exp.mechanism.clip_norm)
   personal = jax.tree.map(lambda h: h[0], state.personal)
   result = jax.jit(client)(shared, personal, *data.client_train(0), jax.random.key(0), 0)
   high_moved = np.asarray(result.delta['extractor']['high']['kernel']) != 0
@@ -244,8 +268,8 @@ def test_method_pairs_differ_only_in_their_one_piece():
   def same_but(a, b, **piece):
     return dataclasses.replace(METHODS[a], name='x', paper='', **piece) == \
         dataclasses.replace(METHODS[b], name='x', paper='')
-  assert same_but('centaur', 'dp2fedsam', shared_optimizer='sam')
-  assert same_but('dp_fedavg', 'dp_fedsam', shared_optimizer='sam')
+  assert same_but('centaur', 'dp2fedsam', shared_optimizer=local.SAM())
+  assert same_but('dp_fedavg', 'dp_fedsam', shared_optimizer=local.SAM())
   assert same_but('fedavg', 'dp_fedavg', private=True)
   assert same_but('dp2fedsam', 'p_fedsam', private=False)
   assert same_but('fed_smp_topk', 'fed_smp_topk_safe', noise_on_mask=False)
@@ -276,8 +300,7 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
   of a state see exactly what they would see on the explicitly masked state."""
   exp = build(method=name, **{'dsu.masked_layers': 2, 'dsu.keep_fraction': 0.1})
   state = exp.init_state()
-  params = MethodParams.from_config(exp.config)
-  weight_mask = exp.spec.weight_mask.for_model(exp.spec.name, exp.model, params)
+  weight_mask = exp.spec.weight_mask.for_model(exp.spec.name, exp.model)
   masked = state.replace(shared=weight_mask.forward(state.shared))
   # Only kernels are masked; the biases of masked layers are kept whole.
   mask = weight_mask(state.shared)
@@ -298,7 +321,7 @@ def test_dsu_trains_and_tests_the_same_masked_network(name):
 
   # The head phase learns on the masked features: the new head is the same from theta * M.
   client = jax.jit(make_client_update(exp.spec, exp.model, exp.local_config, exp.data.normalize,
-                                      params, clip_norm=exp.mechanism.clip_norm))
+                                      clip_norm=exp.mechanism.clip_norm))
   personal = jax.tree.map(lambda h: h[0], state.personal)
   args = (*exp.data.client_train(0), jax.random.key(1), 0)
   chex.assert_trees_all_close(client(state.shared, personal, *args).personal,

@@ -40,7 +40,6 @@ from dp2fedsam_jax import checkpoint, keys
 from dp2fedsam_jax import federated_round as round_module
 from dp2fedsam_jax import state as state_module
 from dp2fedsam_jax.algorithms import specs
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data.federated import FederatedData
 from dp2fedsam_jax.privacy import accounting, clip_rules, correlated, noise, sampling
 from dp2fedsam_jax.privacy.clip_rules import AdaptiveClip
@@ -222,8 +221,8 @@ def _head_in_upload(mp):
       shared = {**shared, 'head': params['head']}
     return shared, personal
 
-  def make_client_update(spec, model, local_config, normalize, params=MethodParams(), **kwargs):
-    update = real_make(spec, model, local_config, normalize, params, **kwargs)
+  def make_client_update(spec, model, local_config, normalize, **kwargs):
+    update = real_make(spec, model, local_config, normalize, **kwargs)
 
     def client_update(shared, personal, *args):
       result = update(shared, personal, *args)

@@ -18,7 +18,6 @@ from conftest import tiny_config
 from test_evaluation_buckets import EOS, PAD, _setup
 from dp2fedsam_jax import adaptation, cli, evaluation, local_only, run_files, sharding, train
 from dp2fedsam_jax.algorithms import get_method
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.protocol import Adaptation, Protocol
 from dp2fedsam_jax.config import ConfigError, validate_config
 from dp2fedsam_jax.state import model_params
@@ -92,7 +91,7 @@ def _client(spec, state, i):
 
 def _client_model(spec, model, local_config, protocol, initial_head=None):
   """(state, data, client_id, key) -> the model the client tests under `protocol`."""
-  build = adaptation.make_client_model(spec, model, local_config, MethodParams(),
+  build = adaptation.make_client_model(spec, model, local_config,
                                        protocol.for_method(spec, local_config), initial_head)
   return lambda state, data, i, key: build(state, jax.tree.map(lambda p: p[i], state.personal),
                                            data, i, key)

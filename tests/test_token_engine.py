@@ -20,7 +20,6 @@ from conftest import tiny_config
 from dp2fedsam_jax import train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.algorithms import specs
-from dp2fedsam_jax.algorithms.specs import MethodParams
 from dp2fedsam_jax.data import shakespeare
 from dp2fedsam_jax.data.federated import from_flat_arrays, make_federated_data
 from dp2fedsam_jax.errors import ConfigError
@@ -124,8 +123,7 @@ def test_covering_methods_cover_every_piece_but_dsu():
 @pytest.mark.parametrize('name', COVERING_METHODS)
 def test_every_piece_but_dsu_runs_a_round_on_a_char_lstm(name, token_data):
   exp = _char_experiment(name, token_data)
-  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                                 MethodParams.from_config(exp.config)))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config))
   state = exp.init_state()
   new, metrics = step(state, token_data, exp.root_key)
   assert int(metrics['cohort_size']) == token_data.num_clients
@@ -136,8 +134,7 @@ def test_every_piece_but_dsu_runs_a_round_on_a_char_lstm(name, token_data):
 @pytest.mark.parametrize('name', DSU_METHODS)
 def test_dsu_methods_refuse_a_recurrent_model_in_one_line(name, token_data):
   exp = _char_experiment(name, token_data)
-  step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config,
-                         MethodParams.from_config(exp.config))
+  step = make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config)
   with pytest.raises(ConfigError, match=rf"config.method='{name}'.*config.model='char_lstm_small'") as e:
     jax.eval_shape(step, exp.init_state(), token_data, exp.root_key)  # traced: nothing runs
   assert '\n' not in str(e.value)

@@ -10,6 +10,8 @@
 
 The engine (client.py, federated_round.py, state.py, evaluation.py) calls their methods and never asks which
 one it holds, so a new method is a row of these objects, and a new choice is one more class here.
+A piece's own hyperparameters are its dataclass fields, with the paper's defaults; `config_fields` names the
+config entry that overrides each (`configured(piece, config)`, called once by MethodSpec.bind).
 All functions are pure and see one client. `received` is the shared part the client got this round;
 `trainable` is its current value; the local update is trainable - received.
 """
@@ -17,6 +19,7 @@ All functions are pure and see one client. `received` is the shared part the cli
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -26,6 +29,14 @@ from dp2fedsam_jax import trees
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import sparsify
 from dp2fedsam_jax.protocol import NO_ADAPTATION, Adaptation
+
+
+def configured(piece, config):
+  """`piece` with each field of its `config_fields` ((field, 'dotted.config.path'), ...) read from `config`:
+  the run's override of the paper default (e.g. BLUR's lam from config.blur_lambda)."""
+  overrides = {field: functools.reduce(getattr, path.split('.'), config)
+               for field, path in getattr(piece, 'config_fields', ())}
+  return dataclasses.replace(piece, **overrides) if overrides else piece
 
 
 def _norm(tree) -> jax.Array:
@@ -39,8 +50,8 @@ def _delta(trainable, received, mask=None):
 
 
 # ------------------------------------------------------------------ regularizers (shared phase)
-# Each is added to the shared phase's loss on theta - theta_received. `bind(params, clip_norm)` gives
-# the penalty with its lambda (a field of MethodParams) and the round's C.
+# Each is added to the shared phase's loss on theta - theta_received. `at_clip_norm(clip_norm)` gives
+# the penalty against the round's C (traced under adaptive clipping); lam is the piece's own field.
 
 
 def _needed(clip_norm, regularizer):
@@ -56,8 +67,8 @@ class NoRegularizer:
   clip_norm: float = 0.0
   name = 'none'
 
-  def bind(self, params, clip_norm) -> 'NoRegularizer':
-    del params, clip_norm
+  def at_clip_norm(self, clip_norm) -> 'NoRegularizer':
+    del clip_norm
     return self
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
@@ -69,12 +80,13 @@ class NoRegularizer:
 class BLUR:
   """BLUR (Cheng et al., 2022): penalise only the part of ||Delta|| that clipping would cut off, so
   updates inside the ball are untouched and larger ones are pulled back to it."""
-  lam: float = 0.0
+  lam: float = 1.0
   clip_norm: float = 0.0
   name = 'blur'
+  config_fields = (('lam', 'blur_lambda'),)
 
-  def bind(self, params, clip_norm) -> 'BLUR':
-    return dataclasses.replace(self, lam=params.blur_lambda, clip_norm=_needed(clip_norm, self))
+  def at_clip_norm(self, clip_norm) -> 'BLUR':
+    return dataclasses.replace(self, clip_norm=_needed(clip_norm, self))
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
     del mask
@@ -85,12 +97,13 @@ class BLUR:
 @dataclasses.dataclass(frozen=True)
 class AdaptiveNorm:
   """DP-pFedDSU eq. (10): (lam/2) | ||(theta - theta0) * M|| - C |."""
-  lam: float = 0.0
+  lam: float = 0.2
   clip_norm: float = 0.0
   name = 'adaptive_norm'
+  config_fields = (('lam', 'dsu.lam'),)
 
-  def bind(self, params, clip_norm) -> 'AdaptiveNorm':
-    return dataclasses.replace(self, lam=params.dsu_lam, clip_norm=_needed(clip_norm, self))
+  def at_clip_norm(self, clip_norm) -> 'AdaptiveNorm':
+    return dataclasses.replace(self, clip_norm=_needed(clip_norm, self))
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
     return 0.5 * self.lam * jnp.abs(_norm(_delta(trainable, received, mask)) - self.clip_norm)
@@ -100,13 +113,14 @@ class AdaptiveNorm:
 class Proximal:
   """Mean-regularized multi-task learning as the CENTAUR reference code writes it:
   lam ||theta - theta_mean||^2 (no 1/2)."""
-  lam: float = 0.0
+  lam: float = 0.1
   clip_norm: float = 0.0
   name = 'proximal'
+  config_fields = (('lam', 'pmtl_lambda'),)
 
-  def bind(self, params, clip_norm) -> 'Proximal':
+  def at_clip_norm(self, clip_norm) -> 'Proximal':
     del clip_norm
-    return dataclasses.replace(self, lam=params.pmtl_lambda)
+    return self
 
   def __call__(self, trainable, received, mask=None) -> jax.Array:
     del mask
@@ -164,8 +178,8 @@ def dsu_mask(shared, layer_paths, masked_layers: int, keep_fraction: float):
 class NoWeightMask:
   name = 'none'
 
-  def for_model(self, method: str, model, params) -> 'NoWeightMask':
-    del method, model, params
+  def for_model(self, method: str, model) -> 'NoWeightMask':
+    del method, model
     return self
 
   def __call__(self, shared):
@@ -180,18 +194,19 @@ class NoWeightMask:
 @dataclasses.dataclass(frozen=True)
 class DSUWeightMask:
   """DP-pFedDSU's theta * M, M from the current weights (the last kernel layers of the extractor)."""
-  layer_paths: tuple = ()          # kernel layers of the extractor in forward order
-  masked_layers: int = 0
-  keep_fraction: float = 1.0
+  layer_paths: tuple = ()          # kernel layers of the extractor in forward order (for_model)
+  masked_layers: int = 4           # the last k kernel layers of the extractor are masked
+  keep_fraction: float = 0.05      # S: fraction of weights kept in each masked layer
   name = 'dsu'
+  config_fields = (('masked_layers', 'dsu.masked_layers'), ('keep_fraction', 'dsu.keep_fraction'))
 
-  def for_model(self, method: str, model, params) -> 'DSUWeightMask':
+  def for_model(self, method: str, model) -> 'DSUWeightMask':
     if model.input_dtype != 'float32':
       # DSU masks whole conv/dense layers; an LSTM layer is eight gate kernels, and masking the last
       # few of them (one gate's) is not the paper's method.
       raise ConfigError(f'config.method={method!r} masks the last conv/dense layers (DP-pFedDSU); '
                         f'config.model={model.name!r} is recurrent: use an image model, or another method.')
-    return DSUWeightMask(kernel_layer_paths(model), params.dsu_masked_layers, params.dsu_keep_fraction)
+    return dataclasses.replace(self, layer_paths=kernel_layer_paths(model))
 
   def __call__(self, shared):
     return dsu_mask(shared, self.layer_paths, self.masked_layers, self.keep_fraction)
@@ -247,8 +262,8 @@ class HeadOffset:
 
 
 # ------------------------------------------------------------------ upload masks (before clipping)
-# `round_mask(key, shared, keep)`: a mask drawn once per round from a public key (None if none);
-# `client_mask(delta, own_mask, round_mask, keep)`: what a client multiplies its update with (None:
+# `round_mask(key, shared)`: a mask drawn once per round from a public key (None if none);
+# `client_mask(delta, own_mask, round_mask)`: what a client multiplies its update with (None:
 # no mask); `private`: computed from the client's own data (so noise only on it leaks it).
 
 
@@ -257,35 +272,39 @@ class NoUploadMask:
   name = 'none'
   private = False
 
-  def round_mask(self, key, shared, keep_fraction):
-    del key, shared, keep_fraction
+  def round_mask(self, key, shared):
+    del key, shared
     return None
 
-  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
-    del delta, own_mask, round_mask, keep_fraction
+  def client_mask(self, delta, own_mask, round_mask):
+    del delta, own_mask, round_mask
     return None
 
 
 @dataclasses.dataclass(frozen=True)
 class RandKMask(NoUploadMask):
   """Fed-SMP-randk: one rand-k mask per round from its own key, never from data (public)."""
+  keep_fraction: float = 0.4  # p: fraction of coordinates kept
   name = 'randk'
+  config_fields = (('keep_fraction', 'keep_fraction'),)
 
-  def round_mask(self, key, shared, keep_fraction):
-    return sparsify.randk_mask(key, shared, keep_fraction)
+  def round_mask(self, key, shared):
+    return sparsify.randk_mask(key, shared, self.keep_fraction)
 
-  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
+  def client_mask(self, delta, own_mask, round_mask):
     return round_mask
 
 
 @dataclasses.dataclass(frozen=True)
 class TopKMask(NoUploadMask):
   """The top-k of the client's own update (private)."""
+  keep_fraction: float = 0.4  # p: fraction of coordinates kept
   name = 'topk'
   private = True
+  config_fields = (('keep_fraction', 'keep_fraction'),)
 
-  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
-    return sparsify.topk_mask(delta, keep_fraction)
+  def client_mask(self, delta, own_mask, round_mask):
+    return sparsify.topk_mask(delta, self.keep_fraction)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,12 +313,12 @@ class DSUUploadMask(NoUploadMask):
   name = 'dsu'
   private = True
 
-  def client_mask(self, delta, own_mask, round_mask, keep_fraction):
+  def client_mask(self, delta, own_mask, round_mask):
     return own_mask
 
 
 # ------------------------------------------------------------------ post-processing of noised values
-# `client(upload, keep)`: applied to a client's own noised upload; `server(total, keep)`: to the
+# `client(upload)`: applied to a client's own noised upload; `server(total)`: to the
 # noised sum. `on_client_noise`: it sparsifies the client's own noised share (needs distributed
 # noise, and epsilon does not cover the result).
 
@@ -310,34 +329,36 @@ class NoPostprocess:
   on_client_noise = False
   reads_noise = False
 
-  def client(self, upload, keep_fraction):
-    del keep_fraction
+  def client(self, upload):
     return upload
 
-  def server(self, total, keep_fraction):
-    del keep_fraction
+  def server(self, total):
     return total
 
 
 @dataclasses.dataclass(frozen=True)
 class TopKOfClientUpload(NoPostprocess):
   """DP-FedSAM-topk Option II: each client top-k's its own noised upload."""
+  keep_fraction: float = 0.4  # p: fraction of coordinates kept
   name = 'topk_client'
   on_client_noise = True
   reads_noise = True
+  config_fields = (('keep_fraction', 'keep_fraction'),)
 
-  def client(self, upload, keep_fraction):
-    return sparsify.apply_mask(upload, sparsify.topk_mask(upload, keep_fraction))
+  def client(self, upload):
+    return sparsify.apply_mask(upload, sparsify.topk_mask(upload, self.keep_fraction))
 
 
 @dataclasses.dataclass(frozen=True)
 class TopKOfNoisedSum(NoPostprocess):
   """The server top-k's the noised sum: post-processing, covered by epsilon."""
+  keep_fraction: float = 0.4  # p: fraction of coordinates kept
   name = 'topk_server'
   reads_noise = True
+  config_fields = (('keep_fraction', 'keep_fraction'),)
 
-  def server(self, total, keep_fraction):
-    return sparsify.apply_mask(total, sparsify.topk_mask(total, keep_fraction))
+  def server(self, total):
+    return sparsify.apply_mask(total, sparsify.topk_mask(total, self.keep_fraction))
 
 
 # ------------------------------------------------------------------ the model each client tests

@@ -15,7 +15,8 @@ behaviour it selects. One round of any method is
 `personal` says what stays on each client (`shared_keys` are aggregated) and how a client's model is
 assembled. `dp2fedsam_jax.federated_round.make_round_step` turns any spec into one jitted round; no engine
 module asks which piece a spec holds. A new method is one more `register(MethodSpec(...))` row; a
-new choice of a piece is one more class in pieces.py.
+new choice of a piece is one more class in pieces.py, holding its own hyperparameters as fields
+(paper defaults) that `MethodSpec.bind(config)` overrides from the run's config.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import dataclasses
 
 from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.errors import ConfigError
-from dp2fedsam_jax.local import OPTIMIZERS
+from dp2fedsam_jax import local
 
 # One instance of each piece (algorithms/pieces.py): the rows below are made of these.
 NO_REGULARIZER, BLUR, ADAPTIVE_NORM, PROXIMAL = (
@@ -55,7 +56,7 @@ class MethodSpec:
   name: str
   personal: object = GLOBAL_MODEL  # what stays on each client; its shared_keys are aggregated
   personal_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
-  shared_optimizer: str = 'sgd'  # local optimizer of the shared phase: 'sgd' | 'sam' | 'asam'
+  shared_optimizer: local.SGD = local.SGD()  # the shared phase's step: local.SGD() | SAM() | ASAM()
   regularizer: object = NO_REGULARIZER  # added to the shared phase's loss, on theta - theta_received
   weight_mask: object = NO_WEIGHT_MASK  # DSU: forward pass through theta * M on the last layers
   upload_mask: object = NO_UPLOAD_MASK  # multiplies Delta before clipping
@@ -72,18 +73,27 @@ class MethodSpec:
       if not isinstance(getattr(self, field), types):
         raise ValueError(f'method {self.name!r}: {field}={getattr(self, field)!r} is not one of '
                          f'{[t.__name__ for t in types]} (algorithms/pieces.py)')
-    if self.shared_optimizer not in OPTIMIZERS:
-      raise ValueError(f'method {self.name!r}: {self.shared_optimizer!r} is not one of {OPTIMIZERS}')
+    if not isinstance(self.shared_optimizer, local.SGD):
+      raise ValueError(f'method {self.name!r}: shared_optimizer={self.shared_optimizer!r} is not one of '
+                       'local.SGD(), local.SAM(), local.ASAM()')
     if self.personal_phase and self.personal == GLOBAL_MODEL:
       raise ValueError(f'method {self.name!r}: a head phase needs a personal part')
     if self.noise_on_mask and self.upload_mask == NO_UPLOAD_MASK:
       raise ValueError(f'method {self.name!r}: noise_on_mask needs an upload mask')
-    if (self.weight_mask == DSU_WEIGHTS) != (self.upload_mask == DSU_MASK):
+    # By type: a bound row's DSU mask carries the run's keep_fraction, so it no longer equals DSU_WEIGHTS.
+    dsu_forward = isinstance(self.weight_mask, pieces.DSUWeightMask)
+    if dsu_forward != isinstance(self.upload_mask, pieces.DSUUploadMask):
       raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
     if not self.federated and (self.private or self.personal != GLOBAL_MODEL):
       raise ValueError(f'method {self.name!r}: a method without rounds releases nothing')
     if self.postprocess.reads_noise and not self.private:
       raise ValueError(f'method {self.name!r}: top-k of the noised update needs noise')
+
+  def bind(self, config) -> 'MethodSpec':
+    """This row with each piece's own hyperparameters (its dataclass fields, paper defaults) overridden
+    from the run's config, once (pieces.configured: e.g. TopKMask.keep_fraction <- config.keep_fraction)."""
+    return dataclasses.replace(
+        self, **{field: pieces.configured(getattr(self, field), config) for field in _PIECE_TYPES})
 
   def check_noise_placement(self, noise_placement: str) -> None:
     """Client-side top-k sparsifies the client's own *noised* upload: it needs distributed noise
@@ -137,26 +147,6 @@ class MethodSpec:
     return ''
 
 
-@dataclasses.dataclass(frozen=True)
-class MethodParams:
-  """The numbers the pieces need beyond `config.local` (fields of the experiment config). The clip
-  norm is not one of them: it is the DPMechanism's (the round passes its C_t to the client)."""
-  keep_fraction: float = 0.4    # p: fraction kept by top-k / rand-k (config.keep_fraction)
-  blur_lambda: float = 1.0      # config.blur_lambda
-  pmtl_lambda: float = 0.1      # config.pmtl_lambda
-  dsu_keep_fraction: float = 0.05  # config.dsu.keep_fraction: fraction of weights kept in masked layers
-  dsu_masked_layers: int = 4    # config.dsu.masked_layers: the last k kernel layers of the extractor
-  dsu_lam: float = 0.2          # config.dsu.lam
-
-  @classmethod
-  def from_config(cls, config) -> 'MethodParams':
-    return cls(keep_fraction=config.keep_fraction,
-               blur_lambda=config.blur_lambda, pmtl_lambda=config.pmtl_lambda,
-               dsu_keep_fraction=config.dsu.keep_fraction, dsu_masked_layers=config.dsu.masked_layers,
-               dsu_lam=config.dsu.lam)
-
-
-
 METHODS: dict[str, MethodSpec] = {}
 
 
@@ -177,7 +167,7 @@ _PERSONAL_HEAD = dict(personal=OWN_HEAD, personal_phase=True, evaluation=TEST_PE
 
 # Non-private references.
 register(MethodSpec('fedavg', private=False, paper='FedAvg (McMahan et al., 2017)'))
-register(MethodSpec('fedsam', shared_optimizer='sam', private=False,
+register(MethodSpec('fedsam', shared_optimizer=local.SAM(), private=False,
                     paper='FedAvg with SAM as local optimizer (Qu et al., 2022)'))
 register(MethodSpec('fedrep', **_PERSONAL_HEAD, private=False,
                     paper='FedRep: head epochs, then body epochs, SGD (Collins et al., 2021)'))
@@ -191,16 +181,16 @@ register(MethodSpec('local_only', private=False, federated=False,
 register(MethodSpec('dp_fedavg', paper='DP-FedAvg, dp2-fedsam.txt Algorithm 1'))
 register(MethodSpec('dp_fedavg_ft', evaluation=FINETUNE,
                     paper='DP-FedAvg; each client fine-tunes a copy of the global model to test'))
-register(MethodSpec('dp_fedsam', shared_optimizer='sam',
+register(MethodSpec('dp_fedsam', shared_optimizer=local.SAM(),
                     paper='DP-FedSAM, dp-fedsam-topk.txt Algorithm 1 Option I'))
-register(MethodSpec('dp_fedasam', shared_optimizer='asam',
+register(MethodSpec('dp_fedasam', shared_optimizer=local.ASAM(),
                     paper='DP-FedSAM with ASAM (what the reference code runs: its --adaptive flag)'))
-register(MethodSpec('dp_fedsam_ft', shared_optimizer='sam', evaluation=FINETUNE,
+register(MethodSpec('dp_fedsam_ft', shared_optimizer=local.SAM(), evaluation=FINETUNE,
                     paper='DP-FedSAM + local fine-tuning before testing'))
-register(MethodSpec('dp_fedsam_topk', shared_optimizer='sam', postprocess=TOPK_CLIENT,
+register(MethodSpec('dp_fedsam_topk', shared_optimizer=local.SAM(), postprocess=TOPK_CLIENT,
                     paper='DP-FedSAM-topk, dp-fedsam-topk.txt Algorithm 1 Option II (eq. 12): each '
                           'client top-k\'s its own noised update (distributed noise)'))
-register(MethodSpec('dp_fedsam_topk_server', shared_optimizer='sam', postprocess=TOPK_SERVER,
+register(MethodSpec('dp_fedsam_topk_server', shared_optimizer=local.SAM(), postprocess=TOPK_SERVER,
                     paper='DP-FedSAM-topk variant: the server top-k\'s the noised sum '
                           '(post-processing, covered by epsilon)'))
 register(MethodSpec('fed_smp_randk', upload_mask=RANDK, noise_on_mask=True,
@@ -217,11 +207,11 @@ register(MethodSpec('dp_fedavg_blurs', regularizer=BLUR, upload_mask=TOPK,
                           'every coordinate'))
 
 # Personalized: a private shared extractor, a local head (dp2-fedsam.txt, dp-pfeddsu.txt).
-register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, shared_optimizer='sam',
+register(MethodSpec('dp2fedsam', **_PERSONAL_HEAD, shared_optimizer=local.SAM(),
                     paper='DP²-FedSAM, dp2-fedsam.txt Algorithm 2'))
 register(MethodSpec('centaur', **_PERSONAL_HEAD,
                     paper='CENTAUR at client level: DP²-FedSAM with SGD instead of SAM'))
-register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, shared_optimizer='sam', private=False,
+register(MethodSpec('p_fedsam', **_PERSONAL_HEAD, shared_optimizer=local.SAM(), private=False,
                     paper='DP²-FedSAM without clipping or noise (epsilon = inf)'))
 register(MethodSpec('dp_pfeddsu', **_PERSONAL_HEAD, regularizer=ADAPTIVE_NORM, weight_mask=DSU_WEIGHTS,
                     upload_mask=DSU_MASK, noise_on_mask=True,

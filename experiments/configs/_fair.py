@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from dp2fedsam_jax import local
 from dp2fedsam_jax.algorithms import METHODS
 from experiments.configs import _common
 
@@ -60,7 +61,7 @@ SAM_KNOBS = ('local.sam_rho',)
 def own_knobs(method: str) -> tuple[str, ...]:
   """The config fields only `method` has, from its row of pieces in the registry (sorted)."""
   spec = METHODS[method]
-  knobs = set(SAM_KNOBS if spec.shared_optimizer in ('sam', 'asam') else ())
+  knobs = set(SAM_KNOBS if isinstance(spec.shared_optimizer, local.SAM) else ())
   if spec.personal_phase:
     knobs.update(HEAD_PHASE_KNOBS)
   for field in PIECE_FIELDS:
