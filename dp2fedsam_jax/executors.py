@@ -23,6 +23,7 @@ The config keeps the name (a string in config.json); `from_name` is the one plac
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 from typing import Callable, ClassVar
@@ -35,7 +36,7 @@ NAMES = ('auto', 'vmap', 'sequential', 'sharded')
 
 
 @dataclasses.dataclass(frozen=True)
-class Executor:
+class Executor(abc.ABC):
   """The base: one device, the round's arrays where they are. `chunk_size`: clients trained per
   chunk at most (None: the whole capacity); a chunk's uploads ([slots, params]) are summed before the
   next chunk trains, so slots beyond it would only hold more of them in memory at once."""
@@ -46,10 +47,10 @@ class Executor:
     """Client slots per chunk for a round that needs `capacity`."""
     return capacity if self.chunk_size is None else min(capacity, self.chunk_size)
 
+  @abc.abstractmethod
   def map_clients(self, f: Callable, env, *xs):
     """f(env, *one_slot) over the leading (slot) axis of `xs`; `env`, what every client of the
-    round reads, shared by all."""
-    raise NotImplementedError
+    round reads, shared by all (each executor's own way: the one place where they differ)."""
 
   def place(self, tree):
     """The round's state, data or key, placed where the compiled round step reads them."""
