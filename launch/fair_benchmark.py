@@ -4,6 +4,7 @@ then its selection at 3 seeds on the full training split, then the block's non-p
   python3 -m launch.fair_benchmark --root=$HOME/fair --plan       # runs, CPU hours, GPU estimate
   python3 -m launch.fair_benchmark --root=$HOME/fair              # blocks a, d, c, b on the CPU
   python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows=centaur --parallel=2
+  python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=a --publish=experiments/results
   bash launch/fair_benchmark_device.sh OUT_DIR                    # a whole block on a lent GPU
 
 One sweep root; resumable: a row whose tuning.json is done is not tuned again (launch.tune resumes
@@ -31,6 +32,8 @@ from dp2fedsam_jax import cli, local, metric_writers
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import selection
+from experiments import report
+from experiments.report import fair as fair_report
 from launch import sweep, tune
 
 FLAGS = flags.FLAGS
@@ -130,13 +133,19 @@ def row_config(module, block, row):
 
 
 def selection_epsilons(path: str, module, block, row) -> tuple:
-  """(selection eps, one trial's eps) of the row's search (launch.tune's accounting: the law's
-  E[K], K secret; None for a non-private row): the same for every private row of a block."""
+  """(selection eps, one trial's eps, eps of the selection and one final run composed) of the row's
+  search (launch.tune's accounting: the law's E[K], K secret; RDP at the study's delta); Nones for
+  a non-private row. The same for every private row of a block."""
   _, _, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
   fixed = [f'--config.{f}={sweep.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
   config = sweep.apply_overrides(row_config(module, block, row), fixed)
   cost = tune.privacy_cost(spec, [config], naive_trials=1)
-  return cost['selection_epsilon'], cost['per_trial_epsilon']
+  if cost['selection_epsilon'] is None:
+    return None, None, None
+  event, relation, delta, _ = tune.trial_event(config)  # a final run: a trial's mechanism, no score
+  with_run = selection.selection_then_run_epsilon(
+      [tune.scored_event(event, spec['score_noise'])], spec['distribution'], event, delta, relation)
+  return cost['selection_epsilon'], cost['per_trial_epsilon'], with_run
 
 
 def cpu_hours(block, row, config, kind: str) -> float:
@@ -213,10 +222,10 @@ def print_plan(letters, root: str) -> dict:
     print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
           f'trial; ceiling: {block.ceiling_reference}')
     print(f'  regime rule: {block.regime_rule}')
-    for row, mean_k, finals, hours, status, (eps, one) in plan['rows']:
+    for row, mean_k, finals, hours, status, (eps, one, with_run) in plan['rows']:
       mark = f'  [{row.mark}]' if row.mark else ''
-      privacy = (f'selection eps {eps:.3f} (one trial {one:.3f})' if eps is not None
-                 else 'non-private: no eps')
+      privacy = (f'selection eps {eps:.3f} (one trial {one:.3f}; with a final run {with_run:.3f})'
+                 if eps is not None else 'non-private: no eps')
       print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
             f'final, ~{hours:.1f} CPU h; {privacy}; {status}{mark}')
     print(f"  block ({letter}): ~{plan['runs']:.0f} runs, ~{plan['cpu_hours']:.1f} CPU h (2 cores), "
@@ -297,6 +306,60 @@ def run_block(letter: str, root: str, parallel: int, rows=None) -> dict:
   return write_summary(letter, root)
 
 
+# ------------------------------------------------------------------ publishing
+
+
+def published_dir(out_root: str, letter: str) -> str:
+  """Where a block's small files are committed: <out_root>/<block config>/ (its runs under runs/)."""
+  return os.path.join(out_root, config_name(BLOCK_CONFIGS[letter]))
+
+
+def ceiling_accuracy(letter: str, out_root: str) -> float | None:
+  """The block's ceiling in points, from the published files: its own ceiling row's seed, another
+  block's (Block.ceiling_of_block) or a committed reference (Block.ceiling_accuracy)."""
+  _, _, block = load_block(letter)
+  if block.ceiling is None and not block.ceiling_of_block:
+    return block.ceiling_accuracy
+  owner = block.ceiling_of_block or letter
+  _, _, owner_block = load_block(owner)
+  result = fair_report.read_row(os.path.join(published_dir(out_root, owner), 'runs'),
+                                owner_block.ceiling, owner_block.metric)
+  mean, _, seeds = result.stats
+  return 100 * mean if seeds else None
+
+
+def publish(letter: str, root: str, out_root: str) -> str:
+  """Copies what the block has finished under root to published_dir: each row's tuning.json and its
+  selected trial as launch.tune publishes them (never the operator's file, nor another trial), the
+  finished final runs' small files, row.json and benchmark.json; then writes results.md there from
+  the copy (the table, the regime rule and the verdicts). Returns results.md's path."""
+  path, module, block = load_block(letter)
+  source, out = os.path.join(root, config_name(path)), published_dir(out_root, letter)
+  report.copy_tuning_files(report.load_tunings(source), source, out)
+  for row in block.all_rows():
+    finals = os.path.join(row_dir(root, path, row), 'final')
+    if os.path.isdir(finals):
+      report.copy_run_files([r for r in report.load_runs(finals) if r.finished], source, out)
+    entry = _read(os.path.join(row_dir(root, path, row), ROW_FILE))
+    if entry is not None:
+      _write_json(os.path.join(out, 'runs', row.name, ROW_FILE), entry)
+  summary = _read(os.path.join(source, SUMMARY_FILE))
+  if summary is not None:
+    _write_json(os.path.join(out, 'runs', SUMMARY_FILE), summary)
+  results = fair_report.read_block(os.path.join(out, 'runs'), block)
+  epsilons = selection_epsilons(path, module, block, block.rows[0])
+  lines = ['# Fair benchmark, block ' + f'({letter}) (docs/benchmark.md)', '',
+           f'Written by `python3 -m launch.fair_benchmark --blocks={letter} --publish=...` from the '
+           'files under runs/ (a row appears as its search and seeds finish).', '',
+           *fair_report.block_lines(block, config_name(path), results, epsilons,
+                                    ceiling_accuracy(letter, out_root))]
+  results_path = os.path.join(out, 'results.md')
+  os.makedirs(out, exist_ok=True)
+  with open(results_path, 'w') as f:
+    f.write('\n'.join(lines))
+  return results_path
+
+
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   fv = {'flag_values': flag_values}
   flags.DEFINE_string('root', None, 'The one sweep root of the benchmark.', **fv)
@@ -305,6 +368,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        **fv)
   flags.DEFINE_list('rows', None, 'Only these rows of the one block --blocks names (a GPU runs '
                     'several rows at once, one process each: launch/fair_benchmark_device.sh).', **fv)
+  flags.DEFINE_string('publish', None, 'Run nothing: copy what the blocks finished under --root '
+                      '(each row\'s published search, its finished final runs) to '
+                      '<publish>/<block config>/runs and write results.md there, for committing.',
+                      **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
 
@@ -321,6 +388,10 @@ def main(argv):
       load_block(FLAGS.blocks[0])[2].row(name)
   if FLAGS.plan:
     print_plan(FLAGS.blocks, FLAGS.root)
+    return
+  if FLAGS.publish:
+    for letter in FLAGS.blocks:
+      print(publish(letter, FLAGS.root, FLAGS.publish))
     return
   for letter in FLAGS.blocks:
     run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows)

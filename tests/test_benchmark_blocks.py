@@ -248,7 +248,8 @@ def test_every_private_row_of_a_block_costs_the_same_selection_epsilon(letter, t
   plan = fair_benchmark.block_plan(letter, str(tmp_path))
   private = {row.name: eps for row, _, _, _, _, eps in plan['rows'] if METHODS[row.method].private}
   assert len({round(e[0], 9) for e in private.values()}) == 1, private
-  selection_eps, one_trial = next(iter(private.values()))
+  selection_eps, one_trial, with_final_run = next(iter(private.values()))
   assert one_trial < selection_eps  # the search costs more than a run, and it is on the page
+  assert selection_eps < with_final_run < selection_eps + one_trial  # RDP: less than adding them
   for row, _, _, _, _, eps in plan['rows']:
     assert (eps[0] is None) == (not METHODS[row.method].private)

@@ -195,3 +195,13 @@ def selection_cost(events: Sequence[dp_accounting.DpEvent], distribution: TrialD
       naive_epsilon=epsilon_of_rdp(naive_trials * curve, delta) if naive_trials else 0.0,
       naive_trials=int(naive_trials))
 
+
+
+def selection_then_run_epsilon(events: Sequence[dp_accounting.DpEvent],
+                               distribution: TrialDistribution, run: dp_accounting.DpEvent,
+                               delta: float, neighboring_relation=_ADD_OR_REMOVE) -> float:
+  """Epsilon at `delta` of the selection over trials with these events followed by one more run
+  (`run`) on the same clients at the selected values: what a model trained this way costs in all
+  (RDP composition of the selection's curve and the run's)."""
+  curve = selection_rdp(rdp_curve(events, neighboring_relation), distribution)
+  return epsilon_of_rdp(curve + rdp_curve([run], neighboring_relation), delta)

@@ -116,6 +116,23 @@ class Row:
 
 
 @dataclasses.dataclass(frozen=True)
+class Claim:
+  """The paper claims `better` > `worse` (two of its table rows, Row.paper_row), where it says so.
+
+  Every row reproducing a paper row takes part (a paper form and its covered form both), so a claim
+  is judged once for each pair of rows: holds / level / contradicted by the seed rule
+  (experiments/report/rules.py), declared with the block before any run."""
+  better: str
+  worse: str
+  source: str
+
+
+def claims(better: str, worse: tuple, source: str) -> tuple:
+  """One Claim per row of `worse` (the paper says `better` beats each)."""
+  return tuple(Claim(better, w, source) for w in worse)
+
+
+@dataclasses.dataclass(frozen=True)
 class Block:
   """A block: rows, one trial law and eps per trial, the ranges, the regime rule and its ceiling."""
   name: str
@@ -133,6 +150,9 @@ class Block:
   trial_fixed: tuple = ()   # ((field, value), ...) the trials set besides the validation split
   final_fixed: tuple = ()   # ((field, value), ...) the final runs set
   regime_margin: float = REGIME_MARGIN
+  claims: tuple = ()        # Claim, ...: the ordered pairs of the paper's table this block judges
+  ceiling_of_block: str = ''  # no ceiling row: another block's (same split and settings) serves
+  ceiling_accuracy: float | None = None  # no ceiling row: a committed reference's accuracy (points)
 
   @property
   def regime_rule(self) -> str:
@@ -144,6 +164,12 @@ class Block:
     margin, else AT_CEILING: the rule applied, once every row has its 3 seeds."""
     best = max(private_means.values())
     return 'test' if ceiling >= best + self.regime_margin else AT_CEILING
+
+  def claim_pairs(self) -> list:
+    """[(claim, better row, worse row)]: each claim once for every pair of rows reproducing its two
+    paper rows (a paper form and its covered form each meet the other side)."""
+    rows = lambda paper_row: [r for r in self.rows if r.paper_row == paper_row]
+    return [(c, a, b) for c in self.claims for a in rows(c.better) for b in rows(c.worse)]
 
   def row(self, name: str) -> Row:
     for r in self.all_rows():

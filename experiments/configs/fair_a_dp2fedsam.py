@@ -53,12 +53,26 @@ ROWS = (
     _fair.Row('dp_fedsam', 'dp_fedsam', seed=105, paper_row='DP-FedSAM'),
     _fair.Row('dp_fedavg', 'dp_fedavg', seed=106, paper_row='DP-FedAvg'),
 )
+# The orders dp2-fedsam.txt claims (section 5.2.1 over Tables 2 and 3; CIFAR-10 (1000, 2): 84.1 >
+# 81.5 > 80.0 > 79.2 > 58.0 > 54.8).
+CLAIMS = (
+    _fair.claims('DP2-FedSAM', ('CENTAUR', 'DP-FedSAM-FT', 'DP-FedAvg-FT', 'DP-FedSAM', 'DP-FedAvg'),
+                 'Table 2: "DP2-FedSAM outperforms other baselines"')
+    + _fair.claims('CENTAUR', ('DP-FedSAM-FT', 'DP-FedAvg-FT'),
+                   '5.2.1: "partial model sharing methods ... outperform fine-tuned methods"')
+    + (_fair.Claim('DP-FedAvg-FT', 'DP-FedAvg', '5.2.1: "fine-tuned variants ... show improved '
+                   'performance over their non-fine-tuned counterparts"'),
+       _fair.Claim('DP-FedSAM-FT', 'DP-FedSAM', '5.2.1: the same, with SAM'),
+       _fair.Claim('DP-FedSAM', 'DP-FedAvg', '5.2.1: "the SAM optimizer further improves the '
+                   'performance"'),
+       _fair.Claim('DP-FedSAM-FT', 'DP-FedAvg-FT', '5.2.1: the same, fine-tuned'))
+)
 BLOCK = _fair.Block(
     name='a', paper='dp2-fedsam.txt Tables 2/3', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=10.0,
     ranges=RANGES, ceiling=_fair.Row('ceiling_p_fedsam', 'p_fedsam', seed=100),
     ceiling_reference='non-private P-FedSAM, searched under the same law, 1 seed',
     if_rule_fails='(1000, 5) at the same eps and law',
-    trial_fixed=(('eval_every', 200),), final_fixed=(('eval_every', 50),))
+    trial_fixed=(('eval_every', 200),), final_fixed=(('eval_every', 50),), claims=CLAIMS)
 
 
 def get_config(arg: str | None = None):

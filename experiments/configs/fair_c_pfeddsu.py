@@ -46,12 +46,21 @@ ROWS = (
     _fair.Row('pmtl_ft', 'pmtl_ft', seed=305, paper_row='PMTL-FT'),
     _fair.Row('dp_fedavg_fb', 'dp_fedavg_fb', seed=306, paper_row='DP-FedAvg-fb'),
 )
+# The orders dp-pfeddsu.txt claims (Table II, CIFAR-10 s = 2: 86.29 > 85.11 > 84.35 > 83.70 > 83.34;
+# CENTAUR and PPSGD swap between columns, as DP-FedAvg-fb and PMTL-FT do: no claim between them).
+CLAIMS = (
+    _fair.claims('DP-pFedDSU', ('CENTAUR', 'PPSGD', 'DP-FedAvg-fb', 'PMTL-FT'),
+                 'Table II: DP-pFedDSU above every baseline')
+    + _fair.claims('CENTAUR', ('DP-FedAvg-fb', 'PMTL-FT'), 'Table II, every column')
+    + _fair.claims('PPSGD', ('DP-FedAvg-fb', 'PMTL-FT'), 'Table II, every column but EMNIST')
+)
 BLOCK = _fair.Block(
     name='c', paper='dp-pfeddsu.txt Table II', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=10.0,
     ranges=RANGES, ceiling=None,
     ceiling_reference="block (a)'s ceiling_p_fedsam (the same split, law and settings)",
+    ceiling_of_block='a',
     if_rule_fails='s = 5 at the same eps and law',
-    trial_fixed=block_a.BLOCK.trial_fixed, final_fixed=block_a.BLOCK.final_fixed)
+    trial_fixed=block_a.BLOCK.trial_fixed, final_fixed=block_a.BLOCK.final_fixed, claims=CLAIMS)
 
 
 def get_config(arg: str | None = None):

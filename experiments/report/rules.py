@@ -37,15 +37,22 @@ def _gap(hi: Row, lo: Row) -> tuple[float, float]:
 
 def rule_label(candidate: Row, reference: Row, min_gap: float = 0.01, min_seeds: int = 3,
                key: str = 'test_accuracy_pooled') -> tuple[str, float, float]:
-  """(label, d, s): a pre-declared rule between two rows (experiments/configs/shakespeare_field.py).
+  """(label, d, s): seed_rule (below) on two rows' `key` (experiments/configs/shakespeare_field.py)."""
+  return seed_rule((*candidate.pooled[key], candidate.num_seeds),
+                   (*reference.pooled[key], reference.num_seeds), min_gap, min_seeds)
 
-  d = the candidate's mean over seeds of `key` minus the reference's, s = the pooled seed std
+
+def seed_rule(candidate: tuple, reference: tuple, min_gap: float = 0.01,
+              min_seeds: int = 3) -> tuple[str, float, float]:
+  """(label, d, s): the pre-declared rule between two rows, each (mean, std, number of seeds).
+
+  d = the candidate's mean over seeds minus the reference's, s = the pooled seed std
   sqrt((s_c^2 + s_r^2) / 2). 'helps' if d >= max(min_gap, 2 s), 'hurts' if d <= -max(min_gap, 2 s),
   else 'level'; 'undecided' while either row has fewer than min_seeds seeds."""
-  (c_mean, c_std), (r_mean, r_std) = candidate.pooled[key], reference.pooled[key]
+  (c_mean, c_std, c_seeds), (r_mean, r_std, r_seeds) = candidate, reference
   d = c_mean - r_mean
   s = math.sqrt((c_std ** 2 + r_std ** 2) / 2)
-  if min(candidate.num_seeds, reference.num_seeds) < min_seeds or math.isnan(d + s):
+  if min(c_seeds, r_seeds) < min_seeds or math.isnan(d + s):
     return 'undecided', d, s
   bar = max(min_gap, 2 * s)
   return ('helps' if d >= bar else 'hurts' if d <= -bar else 'level'), d, s

@@ -72,6 +72,7 @@ def read_json(path: str):
 
 
 TUNING_FILE = 'tuning.json'  # launch/tune.py's
+TRIAL_PREFIX = 'trial='  # its trials' workdirs
 
 
 def load_runs(root: str) -> list[RunResult]:
@@ -79,8 +80,9 @@ def load_runs(root: str) -> list[RunResult]:
   runs = []
   for directory, subdirs, files in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs if not d.startswith('.'))  # e.g. the sweep's .jax_cache
-    if TUNING_FILE in files:  # a tuning's trials: its own section (tuning_lines), not seeds
-      subdirs[:] = []
+    if TUNING_FILE in files:  # a tuning's trials: its own section (tuning_lines), not seeds; what
+      # else the directory holds (the fair benchmark's final/ runs at the selection) is read
+      subdirs[:] = [d for d in subdirs if not d.startswith(TRIAL_PREFIX)]
       continue
     failure = (read_json(os.path.join(directory, 'failure.json')) if 'failure.json' in files
                else None)

@@ -1,0 +1,158 @@
+"""The fair benchmark's tables (docs/benchmark.md): a block's rows with their tuned accuracy over the
+final seeds and the privacy of a run and of its search, the block's regime rule applied, and the
+verdict on each order its paper claims (seed_rule: holds / level / contradicted).
+
+Reads a block's directory as launch/fair_benchmark.py lays it out (a sweep root's, or its published
+copy under experiments/results/fair_*/runs): <row>/tuning.json (the search, as published) and
+<row>/final/seed=<s>/{config.json, metrics.jsonl} (the selection at each seed). A final run counts
+once it reached its num_rounds; a row's accuracy is the block's metric at that last round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from dp2fedsam_jax import metric_writers
+from experiments.report.rules import seed_rule
+from experiments.report.summary import mean_std
+from experiments.report.workdirs import TUNING_FILE, format_value, read_json
+
+# A claim's verdict from the candidate's (the paper's better row) label against the other row.
+VERDICT = {'helps': 'holds', 'level': 'level', 'hurts': 'contradicted', 'undecided': 'undecided'}
+MIN_GAP, MIN_SEEDS = 0.01, 3  # the rule's one point and three seeds (experiments/results/README.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowResult:
+  """One row of a block as its files say: the search's outcome and the final seeds' accuracy."""
+  row: object                 # experiments.configs._fair.Row
+  tuning: dict | None         # the published tuning.json (None before the search finished)
+  accuracy: dict              # {seed: the block's metric at the final round}, finished runs only
+
+  @property
+  def stats(self) -> tuple:
+    """(mean, std over seeds, seeds) of the accuracy (fractions; nan without a finished seed)."""
+    values = [self.accuracy[s] for s in sorted(self.accuracy)]
+    mean, std = mean_std(values) if values else (math.nan, math.nan)
+    return mean, std, len(values)
+
+  @property
+  def selected(self) -> dict | None:
+    return (self.tuning or {}).get('selected_values')
+
+
+def read_row(block_dir: str, row, metric: str) -> RowResult:
+  """The row's RowResult from <block_dir>/<row name>/ (nothing there: no search, no seed)."""
+  directory = os.path.join(block_dir, row.name)
+  path = os.path.join(directory, TUNING_FILE)
+  tuning = read_json(path) if os.path.exists(path) else None
+  if tuning is not None and tuning.get('status') != 'done':
+    tuning = None
+  accuracy = {}
+  finals = os.path.join(directory, 'final')
+  for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
+    run = os.path.join(finals, name)
+    if not (name.startswith('seed=') and os.path.exists(os.path.join(run, 'config.json'))):
+      continue
+    records = metric_writers.read_jsonl(os.path.join(run, metric_writers.EVAL_FILE))
+    if records and records[-1]['round'] >= read_json(os.path.join(run, 'config.json'))['num_rounds']:
+      accuracy[int(name[len('seed='):])] = float(records[-1][metric])
+  return RowResult(row, tuning, accuracy)
+
+
+def read_block(block_dir: str, block) -> dict:
+  """{row name: RowResult} of every row of the block, its ceiling row included."""
+  return {r.name: read_row(block_dir, r, block.metric) for r in block.all_rows()}
+
+
+def verdicts(block, results: dict) -> list[dict]:
+  """One entry per claim and pair of rows: the paper's better row against its worse one by the seed
+  rule, d and s in points, and the verdict (holds / level / contradicted / undecided)."""
+  out = []
+  for claim, better, worse in block.claim_pairs():
+    label, d, s = seed_rule(results[better.name].stats, results[worse.name].stats, MIN_GAP,
+                            MIN_SEEDS)
+    out.append({'claim': claim, 'better': better, 'worse': worse, 'label': label,
+                'verdict': VERDICT[label], 'd': 100 * d, 's': 100 * s})
+  return out
+
+
+def regime(block, results: dict, ceiling: float | None) -> str:
+  """The block's regime rule once it can be applied (the ceiling known, every private row at its 3
+  seeds): 'test' or _fair.AT_CEILING; else 'pending' and what is missing."""
+  private = {r.name: results[r.name].stats for r in block.rows}
+  short = sorted(n for n, (_, _, seeds) in private.items() if seeds < MIN_SEEDS)
+  if ceiling is None or short:
+    missing = (['the ceiling'] if ceiling is None else []) + (
+        [f"{', '.join(short)} ({MIN_SEEDS} seeds)"] if short else [])
+    return f"pending: {' and '.join(missing)}"
+  return block.regime(ceiling, {n: 100 * m for n, (m, _, _) in private.items()})
+
+
+def _pct(value: float) -> str:
+  return '–' if value is None or math.isnan(value) else f'{100 * value:.2f}'
+
+
+def _values_text(selected: dict | None) -> str:
+  if not selected:
+    return '–'
+  return ', '.join(f'{k.split(".")[-1]} {format_value(v)}' for k, v in sorted(selected.items()))
+
+
+def row_lines(block, results: dict, epsilons: tuple) -> list[str]:
+  """The block's table: a row per method (the ceiling last) with its accuracy over the final seeds,
+  the eps of one run, of its search, and of both, and the selected values."""
+  selection_eps, _, with_run = epsilons
+  lines = [f'| row | paper row | {block.metric} (mean ± seed std) | seeds | ε of a run | ε of the '
+           'search | ε of search + run | selected values |', '|---|---|---|---|---|---|---|---|']
+  for r in block.all_rows():
+    result = results[r.name]
+    mean, std, seeds = result.stats
+    accuracy = _pct(mean) + (f' ± {100 * std:.2f}' if seeds > 1 else '')
+    is_ceiling = block.ceiling is not None and r.name == block.ceiling.name
+    privacy = (('non-private', '–', '–') if is_ceiling else
+               (format_value(block.eps), f'{selection_eps:.3f}', f'{with_run:.3f}'))
+    name = r.name + (f' ({r.mark})' if r.mark else '')
+    lines.append(f"| {name} | {r.paper_row or ('ceiling' if is_ceiling else '–')} | {accuracy} | "
+                 f"{seeds} | {' | '.join(privacy)} | {_values_text(result.selected)} |")
+  return lines
+
+
+def verdict_lines(entries: list[dict]) -> list[str]:
+  """'The paper claims A > B' table: d, s and the verdict of every claimed pair of rows."""
+  lines = ['| the paper claims | rows | d (points) | s | verdict | where the paper says it |',
+           '|---|---|---|---|---|---|']
+  for e in entries:
+    claim = e['claim']
+    d, s = ('–', '–') if math.isnan(e['d']) else (f"{e['d']:+.2f}", f"{e['s']:.2f}")
+    lines.append(f"| {claim.better} > {claim.worse} | {e['better'].name} vs {e['worse'].name} | "
+                 f"{d} | {s} | {e['verdict']} | {claim.source} |")
+  return lines
+
+
+def block_lines(block, config_name: str, results: dict, epsilons: tuple,
+                ceiling: float | None) -> list[str]:
+  """The block's section of results.md: settings, the table, the regime rule and the verdicts."""
+  rule = regime(block, results, ceiling)
+  ceiling_text = '–' if ceiling is None else f'{ceiling:.2f} %'
+  verdict_note = ('' if rule == 'test' else
+                  ' (the regime rule has not said "test": these are no verdict on the paper\'s order)')
+  law = ', '.join(f'{k} {format_value(v)}' for k, v in block.trials.items() if k != 'name')
+  return [
+      f'## Block ({block.name}): {block.paper}', '',
+      f'Config `experiments/configs/{config_name}.py`; K of every search {block.trials["name"]} '
+      f'({law}), eps {block.eps:g} per trial and per final run, score noise {block.score_noise:g}; '
+      f'metric {block.metric} at the final round. Ceiling: {block.ceiling_reference} '
+      f'({ceiling_text}).', '',
+      *row_lines(block, results, epsilons), '',
+      '*ε of a run*: the target each trial and final run was calibrated to (PLD, δ = 1/N). *ε of '
+      'the search*: the selection of the released values over the secret K trials, each with its '
+      'noised score (RDP, Papernot & Steinke; docs/privacy.md section 9). *ε of search + run*: that '
+      'selection and one final run composed (RDP): what one model trained this way costs. Not '
+      'covered by any ε: the test accuracies on this page, the other two final seeds (the seed '
+      'spread is a measurement, not a release), and the choice of ranges and settings.', '',
+      f'Regime rule: {block.regime_rule}. Applied: **{rule}**.', '',
+      f'### The paper\'s claims{verdict_note}', '',
+      *verdict_lines(verdicts(block, results)), '']

@@ -1,0 +1,164 @@
+"""The fair benchmark's publishing and verdicts (launch/fair_benchmark.publish, experiments/report/fair.py),
+on a made-up sweep root laid out as launch.fair_benchmark lays it out: what is copied (never the
+tuning operator's file, a trial that was not selected, or the selected trial's un-noised validation
+metrics; never an unfinished run), each claim judged once per pair of rows by the seed rule, and the
+regime rule applied only once every private row has its seeds and the ceiling is known."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from experiments.configs import _fair
+from experiments.report import fair as fair_report
+from launch import fair_benchmark
+
+PATH, _, BLOCK = fair_benchmark.load_block('a')
+CONFIG = fair_benchmark.config_name(PATH)
+
+
+def _write(path, value):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    if isinstance(value, list):
+      f.writelines(json.dumps(v) + '\n' for v in value)
+    else:
+      json.dump(value, f)
+
+
+def _final(root, row, seed, accuracy, rounds=200, num_rounds=200):
+  run = os.path.join(root, CONFIG, row, 'final', f'seed={seed}')
+  _write(os.path.join(run, 'config.json'), {'num_rounds': num_rounds, 'method': BLOCK.row(row).method,
+                                            'seed': seed})
+  _write(os.path.join(run, 'metrics.jsonl'), [{'round': 100, 'test_accuracy': accuracy - 0.1},
+                                              {'round': rounds, 'test_accuracy': accuracy}])
+  return run
+
+
+def _search(root, row, selected='trial=aa'):
+  """A finished secret-K search: tuning.json (as published), the operator's file, two trials."""
+  directory = os.path.join(root, CONFIG, row)
+  _write(os.path.join(directory, 'tuning.json'), {
+      'status': 'done', 'selected_run': selected, 'selected_values': {'local.lr_shared': 0.05},
+      'selection_epsilon': 0.9, 'per_trial_epsilon': 0.4, 'private': True,
+      'trial_distribution': BLOCK.trials})
+  _write(os.path.join(directory, 'tuning_operator_private.json'), {'secret': 1, 'num_trials': 2})
+  for trial in ('trial=aa', 'trial=bb'):
+    _write(os.path.join(directory, trial, 'config.json'), {'num_rounds': 200})
+    _write(os.path.join(directory, trial, 'metrics.jsonl'),
+           [{'round': 200, 'test_accuracy': 0.8, 'validation_accuracy': 0.81}])
+
+
+@pytest.fixture()
+def published(tmp_path):
+  root, out = str(tmp_path / 'root'), str(tmp_path / 'results')
+  _search(root, 'dp2fedsam')
+  for seed, acc in enumerate((0.900, 0.905, 0.910)):
+    _final(root, 'dp2fedsam', seed, acc)
+  for seed, acc in enumerate((0.860, 0.865, 0.870)):  # 4 points below: holds
+    _final(root, 'centaur', seed, acc)
+  for seed, acc in enumerate((0.902, 0.899, 0.907)):  # level with dp2fedsam
+    _final(root, 'dp_fedsam', seed, acc)
+  for seed, acc in enumerate((0.950, 0.955)):  # two seeds only: undecided
+    _final(root, 'dp_fedavg', seed, acc)
+  _final(root, 'dp_fedavg', 2, 0.5, rounds=150)  # unfinished: neither counted nor copied
+  results_md = fair_benchmark.publish('a', root, out)
+  return root, os.path.join(out, CONFIG), open(results_md).read()
+
+
+def test_publish_copies_the_search_as_published_and_only_finished_runs(published):
+  _, out, _ = published
+  copied = {os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs}
+  assert 'runs/dp2fedsam/tuning.json' in copied and 'runs/dp2fedsam/trial=aa/metrics.jsonl' in copied
+  assert not any('operator' in p or 'trial=bb' in p for p in copied), copied
+  with open(os.path.join(out, 'runs/dp2fedsam/trial=aa/metrics.jsonl')) as f:
+    assert all(not k.startswith('validation_') for k in json.loads(f.readline()))
+  assert 'runs/dp_fedavg/final/seed=1/metrics.jsonl' in copied
+  assert 'runs/dp_fedavg/final/seed=2/metrics.jsonl' not in copied  # round 150 of 200
+
+
+def test_each_claim_is_judged_by_the_seed_rule(published):
+  _, out, text = published
+  results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)
+  assert results['dp_fedavg'].stats[2] == 2 and results['ceiling_p_fedsam'].stats[2] == 0
+  got = {(e['better'].name, e['worse'].name): e for e in fair_report.verdicts(BLOCK, results)}
+  assert len(got) == len(BLOCK.claims)
+  assert got['dp2fedsam', 'centaur']['verdict'] == 'holds'
+  assert got['dp2fedsam', 'centaur']['d'] == pytest.approx(4.0)
+  assert got['dp2fedsam', 'dp_fedsam']['verdict'] == 'level'
+  assert got['dp2fedsam', 'dp_fedavg']['verdict'] == 'undecided'  # 2 seeds
+  assert got['dp_fedsam', 'dp_fedavg']['verdict'] == 'undecided'
+  assert '| DP2-FedSAM > CENTAUR | dp2fedsam vs centaur | +4.00 | 0.50 | holds |' in text
+  assert '90.50 ± 0.50 | 3 |' in text and 'lr_shared 0.05' in text
+
+
+def test_a_claim_the_rows_contradict_says_so():
+  row = lambda name: _fair.Row(name, 'dp_fedavg', seed=1, paper_row=name.upper())
+  block = _fair.Block(name='t', paper='p', rows=(row('a'), row('b')), trials={}, eps=1.0,
+                      score_noise=0.0, ranges={}, ceiling=None, ceiling_reference='r',
+                      if_rule_fails='x', claims=(_fair.Claim('A', 'B', 'there'),))
+  results = {'a': fair_report.RowResult(block.rows[0], None, {0: 0.70, 1: 0.71, 2: 0.72}),
+             'b': fair_report.RowResult(block.rows[1], None, {0: 0.80, 1: 0.80, 2: 0.81})}
+  (entry,) = fair_report.verdicts(block, results)
+  assert entry['verdict'] == 'contradicted' and entry['d'] < -1
+
+
+def test_the_regime_rule_waits_for_every_seed_and_the_ceiling(published):
+  _, out, text = published
+  results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)
+  assert fair_report.regime(BLOCK, results, None).startswith('pending: the ceiling')
+  assert 'dp_fedavg' in fair_report.regime(BLOCK, results, 99.0)
+  assert 'Applied: **pending' in text
+  full = {n: fair_report.RowResult(r.row, None, {0: 0.90, 1: 0.90, 2: 0.90}) for n, r in results.items()}
+  assert fair_report.regime(BLOCK, full, 92.0) == 'test'
+  assert fair_report.regime(BLOCK, full, 91.9) == _fair.AT_CEILING
+
+
+def test_every_block_claims_only_rows_it_has():
+  for letter in fair_benchmark.BLOCK_CONFIGS:
+    _, _, block = fair_benchmark.load_block(letter)
+    paper_rows = {r.paper_row for r in block.rows}
+    assert block.claims, letter
+    for claim in block.claims:
+      assert {claim.better, claim.worse} <= paper_rows and claim.better != claim.worse, claim
+      assert claim.source
+    assert len(block.claim_pairs()) >= len(block.claims)
+
+
+def test_a_ceiling_comes_from_the_block_another_block_or_a_committed_number(tmp_path):
+  out = str(tmp_path)
+  assert fair_benchmark.ceiling_accuracy('a', out) is None and fair_benchmark.ceiling_accuracy('c', out) is None
+  _final(os.path.join(out, 'runs'), 'ceiling_p_fedsam', 0, 0.95)
+  os.makedirs(os.path.join(out, CONFIG), exist_ok=True)
+  os.rename(os.path.join(out, 'runs', CONFIG), os.path.join(out, CONFIG, 'runs'))
+  assert fair_benchmark.ceiling_accuracy('a', out) == pytest.approx(95.0)
+  assert fair_benchmark.ceiling_accuracy('c', out) == pytest.approx(95.0)  # (a)'s, same regime
+  assert fair_benchmark.ceiling_accuracy('d', out) == 51.99
+  assert not math.isnan(fair_benchmark.ceiling_accuracy('d', out))
+
+
+def test_block_d_ceiling_is_the_committed_fedavg_with_its_head_fine_tune():
+  """Block (d)'s ceiling_accuracy: FedAvg's 10-epoch head fine-tune at round 1,000, pooled, mean over
+  the 3 committed seeds (experiments/results/shakespeare_field)."""
+  values = []
+  for seed in (0, 1, 2):
+    path = os.path.join(fair_benchmark.ROOT_DIR, 'experiments/results/shakespeare_field/runs/fedavg/'
+                        f'default/seed={seed}/evaluations.jsonl')
+    with open(path) as f:
+      lines = [json.loads(l) for l in f if l.strip()]
+    lines = [e for e in lines if e['round'] == 1000 and e['eval.adapt_epochs'] == 10
+             and e['eval.adapt_part'] == 'head']
+    values.append(lines[-1]['test_accuracy_pooled'])
+  _, _, block_d = fair_benchmark.load_block('d')
+  assert round(100 * sum(values) / 3, 2) == block_d.ceiling_accuracy
+
+
+def test_the_general_report_reads_a_rows_final_runs_but_not_its_trials(published):
+  from experiments import report  # pylint: disable=import-outside-toplevel
+  root, _, _ = published
+  workdirs = {os.path.relpath(r.workdir, root) for r in report.load_runs(os.path.join(root, CONFIG))}
+  assert os.path.join(CONFIG, 'dp2fedsam', 'final', 'seed=0') in workdirs
+  assert not any('trial=' in w for w in workdirs), workdirs
