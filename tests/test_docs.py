@@ -9,7 +9,8 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
   launch.sweep                --plan, in this process (every run's config is validated;
                               --seed_from copies into a fresh root, and those runs are finished)
   launch.tune                 --plan, in this process, in a fresh root (K, the candidates, the cost)
-  launch.fair_benchmark       --plan, in this process, in a fresh root (runs, CPU hours, GPU estimate)
+  launch.fair_benchmark       --plan, in this process, in a fresh root (runs, CPU hours, GPU estimate);
+                              --publish from an empty root into a fresh directory
   experiments.audit           flags parsed, every audited config validated
   experiments.report          run on an empty --root: the flags parse and it says there is nothing
   benchmarks.client_throughput  --dry_run, in a subprocess
@@ -171,7 +172,12 @@ def _check_tune(argv, tmp_path, capsys):
 def _check_fair_benchmark(argv, tmp_path, capsys):
   from launch import fair_benchmark
   fv = _flag_values(fair_benchmark.define_flags, argv)
-  assert fv.plan, 'a fair_benchmark command in the docs runs only with --plan here'
+  if fv.publish:  # from an empty root into a fresh directory: every block's page, all pending
+    for letter in fv.blocks:
+      with open(fair_benchmark.publish(letter, str(tmp_path / 'root'), str(tmp_path / 'out'))) as f:
+        assert 'Applied: **pending' in f.read()
+    return
+  assert fv.plan, 'a fair_benchmark command in the docs runs only with --plan or --publish here'
   capsys.readouterr()
   totals = fair_benchmark.print_plan(fv.blocks, str(tmp_path / 'root'))
   assert totals['runs'] > 0 and 'total:' in capsys.readouterr().out
