@@ -13,6 +13,7 @@ import glob
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -135,7 +136,7 @@ def test_readme_shakespeare_table_is_pooled_and_mean_over_roles_of_the_committed
   assert max(stds) >= 100 * np.std(local[0], ddof=1)
 
 
-def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme):
+def test_readme_shakespeare_claims_are_the_committed_runs(results_readme):
   # A head fine-tuned from FedAvg's: level against plain FedAvg, with and without privacy.
   gains = []
   for method, setting in (('fedavg', 'default'), ('dp_fedavg', 'eps=2'), ('dp_fedavg', 'eps=8')):
@@ -143,7 +144,7 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
     assert label == 'level'
     gains.append(_signed(d))
   assert (f'head adds {gains[0]} points without privacy, {gains[1]} at ε = 2 and {gains[2]} at '
-          'ε = 8: level every time') in readme
+          'ε = 8: level every time') in results_readme
   # Heads trained from scratch: hurt against FedAvg + head fine-tune.
   reference = _adapted('fedavg', 'default', 'head')
   d = {}
@@ -153,8 +154,8 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
                                           reference)
       assert label == 'hurts'
   assert f'{-d["fedrep", 10]:.1f}' == f'{-d["p_fedsam", 10]:.1f}'
-  assert f'heads end {-d["fedrep", 10]:.1f} points under FedAvg + head fine-tune' in readme
-  assert f'(−{-d["fedrep", 1]:.1f} and −{-d["p_fedsam", 1]:.1f} with 1 head epoch' in readme
+  assert f'heads end {-d["fedrep", 10]:.1f} points under FedAvg + head fine-tune' in results_readme
+  assert f'(−{-d["fedrep", 1]:.1f} and −{-d["p_fedsam", 1]:.1f} with 1 head epoch' in results_readme
   # One baseline: DP-FedAvg and DP-FedAvg-FT train identically (every field but the wall clock).
   for eps in (2, 8):
     for s in SEEDS:
@@ -162,7 +163,7 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
               for m in ('dp_fedavg', 'dp_fedavg_ft'))
       strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
       assert len(a) == 1000 and strip(a) == strip(b), (eps, s)
-  assert 'agree in every field of every round in all 6 pairs' in readme
+  assert 'agree in every field of every round in all 6 pairs' in results_readme
   assert 'agree in every field of every round in all 6 pairs' in results_readme
   # DP2-FedSAM against the baseline, head against head: pooled and mean over roles.
   pooled, over_roles = {}, {}
@@ -176,14 +177,14 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
     assert label == 'hurts'
   assert (f'{_signed(pooled[2])} points pooled at ε = 2 and {_signed(pooled[8])} at ε = 8 with the '
           f'head fine-tuned on both sides; on the mean over roles the gap is {_signed(over_roles[2])} '
-          f'and {_signed(over_roles[8])}') in readme
+          f'and {_signed(over_roles[8])}') in results_readme
   # The whole-model fine-tune's increment on the same model, against the margin past the bar.
   full = {eps: 100 * (np.mean(_adapted('dp_fedavg_ft', f'eps={eps}', 'auto'))
                       - np.mean(_adapted('dp_fedavg', f'eps={eps}', 'head'))) for eps in (2, 8)}
   margin = -pooled[2] - 1.0
   assert full[2] > margin > 0
   assert (f'adds {_signed(full[2])} points at ε = 2 ({_signed(full[8])} at ε = 8) over the head '
-          f'fine-tune of the same model: more than the {margin:.2f} points') in readme
+          f'fine-tune of the same model: more than the {margin:.2f} points') in results_readme
   # At T = 1,000: the plain curves cross.
   ends = {}
   for eps in (2, 8):
@@ -192,12 +193,12 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
     gap = dict(zip(rounds, dp2 - base))
     assert gap[200] > 0 and gap[300] > 0 and all(gap[r] < 0 for r in rounds if r >= 400), eps
     ends[eps] = gap
-  assert f'(by {-ends[8][400]:.2f} at ε = 8 there)' in readme
+  assert f'(by {-ends[8][400]:.2f} at ε = 8 there)' in results_readme
   assert (f'to {_signed(ends[2][1000])} (ε = 2) and {_signed(ends[8][1000])} (ε = 8) at round 1,000'
-          in readme)
+          in results_readme)
   rows = [(m, f'eps={e}') for m in ('dp2fedsam', 'centaur', 'dp_fedavg', 'dp_fedavg_ft') for e in (2, 8)]
   slopes = [_gain_per_100_rounds(*row) for row in rows]
-  assert f'no row is flat ({min(slopes):.2f}-{max(slopes):.2f} points per 100 rounds' in readme
+  assert f'no row is flat ({min(slopes):.2f}-{max(slopes):.2f} points per 100 rounds' in results_readme
   # SAM on the body: level, positive on every seed.
   for eps in (2, 8):
     a, b = _adapted('dp2fedsam', f'eps={eps}', 'auto'), _adapted('centaur', f'eps={eps}', 'auto')
@@ -206,7 +207,8 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
     assert label == 'level' and min(per_seed) > 0
     assert (f'{_signed(d_sam)} ({_signed(min(per_seed))} to {_signed(max(per_seed))} on the 3 seeds) '
             f'at ε = 2' if eps == 2 else
-            f'{_signed(d_sam)} ({_signed(min(per_seed))} to {_signed(max(per_seed))}) at ε = 8') in readme
+            f'{_signed(d_sam)} ({_signed(min(per_seed))} to {_signed(max(per_seed))}) at ε = 8'
+            ) in results_readme
   # Every private row against each role alone.
   local = _plain('local_only', 'default')
   private = [(m, f'eps={e}', p) for m, p in (('dp2fedsam', 'auto'), ('centaur', 'auto'),
@@ -215,10 +217,10 @@ def test_readme_shakespeare_claims_are_the_committed_runs(readme, results_readme
   against_local = [_rule(_adapted(*row), local) for row in private]
   assert all(label == 'helps' for label, _, _ in against_local)
   lo, hi = min(d for _, d, _ in against_local), max(d for _, d, _ in against_local)
-  assert f'(+{lo:.1f} to +{hi:.1f} points)' in readme
+  assert f'(+{lo:.1f} to +{hi:.1f} points)' in results_readme
 
 
-def test_readme_eps_with_the_tuning_is_the_committed_trials_and_run_composed(readme):
+def test_readme_eps_with_the_tuning_is_the_committed_trials_and_run_composed(results_readme):
   """4.59 and 9.39: the committed study's 3 trials (each run's recorded sigma, q, T with the score's
   Gaussian) and one privacy-block run composed by PLD at delta 1/N, recomputed with dp_accounting
   from the config.json files (independently of shakespeare_field.epsilon_with_tuning)."""
@@ -244,8 +246,8 @@ def test_readme_eps_with_the_tuning_is_the_committed_trials_and_run_composed(rea
       accountant.compose(event)
     with_tuning[eps] = accountant.get_epsilon(1 / run['num_clients'])
   assert (f'compose to ε = {with_tuning[2]:.2f} (δ = 1/N), {with_tuning[8]:.2f} for an ε = 8 row'
-          in readme)
-  assert f'Neither {with_tuning[2]:.2f} nor {with_tuning[8]:.2f} counts the other choices' in readme
+          in results_readme)
+  assert f'Neither {with_tuning[2]:.2f} nor {with_tuning[8]:.2f} counts the other choices' in results_readme
 
 
 TUNINGS = {  # study directory -> (K, tuner seed, n the score divides by)
@@ -274,8 +276,9 @@ def test_committed_tunings_release_their_exact_validation_sums(directory):
 
 def test_docs_say_the_committed_tunings_are_covered_by_no_finite_epsilon(readme, results_readme):
   privacy = _flat(open(os.path.join(ROOT, 'docs', 'privacy.md')).read())
-  assert 'No finite ε covers these committed searches' in readme
-  assert 'The committed search is covered by no finite ε' in readme
+  assert 'No finite ε covers these committed searches' in results_readme
+  assert 'the committed searches on this data are covered by no finite ε' in readme
+  assert 'The committed search is covered by no finite ε' in results_readme
   assert 'all 7 and all 4 trials' in results_readme and '(all 3 trials' in results_readme
   assert "What the committed studies are covered by: no finite ε." in privacy
   assert 'gives back every trial\'s exact validation sum (all 14;' in privacy
@@ -287,7 +290,7 @@ def test_docs_say_the_committed_tunings_are_covered_by_no_finite_epsilon(readme,
         for s in ('dp2fedsam', 'dp_fedavg_ft')}
   sf = json.load(open(os.path.join(SF, 'tuning', 'dp_fedavg_eps2', 'tuning.json')))
   assert fm['dp2fedsam']['selection_epsilon'] == fm['dp_fedavg_ft']['selection_epsilon']
-  assert f"selection ε ({fm['dp2fedsam']['selection_epsilon']:.2f} for this trial law" in readme
+  assert f"selection ε ({fm['dp2fedsam']['selection_epsilon']:.2f} for this trial law" in results_readme
   assert (f"selection ε ({fm['dp2fedsam']['selection_epsilon']:.3f} for this trial law, δ = 10⁻³); "
           f"with K published too, by the composition of the K trials "
           f"({fm['dp2fedsam']['naive_epsilon']:.3f} for K = {fm['dp2fedsam']['naive_trials']}, "
@@ -337,13 +340,14 @@ def test_readme_fashion_mnist_bold_is_where_the_rule_says_helps_against_every_ro
   assert bold == winners == {('DP²-FedSAM', '0.25')}
 
 
-def test_readme_fashion_mnist_claims_are_the_committed_runs(readme):
+def test_readme_fashion_mnist_claims_are_the_committed_runs(results_readme):
   def against(b, eps):
     return _rule(_fm('dp2fedsam', f'eps={eps}'), _fm(b, f'eps={eps}'))
   label, d, _ = against('centaur', '0.25')
-  assert label == 'helps' and f'({_signed(d)} over CENTAUR, the nearest)' in readme
+  assert label == 'helps' and f'({_signed(d)} over CENTAUR, the nearest)' in results_readme
   label, d, _ = against('dp_fedsam_ft', '0.5')
-  assert label == 'level' and f'level with DP-FedSAM-FT ({_signed(d)}) and helps against the others' in readme
+  assert label == 'level' and (f'level with DP-FedSAM-FT ({_signed(d)}) and helps against the '
+                              'others') in results_readme
   assert all(against(b, '0.5')[0] == 'helps' for b in ('centaur', 'dp_fedavg_ft'))
   level = {b: [against(b, e) for e in ('1', '2')] for b in ('centaur', 'dp_fedsam_ft')}
   helps = [against('dp_fedavg_ft', e) for e in ('1', '2')]
@@ -351,30 +355,32 @@ def test_readme_fashion_mnist_claims_are_the_committed_runs(readme):
   assert all(l == 'helps' for l, _, _ in helps)
   pair = lambda v: f'({_signed(v[0][1])}, {_signed(v[1][1])})'
   assert (f'level with CENTAUR {pair(level["centaur"])} and DP-FedSAM-FT {pair(level["dp_fedsam_ft"])} '
-          f'and helps against DP-FedAvg-FT {pair(helps)}') in readme
+          f'and helps against DP-FedAvg-FT {pair(helps)}') in results_readme
   globals_ = [against(b, '1') for b in ('dp_fedsam', 'dp_fedavg')]
   assert all(l == 'helps' for l, _, _ in globals_)
   assert (f'({_signed(globals_[0][1])} over DP-FedSAM, {_signed(globals_[1][1])} over DP-FedAvg)'
-          in readme)
-  assert f'P-FedSAM reaches {100 * _fm("p_fedsam", "eps=inf")[0]:.2f} % (1 seed)' in readme
+          in results_readme)
+  assert f'P-FedSAM reaches {100 * _fm("p_fedsam", "eps=inf")[0]:.2f} % (1 seed)' in results_readme
   # The collapses.
   fedavg = _finals(os.path.join(FMNIST, 'fedavg', 'eps=inf'))
   assert len(fedavg) == 1 and fedavg[0]['round'] == 200
-  assert f'ends at {100 * fedavg[0]["test_accuracy"]:.2f} % (chance)' in readme
-  assert f'(σ = 0, clipped) reaches {100 * _fm("dp_fedavg", "eps=inf")[0]:.2f} %' in readme
+  assert f'ends at {100 * fedavg[0]["test_accuracy"]:.2f} % (chance)' in results_readme
+  assert f'(σ = 0, clipped) reaches {100 * _fm("dp_fedavg", "eps=inf")[0]:.2f} %' in results_readme
   bandmf = os.path.join(RESULTS, 'fmnist_bandmf_regime', 'runs')
   independent = _finals(os.path.join(bandmf, 'dp_fedavg_ft', 'default'))
   banded = _finals(os.path.join(bandmf, 'dp_fedavg_ft', 'bands=10,noise=banded'))
   assert all(r['round'] == 1000 for r in [*independent.values(), *banded.values()])
   assert (f'ends at {100 * independent[0]["test_accuracy"]:.2f} and '
           f'{100 * independent[1]["test_accuracy"]:.2f} % (2 seeds), '
-          f'{100 * np.mean([r["test_accuracy"] for r in banded.values()]):.2f} % under BandMF') in readme
+          f'{100 * np.mean([r["test_accuracy"] for r in banded.values()]):.2f} % under BandMF'
+          ) in results_readme
   dp2 = {m: np.mean([r['test_accuracy'] for r in _finals(os.path.join(bandmf, 'dp2fedsam', m)).values()])
          for m in ('default', 'bands=10,noise=banded')}
   assert (f'DP²-FedSAM gains {100 * (dp2["bands=10,noise=banded"] - dp2["default"]):.2f} points from '
-          'BandMF there') in readme
+          'BandMF there') in results_readme
   assert (f'({100 * np.mean(_fm("dp_fedavg_ft", "clip=adaptive,eps=1")):.2f} % at ε = 1, '
-          f'{100 * np.mean(_fm("dp_fedavg_ft", "clip=adaptive,eps=0.25")):.2f} % at ε = 0.25)') in readme
+          f'{100 * np.mean(_fm("dp_fedavg_ft", "clip=adaptive,eps=0.25")):.2f} % at ε = 0.25)'
+          ) in results_readme
   # The tuned runs against the hand-tuned ones.
   tuned = {}
   for study in ('dp2fedsam', 'dp_fedavg_ft'):
@@ -383,7 +389,7 @@ def test_readme_fashion_mnist_claims_are_the_committed_runs(readme):
   gaps = {s: 100 * (np.mean(_fm(s, 'eps=1')) - tuned[s]) for s in tuned}
   assert (f'reaches {100 * tuned["dp2fedsam"]:.2f} % (DP²-FedSAM) and {100 * tuned["dp_fedavg_ft"]:.2f} % '
           f'(DP-FedAvg-FT), one seed each, within {gaps["dp2fedsam"]:.2f} and '
-          f'{gaps["dp_fedavg_ft"]:.2f} points') in readme
+          f'{gaps["dp_fedavg_ft"]:.2f} points') in results_readme
 
 
 def test_results_readme_shakespeare_verdicts_are_the_committed_runs(results_readme):
@@ -462,7 +468,7 @@ def test_results_readme_states_the_shakespeare_score_denominator(results_readme)
           f'{min(ratios):.2f}-{max(ratios):.2f} × it)') in results_readme
 
 
-def test_readme_heads_trained_from_scratch_over_fit(readme):
+def test_readme_heads_trained_from_scratch_over_fit(results_readme):
   """FedRep's and P-FedSAM's (10 head epochs) train loss over the last 50 rounds and test loss at
   round 1,000, over methods and seeds."""
   train, test = [], []
@@ -473,4 +479,43 @@ def test_readme_heads_trained_from_scratch_over_fit(readme):
       train.append(np.mean(losses[-50:]))
       test.append(_records(os.path.join(run, 'metrics.jsonl'))[-1]['test_loss'])
   assert (f'(train loss {min(train):.2f}-{max(train):.2f} over the last 50 rounds, test '
-          f'{min(test):.2f}-{max(test):.2f})') in readme
+          f'{min(test):.2f}-{max(test):.2f})') in results_readme
+
+
+def _bullet_numbers(text: str) -> set[str]:
+  """The decimal numbers a text's bullets state, as written (the sign a Unicode minus or +)."""
+  bullets, inside = [], False
+  for line in text.split('\n'):
+    inside = line.startswith('- ') or (inside and line.startswith('  '))
+    bullets += [line] if inside else []
+  return set(re.findall(r'[+−]?\d+\.\d+', ' '.join(bullets)))
+
+
+def test_every_number_the_readme_results_state_is_one_of_the_full_sections(results_readme):
+  """README.md's Results section shortens experiments/results/README.md's first section: each
+  number its bullets state (the tables are held by the tests above and tests/test_report.py) must
+  be one the full section's bullets state, themselves held to the runs here."""
+  text = open(os.path.join(ROOT, 'README.md')).read().split('\n## Results\n')[1].split('\n## ')[0]
+  full = open(os.path.join(RESULTS, 'README.md')).read()
+  full = full.split("## The README's results in full")[1].split('\n## ')[0]
+  missing = _bullet_numbers(text) - _bullet_numbers(full)
+  assert not missing, f'README numbers the full section does not state: {sorted(missing)}'
+
+
+def test_the_committed_searches_spread_is_what_the_docs_say(readme, results_readme):
+  """max − min of the trials' test accuracy in each committed tuning.json that lists its trials."""
+  spreads = {}
+  for path in sorted(glob.glob(os.path.join(RESULTS, '**', 'tuning.json'), recursive=True)):
+    trials = json.load(open(path)).get('trials', [])
+    accuracy = [t['test_accuracy'] for t in trials if t.get('test_accuracy') is not None]
+    spreads[os.path.relpath(os.path.dirname(path), RESULTS)] = (
+        len(accuracy), 100 * (max(accuracy) - min(accuracy)))
+  lo, hi = min(s for _, s in spreads.values()), max(s for _, s in spreads.values())
+  assert f'move a method\'s accuracy by {lo:.2f}–{hi:.2f} points' in readme
+  assert f"move a method's accuracy by {lo:.2f}–{hi:.2f} points" in results_readme
+  for name, label in (('fmnist_tuning/runs/dp2fedsam', 'DP²-FedSAM'),
+                      ('fmnist_tuning/runs/dp_fedavg_ft', 'DP-FedAvg-FT'),
+                      ('shakespeare_field/tuning/fedavg', 'FedAvg'),
+                      ('shakespeare_field/tuning/dp_fedavg_eps2', 'DP-FedAvg')):
+    count, spread = spreads[name]
+    assert f'{label} {spread:.2f} over {count}' in results_readme, name
