@@ -346,18 +346,26 @@ def publish(letter: str, root: str, out_root: str) -> str:
   summary = _read(os.path.join(source, SUMMARY_FILE))
   if summary is not None:
     _write_json(os.path.join(out, 'runs', SUMMARY_FILE), summary)
-  results = fair_report.read_block(os.path.join(out, 'runs'), block)
-  epsilons = selection_epsilons(path, module, block, block.rows[0])
-  lines = ['# Fair benchmark, block ' + f'({letter}) (docs/benchmark.md)', '',
-           f'Written by `python3 -m launch.fair_benchmark --blocks={letter} --publish=...` from the '
-           'files under runs/ (a row appears as its search and seeds finish).', '',
-           *fair_report.block_lines(block, config_name(path), results, epsilons,
-                                    ceiling_accuracy(letter, out_root))]
-  results_path = os.path.join(out, 'results.md')
   os.makedirs(out, exist_ok=True)
+  results_path = os.path.join(out, 'results.md')
   with open(results_path, 'w') as f:
-    f.write('\n'.join(lines))
+    f.write(results_text(letter, out_root))
   return results_path
+
+
+def results_text(letter: str, out_root: str) -> str:
+  """The block's results.md, from its published files alone (so that a test can rebuild it)."""
+  path, module, block = load_block(letter)
+  results = fair_report.read_block(os.path.join(published_dir(out_root, letter), 'runs'), block)
+  epsilons = selection_epsilons(path, module, block, block.rows[0])
+  ceiling = ceiling_accuracy(letter, out_root)
+  return '\n'.join([
+      f'# Fair benchmark, block ({letter}) (docs/benchmark.md)', '',
+      f'Written by `python3 -m launch.fair_benchmark --blocks={letter} --publish=...` from the '
+      'files under runs/ (a row appears as its search and seeds finish).', '',
+      *fair_report.block_lines(block, config_name(path), results, epsilons, ceiling),
+      "### The README's table", '',
+      *fair_report.readme_lines(block, results, epsilons, ceiling), ''])
 
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:

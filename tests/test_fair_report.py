@@ -162,3 +162,31 @@ def test_the_general_report_reads_a_rows_final_runs_but_not_its_trials(published
   workdirs = {os.path.relpath(r.workdir, root) for r in report.load_runs(os.path.join(root, CONFIG))}
   assert os.path.join(CONFIG, 'dp2fedsam', 'final', 'seed=0') in workdirs
   assert not any('trial=' in w for w in workdirs), workdirs
+
+
+def test_the_readme_table_tallies_each_rows_claims(published):
+  _, out, text = published
+  results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)
+  lines = fair_report.readme_lines(BLOCK, results, (0.9, 0.4, 1.04), None)
+  # DP2-FedSAM on top: holds against CENTAUR, level with DP-FedSAM, 3 rows without 3 seeds.
+  assert '| DP2-FedSAM | 90.50 ± 0.50 | 0.25 | 1.04 | 1 / 1 / 0 (3 undecided) |' in lines
+  assert lines[-1].endswith('**pending: the ceiling and dp_fedavg, dp_fedavg_ft, dp_fedsam_ft (3 seeds)**.')
+  assert "### The README's table" in text
+
+
+def test_each_published_block_page_is_what_its_committed_files_give_and_the_readme_has_its_table():
+  """experiments/results/fair_*/results.md rebuilt from its committed runs/ alone; a block the regime
+  rule has been applied to has its README table in README.md, line for line."""
+  out_root = os.path.join(fair_benchmark.ROOT_DIR, 'experiments', 'results')
+  with open(os.path.join(fair_benchmark.ROOT_DIR, 'README.md')) as f:
+    readme = f.read()
+  for letter in fair_benchmark.BLOCK_CONFIGS:
+    page = os.path.join(fair_benchmark.published_dir(out_root, letter), 'results.md')
+    if not os.path.exists(page):
+      continue
+    with open(page) as f:
+      committed = f.read()
+    assert committed == fair_benchmark.results_text(letter, out_root), page
+    table = committed.split("### The README's table\n\n")[1].strip()
+    if 'the regime rule: **pending' not in table:
+      assert table in readme, f'README.md lacks block ({letter})\'s table'

@@ -156,3 +156,25 @@ def block_lines(block, config_name: str, results: dict, epsilons: tuple,
       f'Regime rule: {block.regime_rule}. Applied: **{rule}**.', '',
       f'### The paper\'s claims{verdict_note}', '',
       *verdict_lines(verdicts(block, results)), '']
+
+
+def readme_lines(block, results: dict, epsilons: tuple, ceiling: float | None) -> list[str]:
+  """The README's table of a block: each row's accuracy over its seeds, the eps of a run and of a
+  model with its search, and what became of the orders the paper claims with it on top; then the
+  regime rule's outcome. The README takes it only once the rule has been applied."""
+  _, _, with_run = epsilons
+  claims = verdicts(block, results)
+  lines = [f'| method | {block.metric}, % (mean ± seed std) | ε of a run | ε with its search | the '
+           "paper's claims with it on top: holds / level / contradicted |", '|---|---|---|---|---|']
+  for r in block.rows:
+    mean, std, seeds = results[r.name].stats
+    accuracy = f'{_pct(mean)} ± {100 * std:.2f}' if seeds > 1 else _pct(mean)
+    mine = [e['verdict'] for e in claims if e['better'].name == r.name]
+    tally = ' / '.join(str(mine.count(v)) for v in ('holds', 'level', 'contradicted')) if mine else '–'
+    undecided = mine.count('undecided')
+    tally += f' ({undecided} undecided)' if undecided else ''
+    name = f'{r.paper_row or r.name}' + (f' ({r.mark})' if r.mark else '')
+    lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | {with_run:.2f} | {tally} |')
+  ceiling_text = '–' if ceiling is None else f'{ceiling:.2f}'
+  return lines + ['', f'Non-private ceiling {ceiling_text} %; the regime rule: '
+                  f'**{regime(block, results, ceiling)}**.']
