@@ -190,3 +190,14 @@ def test_each_published_block_page_is_what_its_committed_files_give_and_the_read
     table = committed.split("### The README's table\n\n")[1].strip()
     if 'the regime rule: **pending' not in table:
       assert table in readme, f'README.md lacks block ({letter})\'s table'
+
+
+def test_docs_list_every_claim_of_every_block():
+  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
+    rows = {line.split('|')[1].strip(): line.split('|')[2] for line in f
+            if line.startswith('| (') and 'A > B' not in line and line.count('|') == 3}
+  for letter in fair_benchmark.BLOCK_CONFIGS:
+    _, _, block = fair_benchmark.load_block(letter)
+    text = rows[f'({letter})'].replace('DP²', 'DP2')
+    for claim in block.claims:
+      assert claim.better in text and claim.worse in text, (letter, claim)
