@@ -12,7 +12,9 @@
 #    checkpoints, and a second call on the same warm machine resumes them from ROOT (inside the
 #    working tree, ignored);
 # 4. packs every run's small files into OUT_DIR/small_files.tar.gz (paths relative to ROOT) and the
-#    block's plan into OUT_DIR/plan.txt.
+#    block's plan into OUT_DIR/plan.txt. The tuner's operator files come back too: a search resumes
+#    only with its secret (never committed: .gitignore; launch.fair_benchmark --publish leaves them
+#    out). Here: tar xzf small_files.tar.gz -C $HOME/fair, then --publish, then commit.
 # Environment: BLOCK (default d: the Shakespeare block, the first to run on a GPU), SECONDS_LEFT
 # (default 540), STOP_MARGIN (default 45), PER_ROW (default 3 for d's 4 rows, else 2), ROOT
 # (default .device_sweeps/fair).
@@ -57,7 +59,7 @@ echo "rows ended after $(( $(date +%s) - START )) s"
 (cd "$ROOT" && find . -path '*/checkpoints' -prune -o -type f \( -name config.json \
     -o -name metrics.jsonl -o -name train_metrics.jsonl -o -name evaluations.jsonl \
     -o -name sweep.json -o -name failure.json -o -name tuning.json -o -name row.json \
-    -o -name benchmark.json -o -name '*.log' \) -print0 |
+    -o -name benchmark.json -o -name tuning_operator_private.json -o -name '*.log' \) -print0 |
     tar czf "$OUT/small_files.tar.gz" --null -T -)
 python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --plan > "$OUT/plan.txt" 2>&1
 echo "done after $(( $(date +%s) - START )) s"
