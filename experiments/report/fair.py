@@ -127,8 +127,11 @@ def verdict_lines(entries: list[dict]) -> list[str]:
   for e in entries:
     claim = e['claim']
     d, s = ('–', '–') if math.isnan(e['d']) else (f"{e['d']:+.2f}", f"{e['s']:.2f}")
-    lines.append(f"| {claim.better} > {claim.worse} | {e['better'].name} vs {e['worse'].name} | "
-                 f"{d} | {s} | {e['verdict']} | {claim.source} |")
+    marked = lambda row: row.name + (' †' if row.mark else '')
+    lines.append(f"| {claim.better} > {claim.worse} | {marked(e['better'])} vs {marked(e['worse'])} "
+                 f"| {d} | {s} | {e['verdict']} | {claim.source} |")
+  if any(e['better'].mark or e['worse'].mark for e in entries):
+    lines += ['', '† a marked row: what its mark in the table above says holds for its verdicts too.']
   return lines
 
 
