@@ -201,3 +201,12 @@ def test_docs_list_every_claim_of_every_block():
     text = rows[f'({letter})'].replace('DP²', 'DP2')
     for claim in block.claims:
       assert claim.better in text and claim.worse in text, (letter, claim)
+
+
+def test_a_selection_at_the_end_of_its_range_is_marked():
+  assert fair_report.at_edge(('log_uniform', 0.005, 0.2), 0.005766)   # 3.9 % up the log range
+  assert not fair_report.at_edge(('log_uniform', 0.02, 0.5), 0.0244)  # 6.2 %
+  assert fair_report.at_edge(('uniform', 0.1, 0.8), 0.79) and not fair_report.at_edge(('choice', [1, 2]), 1)
+  text = fair_report._values_text({'local.lr_shared': 0.005766, 'dp.clip_norm': 0.0244},  # pylint: disable=protected-access
+                                  BLOCK.ranges)
+  assert text == 'clip_norm 0.0244, lr_shared 0.005766 (edge)'

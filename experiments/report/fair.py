@@ -95,10 +95,27 @@ def _pct(value: float) -> str:
   return '–' if value is None or math.isnan(value) else f'{100 * value:.2f}'
 
 
-def _values_text(selected: dict | None) -> str:
+EDGE = 0.05  # a selected value this close to its range's end (a fraction of the range) is marked
+
+
+def at_edge(law, value) -> bool:
+  """Whether `value` lies within EDGE of either end of its range (on the log scale for a
+  log-uniform law): the optimum may lie outside, and the range stays as declared."""
+  if law[0] == 'choice' or value is None:
+    return False
+  low, high, value = float(law[1]), float(law[2]), float(value)
+  if law[0] == 'log_uniform':
+    low, high, value = math.log(low), math.log(high), math.log(value)
+  where = (value - low) / (high - low)
+  return where <= EDGE or where >= 1 - EDGE
+
+
+def _values_text(selected: dict | None, ranges: dict) -> str:
   if not selected:
     return '–'
-  return ', '.join(f'{k.split(".")[-1]} {format_value(v)}' for k, v in sorted(selected.items()))
+  return ', '.join(f'{k.split(".")[-1]} {format_value(v)}'
+                   + (' (edge)' if k in ranges and at_edge(ranges[k], v) else '')
+                   for k, v in sorted(selected.items()))
 
 
 def row_lines(block, results: dict, epsilons: tuple) -> list[str]:
@@ -116,7 +133,7 @@ def row_lines(block, results: dict, epsilons: tuple) -> list[str]:
                (format_value(block.eps), f'{selection_eps:.3f}', f'{with_run:.3f}'))
     name = r.name + (f' ({r.mark})' if r.mark else '')
     lines.append(f"| {name} | {r.paper_row or ('ceiling' if is_ceiling else '–')} | {accuracy} | "
-                 f"{seeds} | {' | '.join(privacy)} | {_values_text(result.selected)} |")
+                 f"{seeds} | {' | '.join(privacy)} | {_values_text(result.selected, block.ranges)} |")
   return lines
 
 
@@ -155,7 +172,9 @@ def block_lines(block, config_name: str, results: dict, epsilons: tuple,
       'noised score (RDP, Papernot & Steinke; docs/privacy.md section 9). *ε of search + run*: that '
       'selection and one final run composed (RDP): what one model trained this way costs. Not '
       'covered by any ε: the test accuracies on this page, the other two final seeds (the seed '
-      'spread is a measurement, not a release), and the choice of ranges and settings.', '',
+      'spread is a measurement, not a release), and the choice of ranges and settings. *(edge)*: '
+      f'a selected value within {EDGE:.0%} of an end of its range (log scale for a log-uniform '
+      'one): the best value may lie outside; the ranges stay as declared before the runs.', '',
       f'Regime rule: {block.regime_rule}. Applied: **{rule}**.', '',
       f'### The paper\'s claims{verdict_note}', '',
       *verdict_lines(verdicts(block, results)), '']
