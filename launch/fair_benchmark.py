@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 from absl import app
@@ -250,14 +251,19 @@ def _read(path: str):
     return json.load(f)
 
 
-def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
+def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str | None = None) -> dict:
   """Tunes the row (launch.tune resumes or finds its finished search), then its final seeds; writes
-  and returns its entry of the block's summary (<row>/row.json)."""
+  and returns its entry of the block's summary (<row>/row.json). `seed_from` (the block's published
+  runs/): a search published there is not run again and its finished final runs count as done."""
+  if seed_from:
+    seed_search(letter, row_name, root, seed_from)
   path, module, block = load_block(letter)
   row = block.row(row_name)
-  # Always through the tuner, also for a finished search: it skips the finished trials and refuses
-  # a plan that changed since (another seed, law or candidates), so no selection outlives its space.
-  tuning = tune.tune(path, root, row.name, parallel=parallel)
+  tuning = searched_elsewhere(path, root, row)
+  if tuning is None:
+    # Through the tuner, also for a finished search: it skips the finished trials and refuses a
+    # plan that changed since (another seed, law or candidates), so no selection outlives its space.
+    tuning = tune.tune(path, root, row.name, parallel=parallel)
   selected = tuning.get('selected_values')
   entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
            'tuner_seed': row.seed, 'pinned': dict(row.pinned), 'space': block.study(row)['space'],
@@ -268,11 +274,46 @@ def run_row(letter: str, row_name: str, root: str, parallel: int) -> dict:
     entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
   else:
     runs = final_runs(root, path, module, block, row, selected)
+    if seed_from:
+      for workdir, source in sweep.seed_from([r for r, _ in runs], root, seed_from):
+        _log(f'seeded  {workdir} from {source}')
     results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
     for run, _ in runs:
       entry['final_runs'][os.path.relpath(run.workdir, root)] = results.get(run.workdir)
   _write_json(os.path.join(row_dir(root, path, row), ROW_FILE), entry)
   return entry
+
+
+def seed_search(letter: str, row_name: str, root: str, source: str) -> bool:
+  """Copies the row's published tuning.json (finished) from `source` into its empty directory under
+  root: the search then counts as done (searched_elsewhere). Returns whether it copied."""
+  path, _, block = load_block(letter)
+  directory = row_dir(root, path, block.row(row_name))
+  published = os.path.join(source, row_name, tune.TUNING_FILE)
+  if os.path.exists(os.path.join(directory, tune.TUNING_FILE)) or not os.path.exists(published):
+    return False
+  if (_read(published) or {}).get('status') != 'done':
+    return False
+  os.makedirs(directory, exist_ok=True)
+  shutil.copyfile(published, os.path.join(directory, tune.TUNING_FILE))
+  _log(f'seeded  {directory} from {published} (its search is not run again)')
+  return True
+
+
+def searched_elsewhere(path: str, root: str, row) -> dict | None:
+  """The row's finished tuning.json when its search ran elsewhere (seeded from its published files:
+  no operator file here, so launch.tune could neither resume nor repeat it; searching again would
+  spend the privacy a second time). It must be the plan the block declares now."""
+  directory = os.path.join(root, config_name(path), row.name)
+  tuning = _read(os.path.join(directory, tune.TUNING_FILE))
+  if (tuning is None or tuning.get('status') != 'done'
+      or os.path.exists(os.path.join(directory, tune.OPERATOR_FILE))):
+    return None
+  _, study, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
+  if tuning.get('plan') != tune.public_plan(spec, study, path, []):
+    raise ValueError(f'{directory}: its tuning.json holds another plan than block {row.name!r} '
+                     'declares now; the benchmark runs only the declared plans (use another --root).')
+  return tuning
 
 
 def _write_json(path: str, value) -> None:
@@ -296,11 +337,13 @@ def write_summary(letter: str, root: str) -> dict:
   return summary
 
 
-def run_block(letter: str, root: str, parallel: int, rows=None) -> dict:
-  """The block's rows (all, or `rows`) in order, the summary rewritten after each."""
+def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str | None = None) -> dict:
+  """The block's rows (all, or `rows`) in order, the summary rewritten after each; `seed_from`: an
+  out_root of --publish (e.g. experiments/results), whose finished pieces count as done."""
   _, _, block = load_block(letter)
+  source = os.path.join(published_dir(seed_from, letter), 'runs') if seed_from else None
   for name in rows or [r.name for r in block.all_rows()]:
-    run_row(letter, name, root, parallel)
+    run_row(letter, name, root, parallel, source)
     write_summary(letter, root)
     _log(f'block ({letter}): row {name} done')
   return write_summary(letter, root)
@@ -380,6 +423,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       '(each row\'s published search, its finished final runs) to '
                       '<publish>/<block config>/runs and write results.md there, for committing.',
                       **fv)
+  flags.DEFINE_string('seed_from', None, 'Where --publish committed the blocks (e.g. '
+                      'experiments/results): a search published there is not run again (its '
+                      'secret stayed with the root it ran in) and its finished final runs count as '
+                      'done; how a sweep continues in a fresh root, e.g. on a new machine.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
 
@@ -402,7 +449,7 @@ def main(argv):
       print(publish(letter, FLAGS.root, FLAGS.publish))
     return
   for letter in FLAGS.blocks:
-    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows)
+    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, FLAGS.seed_from)
 
 
 if __name__ == '__main__':

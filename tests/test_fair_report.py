@@ -210,3 +210,40 @@ def test_a_selection_at_the_end_of_its_range_is_marked():
   text = fair_report._values_text({'local.lr_shared': 0.005766, 'dp.clip_norm': 0.0244},  # pylint: disable=protected-access
                                   BLOCK.ranges)
   assert text == 'clip_norm 0.0244, lr_shared 0.005766 (edge)'
+
+
+def test_a_fresh_root_seeded_from_the_published_files_never_searches_again(tmp_path, monkeypatch):
+  """--seed_from: the published search counts as done (no second search: the secret stayed with its
+  root, and a new one would spend the privacy again), its finished final runs are copied and the
+  others run; a published plan other than the block's is refused."""
+  from launch import sweep, tune  # pylint: disable=import-outside-toplevel
+  out_root = str(tmp_path / 'results')
+  source = os.path.join(fair_benchmark.published_dir(out_root, 'a'), 'runs')
+  _, study, _, spec = tune.load_study(os.path.join(fair_benchmark.ROOT_DIR, PATH), 'dp2fedsam')
+  row = BLOCK.row('dp2fedsam')
+  selected = {f: law[1][0] if law[0] == 'choice' else law[1]
+              for f, law in BLOCK.study(row)['space'].items()}
+  _write(os.path.join(source, 'dp2fedsam', 'tuning.json'), {
+      'status': 'done', 'plan': tune.public_plan(spec, study, PATH, []), 'selected_values': selected,
+      'selection_epsilon': 0.9, 'per_trial_epsilon': 0.4})
+  monkeypatch.setattr(tune, 'tune', lambda *a, **k: pytest.fail('searched again'))
+  root = str(tmp_path / 'root')
+  runs = fair_benchmark.final_runs(root, PATH, *fair_benchmark.load_block('a')[1:], row, selected)
+  committed = runs[0][0]  # seed 0 finished and published: its sweep.json, config and metrics
+  published_run = os.path.join(source, 'dp2fedsam', 'final', 'seed=0')
+  _write(os.path.join(published_run, 'sweep.json'), {
+      'config': PATH, 'config_name': CONFIG, 'args': committed.args, 'overrides': list(committed.overrides)})
+  _write(os.path.join(published_run, 'config.json'), {'num_rounds': 200})
+  _write(os.path.join(published_run, 'metrics.jsonl'), [{'round': 200, 'test_accuracy': 0.9}])
+  executed = []
+  monkeypatch.setattr(sweep, 'execute', lambda p, rs, *a: executed.extend(
+      (r.workdir, os.path.exists(os.path.join(r.workdir, 'metrics.jsonl'))) for r in rs) or {})
+  entry = fair_benchmark.run_row('a', 'dp2fedsam', root, 1, source)
+  assert entry['selected_values'] == selected and entry['selection_epsilon'] == 0.9
+  assert [done for _, done in executed] == [True, False, False]  # seed 0 seeded, 1 and 2 to run
+  # A published plan the block no longer declares is refused, not run.
+  other = str(tmp_path / 'root2')
+  _write(os.path.join(other, CONFIG, 'dp2fedsam', 'tuning.json'), {
+      'status': 'done', 'plan': {'study': 'dp2fedsam', 'space': {}}, 'selected_values': selected})
+  with pytest.raises(ValueError, match='another plan'):
+    fair_benchmark.run_row('a', 'dp2fedsam', other, 1)
