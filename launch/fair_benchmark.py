@@ -21,6 +21,7 @@ be) plus the final seeds, and times them from committed measurements (COST_* bel
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -76,8 +77,11 @@ def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
+@functools.lru_cache(maxsize=None)
 def load_block(letter: str):
-  """(config path, module, BLOCK) of a block letter."""
+  """(config path, module, BLOCK) of a block letter, loaded once per process: a sweep keeps the
+  blocks it started with (re-executing a config edited meanwhile beside the helper modules it already
+  holds stopped one at a row boundary)."""
   if letter not in BLOCK_CONFIGS:
     raise ValueError(f'--blocks: unknown block {letter!r}; choose from {sorted(BLOCK_CONFIGS)}')
   path = BLOCK_CONFIGS[letter]
