@@ -387,17 +387,20 @@ def publish(letter: str, root: str, out_root: str) -> str:
     finals = os.path.join(row_dir(root, path, row), 'final')
     if os.path.isdir(finals):
       report.copy_run_files([r for r in report.load_runs(finals) if r.finished], source, out)
-    entry = _read(os.path.join(row_dir(root, path, row), ROW_FILE))
-    if entry is not None:
-      _write_json(os.path.join(out, 'runs', row.name, ROW_FILE), entry)
-  summary = _read(os.path.join(source, SUMMARY_FILE))
-  if summary is not None:
-    _write_json(os.path.join(out, 'runs', SUMMARY_FILE), summary)
+    _copy_if_there(os.path.join(row_dir(root, path, row), ROW_FILE),
+                   os.path.join(out, 'runs', row.name, ROW_FILE))
+  _copy_if_there(os.path.join(source, SUMMARY_FILE), os.path.join(out, 'runs', SUMMARY_FILE))
   os.makedirs(out, exist_ok=True)
   results_path = os.path.join(out, 'results.md')
   with open(results_path, 'w') as f:
     f.write(results_text(letter, out_root))
   return results_path
+
+
+def _copy_if_there(source: str, target: str) -> None:
+  if os.path.exists(source):
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(source, target)
 
 
 def results_text(letter: str, out_root: str) -> str:

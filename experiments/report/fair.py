@@ -110,6 +110,12 @@ def at_edge(law, value) -> bool:
   return where <= EDGE or where >= 1 - EDGE
 
 
+def _accuracy_text(stats: tuple) -> str:
+  """'93.38 ± 0.15' over seeds (the mean alone with one seed, '–' with none)."""
+  mean, std, seeds = stats
+  return _pct(mean) + (f' ± {100 * std:.2f}' if seeds > 1 else '')
+
+
 def _values_text(selected: dict | None, ranges: dict) -> str:
   if not selected:
     return '–'
@@ -126,8 +132,7 @@ def row_lines(block, results: dict, epsilons: tuple) -> list[str]:
            'search | ε of search + run | selected values |', '|---|---|---|---|---|---|---|---|']
   for r in block.all_rows():
     result = results[r.name]
-    mean, std, seeds = result.stats
-    accuracy = _pct(mean) + (f' ± {100 * std:.2f}' if seeds > 1 else '')
+    accuracy, seeds = _accuracy_text(result.stats), result.stats[2]
     is_ceiling = block.ceiling is not None and r.name == block.ceiling.name
     privacy = (('non-private', '–', '–') if is_ceiling else
                (format_value(block.eps), f'{selection_eps:.3f}', f'{with_run:.3f}'))
@@ -189,8 +194,7 @@ def readme_lines(block, results: dict, epsilons: tuple, ceiling: float | None) -
   lines = [f'| method | {block.metric}, % (mean ± seed std) | ε of a run | ε with its search | the '
            "paper's claims with it on top: holds / level / contradicted |", '|---|---|---|---|---|']
   for r in block.rows:
-    mean, std, seeds = results[r.name].stats
-    accuracy = f'{_pct(mean)} ± {100 * std:.2f}' if seeds > 1 else _pct(mean)
+    accuracy = _accuracy_text(results[r.name].stats)
     mine = [e['verdict'] for e in claims if e['better'].name == r.name]
     tally = ' / '.join(str(mine.count(v)) for v in ('holds', 'level', 'contradicted')) if mine else '–'
     undecided = mine.count('undecided')
