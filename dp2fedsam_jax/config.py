@@ -48,7 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_beta2 = 0.99
   c.server_eps = 1e-3
   # 'auto' (sequential on CPU, vmap on GPU/TPU; executors.resolve_name) | 'vmap' | 'sequential' |
-  # 'sharded' (cohort split over jax.devices(); on a CPU, JAX_NUM_CPU_DEVICES=<cores> gives one per core).
+  # 'sharded' (cohort split over jax.devices(); on a CPU one device per core unless
+  # JAX_NUM_CPU_DEVICES says otherwise).
   c.executor = 'auto'
   c.chunk_size = config_dict.placeholder(int)  # clients vmapped at once; None: the whole cohort.
   # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).

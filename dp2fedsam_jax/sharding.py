@@ -3,7 +3,7 @@
 One mesh axis, 'clients', over every device of every process (`jax.devices()` is global after
 `jax.distributed.initialize`). Inside the round step the stacked inputs of a chunk of client slots
 are constrained to `P('clients')`, so each device trains its own slice of the cohort (a GPU/TPU
-vmaps its slice; a CPU device, one per core with `JAX_NUM_CPU_DEVICES`, loops over its slots as the
+vmaps its slice; a CPU device, one per core (one_cpu_device_per_core), loops over its slots as the
 sequential executor does: map_slots_on_each_device); the server
 state and the federated data are replicated (every device can gather any client), and the sum of
 the uploads becomes an all-reduce (on a CPU, where the slots run in a shard_map, a gather of the
@@ -13,12 +13,34 @@ host or a TPU pod slice.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXIS = 'clients'
+
+
+def one_cpu_device_per_core() -> int | None:
+  """Asks JAX for one CPU device per core, so that a sharded run on a CPU keeps every core busy
+  (one device would loop over the whole cohort on one core's worth of small GEMMs).
+
+  Call it right after `import jax`. Leaves the count alone (returns None) when it was chosen
+  (JAX_NUM_CPU_DEVICES, jax_num_cpu_devices, or XLA_FLAGS' --xla_force_host_platform_device_count)
+  or when JAX has started its backends (the count is then fixed); else returns the cores it set.
+  On a GPU/TPU host the CPU devices go unused.
+  """
+  if (jax.config.jax_num_cpu_devices >= 0
+      or 'xla_force_host_platform_device_count' in os.environ.get('XLA_FLAGS', '')):
+    return None
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  try:
+    jax.config.update('jax_num_cpu_devices', cores or 1)
+  except RuntimeError:  # backends already started
+    return None
+  return cores or 1
 
 
 def client_mesh(devices=None) -> Mesh:

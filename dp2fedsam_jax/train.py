@@ -407,9 +407,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
                'executor %s%s.', config.method, config.dataset, exp.data.num_clients,
                exp.mechanism.noise_multiplier, _adaptive_header(exp.mechanism), exp.epsilon,
                exp.mechanism.delta, config.num_rounds, config.executor,
-               f' ({executor_choice})' if executor_choice else '')
+               f' ({executor_choice})' if executor_choice else _placement(config.executor))
   run, state = _CompiledRun.build(exp, workdir, state, start, private_only)
   return run.rounds(state, start, records, window)
+
+
+def _placement(executor: str) -> str:
+  """' (over N <backend> devices)' for the sharded executor: how many shards the cohort has."""
+  if executor != 'sharded':
+    return ''
+  return f' (over {jax.device_count()} {jax.default_backend()} devices)'
 
 
 def _fit_to_device(exp: Experiment, executor_choice: str) -> tuple[Experiment, str]:

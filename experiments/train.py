@@ -88,7 +88,9 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
     return
   # pylint: disable=import-outside-toplevel  (JAX: after the flags)
   import jax
-  from dp2fedsam_jax import compilation_cache, run_files, train
+  from dp2fedsam_jax import compilation_cache, run_files, sharding, train
+  if config.executor == 'sharded':  # on a CPU: one device per core unless a count was chosen
+    sharding.one_cpu_device_per_core()
   if f.distributed:  # before any other JAX call: it fixes the global device list
     jax.distributed.initialize(coordinator_address=f.coordinator_address,
                                num_processes=f.num_processes, process_id=f.process_id,

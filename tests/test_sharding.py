@@ -6,12 +6,13 @@ test may already have initialised it in this one.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import tiny_config, xla_flags
+from conftest import TINY_FLAGS, tiny_config, xla_flags
 from dp2fedsam_jax.config import ConfigError, validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,6 +107,33 @@ def test_sharded_executor_matches_vmap(devices):
     assert result['sharded']['collectives'], result
     # 10 default slots -> 16; chunk_size=4 caps a chunk at 4 slots, rounded up to 8 devices.
     assert result['sharded']['capacity'] == 16 and result['sharded_chunked']['capacity'] == 8
+
+
+def test_a_sharded_run_on_a_cpu_gets_one_device_per_core_unless_a_count_was_chosen(tmp_path):
+  # The binary, as a sweep starts it: no device count in the environment. One device would train
+  # the whole cohort with one core's worth of small GEMMs (launch.fair_benchmark's block (d)).
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_NUM_CPU_DEVICES'}
+  env['XLA_FLAGS'] = re.sub(r'--xla_force_host_platform_device_count=\d+', '', env['XLA_FLAGS'])
+  env['JAX_PLATFORMS'] = 'cpu'
+  cores = len(os.sched_getaffinity(0))
+
+  def header(workdir, **extra):
+    proc = subprocess.run(
+        [sys.executable, '-m', 'experiments.train', '--config=experiments/configs/default.py',
+         *TINY_FLAGS, '--config.num_rounds=1', '--config.executor=sharded', f'--workdir={workdir}'],
+        cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return re.search(r'executor sharded \(over (\d+) cpu devices\)',
+                     (workdir / 'train.INFO').read_text()).group(1)
+
+  assert header(tmp_path / 'auto') == str(cores)
+  assert header(tmp_path / 'chosen', JAX_NUM_CPU_DEVICES='3') == '3'
+  # Once JAX has started its backends the count is fixed: the function leaves it alone.
+  code = ('import jax; from dp2fedsam_jax import sharding; jax.devices(); '
+          'print(sharding.one_cpu_device_per_core(), jax.device_count())')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.stdout.split() == ['None', '1'], proc.stderr[-2000:]
 
 
 def test_config_accepts_the_sharded_executor_and_names_the_choices():

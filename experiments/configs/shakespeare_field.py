@@ -112,8 +112,8 @@ def get_config(arg: str | None = None):
   c.checkpoint_every = CHECKPOINT_EVERY
   c.sampling_rate = round(op.pop('cohort') / NUM_CLIENTS, 5)
   c.server_lr = op.pop('server_lr')
-  # Each device loops over its share of the cohort (a GPU vmaps it): one device per core with
-  # JAX_NUM_CPU_DEVICES (launch/shakespeare_field.sh sets it), else the sequential loop. Runs
+  # Each device loops over its share of the cohort (a GPU vmaps it): one device per core on a CPU
+  # (experiments/train.py asks JAX for it unless JAX_NUM_CPU_DEVICES says otherwise). Runs
   # finished under 'auto' (sequential) still count (run_files.finished_record).
   c.executor = 'sharded'
   _common.set_fields(c, {
