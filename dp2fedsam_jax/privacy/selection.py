@@ -196,7 +196,6 @@ def selection_cost(events: Sequence[dp_accounting.DpEvent], distribution: TrialD
       naive_trials=int(naive_trials))
 
 
-
 def selection_then_run_epsilon(events: Sequence[dp_accounting.DpEvent],
                                distribution: TrialDistribution, run: dp_accounting.DpEvent,
                                delta: float, neighboring_relation=_ADD_OR_REMOVE) -> float:
