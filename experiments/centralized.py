@@ -47,6 +47,52 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     flag_values=flag_values)
 
 
+def _epoch_batches(rng: np.random.Generator, rows: int, steps: int, steps_per_call: int,
+                   batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """One epoch's shuffled row indices and real-row mask, [padded steps, batch_size] each: the
+  steps padded to whole calls of `steps_per_call` (padding rows point at row 0, marked not real)."""
+  padded = -(-steps // steps_per_call) * steps_per_call
+  order = rng.permutation(rows)
+  order = np.concatenate([order, np.zeros(max(0, padded * batch_size - rows), np.int64)])[
+      :padded * batch_size].reshape(padded, batch_size)
+  real = (np.arange(padded * batch_size) < min(rows, steps * batch_size)).reshape(
+      padded, batch_size)
+  return order, real
+
+
+def _pooled_test(data, model):
+  """test(params) -> accuracy and loss over every client's test rows pooled, EVAL_BATCH at a time,
+  targets counted as the federated evaluation counts them."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+
+  test_rows = int(data.test_x.shape[0])
+
+  @jax.jit
+  def test_batch(params, idx, real):
+    x, y = data.normalize(data.test_x[idx]), data.test_y[idx].astype(jnp.int32)
+    logits = model.apply(params, x)
+    counted = data.accuracy_mask(y, real)
+    mask = data.loss_mask(y, real)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    losses = losses * mask.reshape(mask.shape + (1,) * (losses.ndim - mask.ndim))
+    return (jnp.sum((jnp.argmax(logits, -1) == y) & counted), jnp.sum(counted), jnp.sum(losses),
+            jnp.sum(mask))
+
+  def test(params):
+    totals = np.zeros(4)
+    for start in range(0, test_rows, EVAL_BATCH):
+      idx = np.arange(start, start + EVAL_BATCH)
+      real = idx < test_rows
+      totals += np.array([float(v) for v in test_batch(params, np.where(real, idx, 0), real)])
+    correct, targets, loss_sum, loss_targets = totals
+    return {'test_accuracy_pooled': correct / max(targets, 1), 'test_loss': loss_sum / max(loss_targets, 1),
+            'test_targets': int(targets)}
+
+  return test
+
+
 def train_centralized(data, model, *, epochs: int, batch_size: int, lr: float,
                       momentum: float = 0.0, optimizer: str = 'sgd', seed: int = 0,
                       max_steps: int | None = None, steps_per_call: int = 50, on_epoch=None):
@@ -84,39 +130,14 @@ def train_centralized(data, model, *, epochs: int, batch_size: int, lr: float,
     (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (idx, real))
     return params, opt_state, losses
 
+  test = _pooled_test(data, model)
   test_rows = int(data.test_x.shape[0])
-
-  @jax.jit
-  def test_batch(params, idx, real):
-    x, y = data.normalize(data.test_x[idx]), data.test_y[idx].astype(jnp.int32)
-    logits = model.apply(params, x)
-    counted = data.accuracy_mask(y, real)
-    mask = data.loss_mask(y, real)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    losses = losses * mask.reshape(mask.shape + (1,) * (losses.ndim - mask.ndim))
-    return (jnp.sum((jnp.argmax(logits, -1) == y) & counted), jnp.sum(counted), jnp.sum(losses),
-            jnp.sum(mask))
-
-  def test(params):
-    totals = np.zeros(4)
-    for start in range(0, test_rows, EVAL_BATCH):
-      idx = np.arange(start, start + EVAL_BATCH)
-      real = idx < test_rows
-      totals += np.array([float(v) for v in test_batch(params, np.where(real, idx, 0), real)])
-    correct, targets, loss_sum, loss_targets = totals
-    return {'test_accuracy_pooled': correct / max(targets, 1), 'test_loss': loss_sum / max(loss_targets, 1),
-            'test_targets': int(targets)}
 
   rng = np.random.default_rng(seed)
   records, done = [], 0
   for epoch in range(1, epochs + 1):
     steps = steps_per_epoch if max_steps is None else min(steps_per_epoch, max_steps - done)
-    padded = -(-steps // steps_per_call) * steps_per_call
-    order = rng.permutation(rows)
-    order = np.concatenate([order, np.zeros(max(0, padded * batch_size - rows), np.int64)])[
-        :padded * batch_size].reshape(padded, batch_size)
-    real = (np.arange(padded * batch_size) < min(rows, steps * batch_size)).reshape(
-        padded, batch_size)
+    order, real = _epoch_batches(rng, rows, steps, steps_per_call, batch_size)
     losses, train_seconds, compile_seconds = [], 0.0, 0.0
     for start in range(0, steps, steps_per_call):
       stop = start + steps_per_call
