@@ -179,6 +179,68 @@ def main(argv):
     _main(argv)
 
 
+def _client_flops(spec, model, lc, data1, tokens: bool):
+  """One client's FLOPs (--flops), or NaN everywhere (the GFLOP/s columns are then NaN)."""
+  if _FLOPS.value and tokens:  # the scan over time is counted once by XLA: lengths 2 and 3, unrolled
+    return flops_lib.sequence_flops(
+        lambda t: flops_lib.client_flops(spec, build_model(t, t), lc, _SAMPLES.value,
+                                         data1.normalize, data1.loss_mask), _SEQ_LEN.value)
+  if _FLOPS.value:
+    return flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
+  return flops_lib.ClientFlops(*(float('nan'),) * 4, head_steps=0, body_steps=0)
+
+
+def _with_peak_percents(row: dict, machine: dict) -> dict:
+  """The row with its GFLOP/s as a percentage of each peak the machine was measured at."""
+  if 'matmul_peak_gflops' in machine:
+    row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
+  if 'step_gemm_peak_gflops' in machine:
+    row['percent_of_step_gemm_peak'] = (100 * row['gflops_per_second']
+                                        / machine['step_gemm_peak_gflops'])
+  return row
+
+
+def _print_results(result: dict, machine: dict, model, cf, cohorts: list[int]) -> None:
+  """The machine line, the step-GEMM limits (token models) and one table row per timed line;
+  adds each row's ratio to the fastest PyTorch line at its cohort ('x_torch')."""
+  print(f"\n{machine.get('cpu_model') or machine['device_kind']} ({machine['platform']}, "
+        f"{machine['device_count']} device(s)); matmul peak "
+        f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
+        f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
+        f"(head phase {cf.personal_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
+  if 'step_gemms' in machine:
+    for g in machine['step_gemms']:
+      (m, k), (_, n) = g['shape']
+      print(f"step GEMM [{m}, {k}] x [{k}, {n}] in a scan: {g['us_per_gemm']:.1f} us, "
+            f"{g['gflops_median']:.1f} GFLOP/s (best {g['gflops_best']:.1f})")
+    peak = machine['step_gemm_peak_gflops']
+    for cohort in cohorts:
+      print(f'limit at {cohort} clients: {cohort * cf.total / 1e9 / peak:.3f} s/round (every FLOP at '
+            f'[B, H] x [H, 4H] loop rate, {peak:.1f} GFLOP/s)')
+  # x PyTorch: seconds per round over the fastest PyTorch line's (of --torch_threads) at the cohort.
+  torch_seconds = {}
+  for r in result['results']:
+    if r['mode'].startswith('torch'):
+      torch_seconds[r['clients']] = min(r['seconds_per_round'],
+                                        torch_seconds.get(r['clients'], float('inf')))
+  for r in result['results']:
+    if r['clients'] in torch_seconds:
+      r['x_torch'] = r['seconds_per_round'] / torch_seconds[r['clients']]
+  header = ('mode', 'clients', 's/round', 'x PyTorch', 'clients/s', 'examples/s', 'GFLOP/s', '% peak',
+            '% step GEMM', 'compile s', 'peak mem MB', 'load')
+  print(' | '.join(header))
+  for r in result['results']:
+    mem = r.get('peak_device_memory_bytes', r.get('peak_rss_bytes_process'))
+    print(' | '.join([r['mode'], str(r['clients']), f"{r['seconds_per_round']:.3f}",
+                      f"{r.get('x_torch', float('nan')):.2f}",
+                      f"{r['clients_per_second']:.2f}", f"{r['examples_per_second']:.0f}",
+                      f"{r['gflops_per_second']:.1f}",
+                      f"{r.get('percent_of_matmul_peak', float('nan')):.0f}",
+                      f"{r.get('percent_of_step_gemm_peak', float('nan')):.0f}",
+                      f"{r.get('compile_seconds', float('nan')):.1f}",
+                      f"{mem / 2**20:.0f}" if mem else '-', str(r['load_before'][0])]))
+
+
 def _main(argv):
   if len(argv) > 1:
     raise ValueError(f'unexpected arguments: {argv[1:]}')
@@ -207,14 +269,7 @@ def _main(argv):
   tokens = _MODEL.value in TOKEN_MODELS
   data1 = timing.synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes,
                                 tokens=tokens)
-  if _FLOPS.value and tokens:  # the scan over time is counted once by XLA: lengths 2 and 3, unrolled
-    cf = flops_lib.sequence_flops(
-        lambda t: flops_lib.client_flops(spec, build_model(t, t), lc, _SAMPLES.value,
-                                         data1.normalize, data1.loss_mask), _SEQ_LEN.value)
-  elif _FLOPS.value:
-    cf = flops_lib.client_flops(spec, model, lc, _SAMPLES.value, data1.normalize)
-  else:  # no count: the GFLOP/s columns are NaN
-    cf = flops_lib.ClientFlops(*(float('nan'),) * 4, head_steps=0, body_steps=0)
+  cf = _client_flops(spec, model, lc, data1, tokens)
   layers = flops_lib.layer_matmul_flops(model)
   conv = sum(v for k, v in layers.items() if k.startswith('conv:'))
   machine = timing.device_description()
@@ -252,60 +307,15 @@ def _main(argv):
         continue
       row = time_mode(mode, cohort, spec, model, lc)
       row['gflops_per_second'] = cohort * cf.total / row['seconds_per_round'] / 1e9
-      if 'matmul_peak_gflops' in machine:
-        row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
-      if 'step_gemm_peak_gflops' in machine:
-        row['percent_of_step_gemm_peak'] = (100 * row['gflops_per_second']
-                                            / machine['step_gemm_peak_gflops'])
-      result['results'].append(row)
+      result['results'].append(_with_peak_percents(row, machine))
       print(f"{mode:>10} {cohort:>5} clients: {row['seconds_per_round']:.3f} s/round", flush=True)
   if (_TORCH.value and _MODEL.value in ('cifar_cnn', *TOKEN_MODELS) and _METHOD.value == 'dp2fedsam'
       and jax.process_count() == 1):
     torch_cohorts = [int(c) for c in (_TORCH_CLIENTS.value or cohorts)]
     for row in torch_rows(torch_cohorts, lc, cf.total / 1e9):
-      if 'matmul_peak_gflops' in machine:
-        row['percent_of_matmul_peak'] = 100 * row['gflops_per_second'] / machine['matmul_peak_gflops']
-      if 'step_gemm_peak_gflops' in machine:
-        row['percent_of_step_gemm_peak'] = (100 * row['gflops_per_second']
-                                            / machine['step_gemm_peak_gflops'])
-      result['results'].append(row)
+      result['results'].append(_with_peak_percents(row, machine))
 
-  print(f"\n{machine.get('cpu_model') or machine['device_kind']} ({machine['platform']}, "
-        f"{machine['device_count']} device(s)); matmul peak "
-        f"{machine.get('matmul_peak_gflops', float('nan')):.0f} GFLOP/s; {_MODEL.value} "
-        f"({model.conv_impl}), {cf.total / 1e9:.2f} GFLOP per client "
-        f"(head phase {cf.personal_phase / 1e9:.2f}, shared phase {cf.body_phase / 1e9:.2f})")
-  if 'step_gemms' in machine:
-    for g in machine['step_gemms']:
-      (m, k), (_, n) = g['shape']
-      print(f"step GEMM [{m}, {k}] x [{k}, {n}] in a scan: {g['us_per_gemm']:.1f} us, "
-            f"{g['gflops_median']:.1f} GFLOP/s (best {g['gflops_best']:.1f})")
-    peak = machine['step_gemm_peak_gflops']
-    for cohort in cohorts:
-      print(f'limit at {cohort} clients: {cohort * cf.total / 1e9 / peak:.3f} s/round (every FLOP at '
-            f'[B, H] x [H, 4H] loop rate, {peak:.1f} GFLOP/s)')
-  # x PyTorch: seconds per round over the fastest PyTorch line's (of --torch_threads) at the cohort.
-  torch_seconds = {}
-  for r in result['results']:
-    if r['mode'].startswith('torch'):
-      torch_seconds[r['clients']] = min(r['seconds_per_round'],
-                                        torch_seconds.get(r['clients'], float('inf')))
-  for r in result['results']:
-    if r['clients'] in torch_seconds:
-      r['x_torch'] = r['seconds_per_round'] / torch_seconds[r['clients']]
-  header = ('mode', 'clients', 's/round', 'x PyTorch', 'clients/s', 'examples/s', 'GFLOP/s', '% peak',
-            '% step GEMM', 'compile s', 'peak mem MB', 'load')
-  print(' | '.join(header))
-  for r in result['results']:
-    mem = r.get('peak_device_memory_bytes', r.get('peak_rss_bytes_process'))
-    print(' | '.join([r['mode'], str(r['clients']), f"{r['seconds_per_round']:.3f}",
-                      f"{r.get('x_torch', float('nan')):.2f}",
-                      f"{r['clients_per_second']:.2f}", f"{r['examples_per_second']:.0f}",
-                      f"{r['gflops_per_second']:.1f}",
-                      f"{r.get('percent_of_matmul_peak', float('nan')):.0f}",
-                      f"{r.get('percent_of_step_gemm_peak', float('nan')):.0f}",
-                      f"{r.get('compile_seconds', float('nan')):.1f}",
-                      f"{mem / 2**20:.0f}" if mem else '-', str(r['load_before'][0])]))
+  _print_results(result, machine, model, cf, cohorts)
   if _JSON_OUT.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)
     run_files.write_json_atomic(_JSON_OUT.value, result)
