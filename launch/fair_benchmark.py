@@ -283,7 +283,10 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
         _log(f'seeded  {workdir} from {source}')
     results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
     for run, _ in runs:
-      entry['final_runs'][os.path.relpath(run.workdir, root)] = results.get(run.workdir)
+      # What the run is, not what this invocation did with it: a restart rewrites the same record.
+      status = results.get(run.workdir)
+      entry['final_runs'][os.path.relpath(run.workdir, root)] = (
+          'finished' if status in ('ran', 'skipped (done)') else status)
   _write_json(os.path.join(row_dir(root, path, row), ROW_FILE), entry)
   return entry
 

@@ -201,11 +201,15 @@ def test_a_row_records_its_seed_and_selection_epsilon_and_runs_its_selection(tmp
   monkeypatch.setattr(tune, 'tune', lambda *a, **k: {
       'status': 'done', 'selected_values': selected, 'selection_epsilon': 0.9,
       'per_trial_epsilon': 0.4})
+  # Seed 0 ran now, seed 1 had finished before (a restart), seed 2 failed.
+  outcomes = ['ran', 'skipped (done)', 'failed (exit 2)']
   monkeypatch.setattr(sweep, 'execute', lambda p, runs, *a: ran.extend(runs) or {
-      r.workdir: 'ran' for r in runs})
+      r.workdir: outcome for r, outcome in zip(runs, outcomes)})
   entry = fair_benchmark.run_row('a', 'dp2fedsam', str(tmp_path), parallel=1)
   assert entry['tuner_seed'] == row.seed and entry['selection_epsilon'] == 0.9
-  assert entry['selected_values'] == selected and len(entry['final_runs']) == 3
+  # The record says what each run is, the same whether this invocation or an earlier one ran it.
+  assert list(entry['final_runs'].values()) == ['finished', 'finished', 'failed (exit 2)']
+  assert entry['selected_values'] == selected
   assert all(f'--config.local.sam_rho={sweep.format_value(selected["local.sam_rho"])}' in r.overrides
              for r in ran)
   assert all('--config.validation_fraction=0' in r.overrides for r in ran)
