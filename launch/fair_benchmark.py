@@ -137,13 +137,18 @@ def row_config(module, block, row):
   return module.get_config(sweep.arg_string(block.study(row)['args']))
 
 
+def _search_accounting(path: str, module, block, row) -> tuple:
+  """(the study's spec, a trial's config as the search runs it) of the row."""
+  _, _, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
+  fixed = [f'--config.{f}={sweep.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
+  return spec, sweep.apply_overrides(row_config(module, block, row), fixed)
+
+
 def selection_epsilons(path: str, module, block, row) -> tuple:
   """(selection eps, one trial's eps, eps of the selection and one final run composed) of the row's
   search (launch.tune's accounting: the law's E[K], K secret; RDP at the study's delta); Nones for
   a non-private row. The same for every private row of a block."""
-  _, _, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
-  fixed = [f'--config.{f}={sweep.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
-  config = sweep.apply_overrides(row_config(module, block, row), fixed)
+  spec, config = _search_accounting(path, module, block, row)
   cost = tune.privacy_cost(spec, [config], naive_trials=1)
   if cost['selection_epsilon'] is None:
     return None, None, None
@@ -151,6 +156,27 @@ def selection_epsilons(path: str, module, block, row) -> tuple:
   with_run = selection.selection_then_run_epsilon(
       [tune.scored_event(event, spec['score_noise'])], spec['distribution'], event, delta, relation)
   return cost['selection_epsilon'], cost['per_trial_epsilon'], with_run
+
+
+def row_epsilons(path: str, module, block, results: dict) -> dict:
+  """{private row: (eps of its search, eps of search + one final run, K or None)}: the block's
+  (K secret) unless the row's tuning.json publishes K because K's naive composition is the bound
+  that holds once K is known (launch.tune.search_epsilon_bound); then that bound, and K's trials
+  composed with the final run."""
+  search, _, with_run = selection_epsilons(path, module, block, block.rows[0])
+  out = {}
+  for row in block.rows:
+    tuning = results[row.name].tuning or {}
+    k = tuning.get('num_trials')
+    if k is None:
+      out[row.name] = (search, with_run, None)
+      continue
+    spec, config = _search_accounting(path, module, block, row)
+    event, relation, delta, _ = tune.trial_event(config)
+    naive_with_run = selection.trials_then_run_epsilon(
+        [tune.scored_event(event, spec['score_noise'])], k, event, delta, relation)
+    out[row.name] = (tuning['epsilon_bound'], max(with_run, naive_with_run), k)
+  return out
 
 
 def cpu_hours(block, row, config, kind: str) -> float:
@@ -410,7 +436,7 @@ def results_text(letter: str, out_root: str) -> str:
   """The block's results.md, from its published files alone (so that a test can rebuild it)."""
   path, module, block = load_block(letter)
   results = fair_report.read_block(os.path.join(published_dir(out_root, letter), 'runs'), block)
-  epsilons = selection_epsilons(path, module, block, block.rows[0])
+  epsilons = row_epsilons(path, module, block, results)
   ceiling = ceiling_accuracy(letter, out_root)
   return '\n'.join([
       f'# Fair benchmark, block ({letter}) (docs/benchmark.md)', '',

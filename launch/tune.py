@@ -33,7 +33,9 @@ exact validation sum, and such a study is covered by no finite epsilon.
 Two files, <root>/<config name>/ (with several studies: <root>/<config name>/<study>/):
   tuning.json                    the release: the public plan (no K, no candidates), the selected
                                  run (a workdir name that tells neither its index nor K), its
-                                 values and noised score, score_denominator, and selection_epsilon
+                                 values and noised score, score_denominator, selection_epsilon and
+                                 epsilon_bound (search_epsilon_bound: with K only where K's naive
+                                 composition is that bound)
   tuning_operator_private.json   NEVER TO BE PUBLISHED: the secret seed, K, every candidate and
                                  trial (status, un-noised metric, validation sum, noise draw, score,
                                  test accuracy) and the naive composition at the drawn K. A stopped
@@ -482,6 +484,23 @@ def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, sou
   }
 
 
+def search_epsilon_bound(record: dict) -> tuple[float | None, int | None]:
+  """(the search's epsilon whether or not K stays secret, K where that bound is K's naive
+  composition) from the operator's record; (None, None) for a non-private study.
+
+  A search's wall time, or the times at which a benchmark publishes its files, tell K roughly, and
+  a known K leaves only the naive composition of the K trials (docs/privacy.md section 9). The
+  bound is max(selection_epsilon, naive_epsilon of the K drawn): while naive_epsilon is the
+  smaller, every best-of-k with k up to K is within it, so the selection epsilon holds whatever is
+  learnt of K; beyond, the naive composition is the bound, and K itself is published with it (it
+  then costs nothing more)."""
+  if record.get('private') is False or record.get('selection_epsilon') is None:
+    return None, None
+  if record['naive_epsilon'] > record['selection_epsilon']:
+    return record['naive_epsilon'], record['num_trials']
+  return record['selection_epsilon'], None
+
+
 def published_record(record: dict) -> dict:
   """tuning.json from the operator's record: what selection_epsilon covers (the selected run, its
   values and noised score) with the public plan and costs. The only path from the operator's
@@ -513,7 +532,15 @@ def published_record(record: dict) -> dict:
             'naive_trials_at_mean_k', 'accountant', 'noise_multipliers', 'score_noise',
             'score_denominator', 'selected_run', 'selected_values', 'selected_by', 'selected_score',
             'proxy', 'private', 'cost_on_private_clients')
-  return {**{key: record.get(key) for key in public}, 'k_is': 'secret (not in this file)',
+  bound, k_published = search_epsilon_bound(record)
+  if record['private'] is not False:
+    notes.append('epsilon_bound = max(selection_epsilon, the naive composition of the K drawn): it '
+                 'holds also once K is known (a search\'s wall time tells it roughly); K is '
+                 'published only where it sets the bound (num_trials).')
+  k_fields = ({'k_is': 'published: its naive composition sets epsilon_bound',
+               'num_trials': k_published} if k_published is not None else
+              {'k_is': 'secret (not in this file)'})
+  return {**{key: record.get(key) for key in public}, 'epsilon_bound': bound, **k_fields,
           'notes': notes,
           'operator_file': f'{OPERATOR_FILE}: every trial and K, the operator\'s; never published'}
 

@@ -167,9 +167,14 @@ def test_the_general_report_reads_a_rows_final_runs_but_not_its_trials(published
 def test_the_readme_table_tallies_each_rows_claims(published):
   _, out, text = published
   results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)
-  lines = fair_report.readme_lines(BLOCK, results, (0.9, 0.4, 1.04), None)
+  epsilons = {r.name: (0.9, 1.04, None) for r in BLOCK.rows}
+  lines = fair_report.readme_lines(BLOCK, results, epsilons, None)
   # DP2-FedSAM on top: holds against CENTAUR, level with DP-FedSAM, 3 rows without 3 seeds.
   assert '| DP2-FedSAM | 90.50 ± 0.50 | 0.25 | 1.04 | 1 / 1 / 0 (3 undecided) |' in lines
+  # A row whose K was published with its bound shows that bound and its K.
+  epsilons['dp2fedsam'] = (1.02, 1.15, 5)
+  lines = fair_report.readme_lines(BLOCK, results, epsilons, None)
+  assert '| DP2-FedSAM | 90.50 ± 0.50 | 0.25 | 1.15 (K = 5) | 1 / 1 / 0 (3 undecided) |' in lines
   assert lines[-1].endswith('**pending: the ceiling and dp_fedavg, dp_fedavg_ft, dp_fedsam_ft (3 seeds)**.')
   assert "### The README's table" in text
 
@@ -190,6 +195,28 @@ def test_each_published_block_page_is_what_its_committed_files_give_and_the_read
     table = committed.split("### The README's table\n\n")[1].strip()
     if 'the regime rule: **pending' not in table:
       assert table in readme, f'README.md lacks block ({letter})\'s table'
+
+
+def test_a_row_whose_k_sets_the_bound_gets_its_naive_composition_and_the_others_the_selection(
+    published):
+  # launch.tune publishes K (num_trials) only where K's naive composition exceeds the selection
+  # epsilon: once K is known (a search's wall time tells it roughly) that is the bound.
+  _, out, _ = published
+  tuning_path = os.path.join(out, 'runs', 'dp2fedsam', 'tuning.json')
+  with open(tuning_path) as f:
+    tuning = json.load(f)
+  results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)
+  path, module, block = fair_benchmark.load_block('a')
+  search, one, with_run = fair_benchmark.selection_epsilons(path, module, block, block.rows[0])
+  assert fair_benchmark.row_epsilons(path, module, block, results)['dp2fedsam'] == (
+      search, with_run, None)
+  _write(tuning_path, {**tuning, 'num_trials': 5, 'epsilon_bound': 1.021})
+  results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)
+  epsilons = fair_benchmark.row_epsilons(path, module, block, results)
+  bound, bound_with_run, k = epsilons['dp2fedsam']
+  assert (bound, k) == (1.021, 5) and with_run < bound_with_run < with_run + one
+  assert all(epsilons[r.name] == (search, with_run, None) for r in block.rows if r.name != 'dp2fedsam')
+  assert '1.021 (K = 5)' in '\n'.join(fair_report.row_lines(block, results, epsilons))
 
 
 def test_docs_list_every_claim_of_every_block():

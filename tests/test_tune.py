@@ -39,6 +39,7 @@ def _independent_epsilon(config: dict, mean: float, score_noise: float, shape=np
 # Poisson(1); not the public spec seeds (1 and 2), so a draw from those would differ.
 SECRET_K2, SECRET_K0 = 6, 3
 SECRET_LARGE_K2 = 2 ** 40 + 7  # K = 2 too, and no number a published file holds otherwise
+SECRET_LARGE_K1 = 2 ** 40 + 9  # K = 1 of Poisson(2): below the selection epsilon, K stays secret
 
 
 def _operator(directory) -> dict:
@@ -85,7 +86,11 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
   accuracy = [json.loads(l) for l in open(os.path.join(selected, 'metrics.jsonl'))][-1]['test_accuracy']
   assert (f"| {result['selected_run']} | {100 * accuracy:.2f} | {result['selection_epsilon']:.3f} |"
           in text)
-  assert '| tune_tiny/tiny | secret (poisson mu=2) |' in text and "Trials of" not in text
+  # K = 2 of Poisson(2): its naive composition exceeds the selection epsilon, so it is the bound
+  # that holds once K is known (a search's wall time tells it), and K is published with it.
+  assert result['epsilon_bound'] == operator['naive_epsilon'] and result['num_trials'] == 2
+  assert '| tune_tiny/tiny | 2 (poisson mu=2) |' in text and "Trials of" not in text
+  assert f"{result['epsilon_bound']:.3f} (K known: the naive composition of its 2 trials)" in text
   assert paths['num_runs'] == 0
   copied = tmp_path / 'out' / 'runs' / 'tune_tiny' / 'tiny'
   assert sorted(os.listdir(copied)) == sorted(['tuning.json', result['selected_run']])
@@ -365,19 +370,25 @@ def _keys(tree):
   return set()
 
 
+@pytest.mark.parametrize('secret', [SECRET_LARGE_K2, SECRET_LARGE_K1])
 def test_the_published_file_holds_no_per_trial_record_and_the_operator_file_holds_it(
-    tmp_path, monkeypatch):
+    tmp_path, monkeypatch, secret):
   """tuning.json: the selected run, its values and noised score, the public plan and the costs.
-  No un-noised metric, validation sum, test accuracy or noise draw of any trial, no K, no other
-  trial's name or score, no secret: those are the operator file's, marked never to be published."""
+  No un-noised metric, validation sum, test accuracy or noise draw of any trial, no other trial's
+  name or score, no secret: those are the operator file's, marked never to be published. K only
+  where its naive composition is the bound (K = 2 of Poisson(2)), never below it (K = 1)."""
   _fake_execute(monkeypatch)
-  result = tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=SECRET_LARGE_K2)
+  result = tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=secret)
   directory = tmp_path / 'tune_tiny' / 'tiny'
   published = json.loads((directory / 'tuning.json').read_text())
   operator = _operator(directory)
   assert published == result and operator['DO_NOT_PUBLISH'].startswith('NEVER PUBLISH THIS FILE')
   assert published['selected_run'] in operator['runs'] and published['selected_score'] is not None
-  assert not _keys(published) & {'trials', 'num_trials', 'candidates', 'runs', 'naive_epsilon',
+  k_sets_the_bound = operator['naive_epsilon'] > operator['selection_epsilon']
+  assert k_sets_the_bound == (secret == SECRET_LARGE_K2)
+  assert published['epsilon_bound'] == max(operator['naive_epsilon'], operator['selection_epsilon'])
+  assert published.get('num_trials') == (operator['num_trials'] if k_sets_the_bound else None)
+  assert not _keys(published) & {'trials', 'candidates', 'runs', 'naive_epsilon',
                                  'naive_trials', 'failed_trials', 'selected_index', 'secret_seed',
                                  'metric', 'validation_accuracy_sum', 'noise_draw', 'test_accuracy'}
   hidden = [operator['secret_seed']] + [

@@ -204,3 +204,12 @@ def selection_then_run_epsilon(events: Sequence[dp_accounting.DpEvent],
   (RDP composition of the selection's curve and the run's)."""
   curve = selection_rdp(rdp_curve(events, neighboring_relation), distribution)
   return epsilon_of_rdp(curve + rdp_curve([run], neighboring_relation), delta)
+
+
+def trials_then_run_epsilon(events: Sequence[dp_accounting.DpEvent], num_trials: int,
+                            run: dp_accounting.DpEvent, delta: float,
+                            neighboring_relation=_ADD_OR_REMOVE) -> float:
+  """Epsilon at `delta` of `num_trials` trials (each at the maximum RDP curve of `events`) and one
+  more run composed: the search and its model once K is known (the naive composition, RDP)."""
+  curve = num_trials * rdp_curve(events, neighboring_relation)
+  return epsilon_of_rdp(curve + rdp_curve([run], neighboring_relation), delta)

@@ -124,18 +124,26 @@ def _values_text(selected: dict | None, ranges: dict) -> str:
                    for k, v in sorted(selected.items()))
 
 
-def row_lines(block, results: dict, epsilons: tuple) -> list[str]:
+def _epsilon_text(value: float, k: int | None, digits: int) -> str:
+  """An eps of a search; '(K = k)' where k's naive composition is the bound (K then published)."""
+  return f'{value:.{digits}f}' + (f' (K = {k})' if k is not None else '')
+
+
+def row_lines(block, results: dict, epsilons: dict) -> list[str]:
   """The block's table: a row per method (the ceiling last) with its accuracy over the final seeds,
-  the eps of one run, of its search, and of both, and the selected values."""
-  selection_eps, _, with_run = epsilons
+  the eps of one run, of its search, and of both (`epsilons`: launch.fair_benchmark.row_epsilons),
+  and the selected values."""
   lines = [f'| row | paper row | {block.metric} (mean ± seed std) | seeds | ε of a run | ε of the '
            'search | ε of search + run | selected values |', '|---|---|---|---|---|---|---|---|']
   for r in block.all_rows():
     result = results[r.name]
     accuracy, seeds = _accuracy_text(result.stats), result.stats[2]
     is_ceiling = block.ceiling is not None and r.name == block.ceiling.name
-    privacy = (('non-private', '–', '–') if is_ceiling else
-               (format_value(block.eps), f'{selection_eps:.3f}', f'{with_run:.3f}'))
+    if is_ceiling:
+      privacy = ('non-private', '–', '–')
+    else:
+      search, with_run, k = epsilons[r.name]
+      privacy = (format_value(block.eps), _epsilon_text(search, k, 3), _epsilon_text(with_run, k, 3))
     name = r.name + (f' ({r.mark})' if r.mark else '')
     lines.append(f"| {name} | {r.paper_row or ('ceiling' if is_ceiling else '–')} | {accuracy} | "
                  f"{seeds} | {' | '.join(privacy)} | {_values_text(result.selected, block.ranges)} |")
@@ -157,7 +165,7 @@ def verdict_lines(entries: list[dict]) -> list[str]:
   return lines
 
 
-def block_lines(block, config_name: str, results: dict, epsilons: tuple,
+def block_lines(block, config_name: str, results: dict, epsilons: dict,
                 ceiling: float | None) -> list[str]:
   """The block's section of results.md: settings, the table, the regime rule and the verdicts."""
   rule = regime(block, results, ceiling)
@@ -174,7 +182,9 @@ def block_lines(block, config_name: str, results: dict, epsilons: tuple,
       *row_lines(block, results, epsilons), '',
       '*ε of a run*: the target each trial and final run was calibrated to (PLD, δ = 1/N). *ε of '
       'the search*: the selection of the released values over the secret K trials, each with its '
-      'noised score (RDP, Papernot & Steinke; docs/privacy.md section 9). *ε of search + run*: that '
+      'noised score (RDP, Papernot & Steinke; docs/privacy.md section 9); *(K = k)*: a row whose K '
+      "trials' naive composition exceeds it, the bound once K is known (a search's wall time tells "
+      'it roughly), and then published with it. *ε of search + run*: that '
       'selection and one final run composed (RDP): what one model trained this way costs. Not '
       'covered by any ε: the test accuracies on this page, the other two final seeds (the seed '
       'spread is a measurement, not a release), and the choice of ranges and settings. *(edge)*: '
@@ -185,11 +195,10 @@ def block_lines(block, config_name: str, results: dict, epsilons: tuple,
       *verdict_lines(verdicts(block, results)), '']
 
 
-def readme_lines(block, results: dict, epsilons: tuple, ceiling: float | None) -> list[str]:
+def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) -> list[str]:
   """The README's table of a block: each row's accuracy over its seeds, the eps of a run and of a
   model with its search, and what became of the orders the paper claims with it on top; then the
   regime rule's outcome. The README takes it only once the rule has been applied."""
-  _, _, with_run = epsilons
   claims = verdicts(block, results)
   lines = [f'| method | {block.metric}, % (mean ± seed std) | ε of a run | ε with its search | the '
            "paper's claims with it on top: holds / level / contradicted |", '|---|---|---|---|---|']
@@ -200,7 +209,9 @@ def readme_lines(block, results: dict, epsilons: tuple, ceiling: float | None) -
     undecided = mine.count('undecided')
     tally += f' ({undecided} undecided)' if undecided else ''
     name = f'{r.paper_row or r.name}' + (f' ({r.mark})' if r.mark else '')
-    lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | {with_run:.2f} | {tally} |')
+    _, with_run, k = epsilons[r.name]
+    lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | '
+                 f'{_epsilon_text(with_run, k, 2)} | {tally} |')
   ceiling_text = '–' if ceiling is None else f'{ceiling:.2f}'
   return lines + ['', f'Non-private ceiling {ceiling_text} %; the regime rule: '
                   f'**{regime(block, results, ceiling)}**.']
