@@ -56,11 +56,13 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
                    'a non-private method (its models are released unprotected) |')
       continue
     bound = t.get('epsilon_bound') or t['selection_epsilon']  # older files: no bound recorded
-    cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
-            'only case in which the tuned values carry no cost on the private clients'
-            if proxy else f"{bound:.3f} (K known: the naive composition of its {t['num_trials']} "
-            'trials)' if bound > t['selection_epsilon'] else
-            f"{t['selection_epsilon']:.3f} (the selection ε)")
+    if proxy:
+      cost = (f"none: tuned on a {proxy['kind'].replace('_', ' ')} ({proxy['description']}), the "
+              'only case in which the tuned values carry no cost on the private clients')
+    elif bound > t['selection_epsilon']:  # K published: its naive composition is the bound
+      cost = f"{bound:.3f} (K known: the naive composition of its {t['num_trials']} trials)"
+    else:
+      cost = f"{t['selection_epsilon']:.3f} (the selection ε)"
     none = ('none' if t.get('num_trials') is None else 'none (K = 0)' if not t['num_trials']
             else 'none (all failed)')
     naive = (f"{t['naive_epsilon']:.3f} ({t['naive_trials']})" if 'naive_epsilon' in t else
