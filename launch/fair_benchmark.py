@@ -327,8 +327,7 @@ def seed_search(letter: str, row_name: str, root: str, source: str) -> bool:
     return False
   if (_read(published) or {}).get('status') != 'done':
     return False
-  os.makedirs(directory, exist_ok=True)
-  shutil.copyfile(published, os.path.join(directory, tune.TUNING_FILE))
+  _copy_if_there(published, os.path.join(directory, tune.TUNING_FILE))
   _log(f'seeded  {directory} from {published} (its search is not run again)')
   return True
 

@@ -156,7 +156,8 @@ def verdict_lines(entries: list[dict]) -> list[str]:
            '|---|---|---|---|---|---|']
   for e in entries:
     claim = e['claim']
-    d, s = (('–' if math.isnan(e[k]) else f"{e[k]:{'+' if k == 'd' else ''}.2f}") for k in ('d', 's'))
+    d = '–' if math.isnan(e['d']) else f"{e['d']:+.2f}"
+    s = '–' if math.isnan(e['s']) else f"{e['s']:.2f}"  # one seed: no std yet
     marked = lambda row: row.name + (' †' if row.mark else '')
     lines.append(f"| {claim.better} > {claim.worse} | {marked(e['better'])} vs {marked(e['worse'])} "
                  f"| {d} | {s} | {e['verdict']} | {claim.source} |")
