@@ -488,9 +488,11 @@ def _run_pending(config_path, parallel, pending, running, results, env, total) -
       log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} {run.status}: {" ".join(command)}\n')
       log.flush()
       _log(f'start   [{started}/{total}] {run.workdir} ({run.status})')
-      # Its own process group: a Ctrl-C reaches the sweep only, which forwards it once.
+      # Its own process group: a Ctrl-C reaches the sweep only, which forwards it once. Set by
+      # process_group, not preexec_fn=os.setpgrp: no Python runs between fork and exec in a parent
+      # with JAX's threads (preexec_fn made JAX warn of a deadlock at every start).
       process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 preexec_fn=os.setpgrp)
+                                 process_group=0)
       running.append((run, process, time.perf_counter(), log))
     time.sleep(0.2)
     for item in list(running):

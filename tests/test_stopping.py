@@ -237,6 +237,8 @@ def test_a_sweep_forwards_sigterm_to_its_runs_and_waits_for_them(tmp_path):
     if log.exists() and 'round 2/1000' in log.read_text():
       break
     time.sleep(0.2)
+  run_pid = run_files.holder(str(workdir))
+  assert os.getpgid(run_pid) == run_pid != os.getpgid(process.pid)  # a Ctrl-C reaches the sweep only
   process.send_signal(signal.SIGTERM)
   _, stderr = process.communicate(timeout=300)
   assert process.returncode == stopping.EXIT_TERMINATED, stderr[-3000:]

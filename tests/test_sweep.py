@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -97,8 +98,11 @@ def test_sweep_runs_skips_finished_and_resumes_unfinished(tiny_config_path, tmp_
       'new', 'new', 'new', 'resume from round 1']
 
   cache = str(tmp_path / 'jax_cache')  # seeds share compiled programs: half the time per run
-  results = sweep.run_sweep(tiny_config_path, root, [], [], parallel=2, cache_dir=cache)
+  with warnings.catch_warnings(record=True) as caught:  # this process has JAX's threads running
+    warnings.simplefilter('always')
+    results = sweep.run_sweep(tiny_config_path, root, [], [], parallel=2, cache_dir=cache)
   assert results == {w: 'ran' for w in workdirs}
+  assert not [w for w in caught if 'os.fork()' in str(w.message)]  # no Python between fork and exec
   for w in workdirs:
     assert _rounds(w) == [1, 2]
     assert json.load(open(os.path.join(w, 'sweep.json')))['config_name'] == 'tiny'
