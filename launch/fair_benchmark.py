@@ -45,6 +45,7 @@ BLOCK_CONFIGS = {
     'b': 'experiments/configs/fair_b_topk.py',
     'c': 'experiments/configs/fair_c_pfeddsu.py',
     'd': 'experiments/configs/fair_d_shakespeare.py',
+    'a5': 'experiments/configs/fair_a5_dp2fedsam.py',  # (a)'s declared next step if at its ceiling
 }
 CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block next on a CPU
 SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'

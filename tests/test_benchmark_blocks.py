@@ -32,6 +32,7 @@ PAPER_ROWS = {
     'c': set(_pfeddsu.TABLE_METHODS) | {'dp_pfeddsu_safe'},
     'd': {'dp2fedsam', 'centaur', 'dp_fedavg'},
 }
+PAPER_ROWS['a5'] = PAPER_ROWS['a']  # block (a) on (1000, 5)
 # What each method must search besides the common knobs, written out by hand so that a change of the
 # registry's pieces or of _fair.KNOBS_OF_PIECE that drops a knob fails here.
 HEAD = {'local.lr_personal', 'local.personal_epochs'}
@@ -62,6 +63,7 @@ PAPER_VALUES = {
     'd': {'local.lr_shared': 2.327, 'server_lr': 0.2654, 'dp.clip_norm': 0.5, 'local.sam_rho': 0.05,
           'local.lr_personal': 0.5, 'local.personal_epochs': 10, 'eval.adapt_lr': 0.5},
 }
+PAPER_VALUES['a5'] = PAPER_VALUES['a']
 
 
 def _rows():

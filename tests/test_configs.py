@@ -14,7 +14,7 @@ from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax.algorithms import METHODS
 from experiments.configs import _common
 from experiments.studies import shakespeare_field as field_study
-from launch import sweep
+from launch import fair_benchmark, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_CONFIG_NAMES = sorted(os.path.basename(p)[:-3]
@@ -24,8 +24,8 @@ ALL_CONFIG_NAMES = sorted(os.path.basename(p)[:-3]
 OTHER_BINARIES = {'audit': 'experiments.audit (tests/test_audit.py)',
                   'audit_default': 'experiments.audit (tests/test_audit.py)',
                   'tune_tiny': 'launch.tune (tests/test_tune.py)',
-                  **{f'fair_{b}': 'launch.fair_benchmark (tests/test_benchmark_blocks.py)'
-                     for b in ('a_dp2fedsam', 'b_topk', 'c_pfeddsu', 'd_shakespeare')}}
+                  **{fair_benchmark.config_name(path): 'launch.fair_benchmark '
+                     '(tests/test_benchmark_blocks.py)' for path in fair_benchmark.BLOCK_CONFIGS.values()}}
 CONFIG_NAMES = [n for n in ALL_CONFIG_NAMES if n not in OTHER_BINARIES]
 
 KNOWN_DATASETS = {'fashion_mnist', 'synthetic', 'cifar10', 'cifar100', 'femnist', _common.EMNIST_62,
