@@ -19,7 +19,6 @@ import dataclasses
 
 from experiments.configs import _common
 from experiments.configs import fair_a_dp2fedsam as block_a
-from experiments.configs import fmnist_paper_regime as regime
 
 DEFAULTS = {**block_a.DEFAULTS, 'S': 5}
 SEED_OFFSET = 400  # block (a)'s tuner seeds 100-106 -> 500-506: every row of every block its own
@@ -31,10 +30,9 @@ BLOCK = dataclasses.replace(
 
 
 def get_config(arg: str | None = None):
+  """Block (a)'s config, S = 5 unless the argument names another."""
   args = _common.parse_args(arg, **DEFAULTS)
-  return regime.get_config(f"method={args['method']},eps={args['eps']},seed={args['seed']},"
-                           f"S={args['S']}")
+  return block_a.get_config(','.join(f'{k}={v}' for k, v in args.items()))
 
 
-def tuning_space() -> dict:
-  return BLOCK.tuning_space()
+tuning_space = BLOCK.tuning_space
