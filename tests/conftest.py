@@ -59,6 +59,7 @@ if 'DP2FEDSAM_COMPILATION_CACHE' not in os.environ:
 
 from dp2fedsam_jax import compilation_cache  # noqa: E402  (JAX reads XLA_FLAGS above on import)
 from dp2fedsam_jax.config import base_config  # noqa: E402
+from experiments.configs import _common  # noqa: E402
 
 # The tests' own compilations use that cache too: many tests compile the same programs (the tiny
 # config's round step, the evaluation), and a cached one loads in milliseconds (~25 % less CPU for
@@ -100,30 +101,13 @@ def token_federation(train_sizes, test_sizes, *, vocab: int, length: int, pad: i
 
 def tiny_config(**overrides):
   """A synthetic-data, MLP config that trains in about a second per round."""
-  c = base_config()
+  c = _common.synthetic_mlp(base_config(), num_clients=6)
   c.method = 'dp2fedsam'
-  c.dataset = 'synthetic'
-  c.model = 'mlp'
-  c.num_clients = 6
-  c.partition = 'iid'
   c.sampling_rate = 0.5
   c.num_rounds = 2
   c.eval_every = 1
-  c.local.personal_epochs = 1
-  c.local.shared_epochs = 1
-  c.local.batch_size = 16
-  c.local.lr_personal = 0.05
-  c.local.lr_shared = 0.05
-  c.local.momentum = 0.5
-  c.local.sam_rho = 0.05
-  c.dp.clip_norm = 1.0
   c.dp.noise_multiplier = 1.0
-  for field, value in overrides.items():
-    node = c
-    *parents, leaf = field.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  _common.set_fields(c, overrides)
   return c
 
 

@@ -77,6 +77,16 @@ def set_fields(config, values: dict[str, Any]) -> None:
     node[leaf] = value
 
 
+def synthetic_mlp(config, num_clients: int):
+  """`config` made a synthetic-data MLP federation of iid clients that trains in about a second a
+  round on a CPU (the audit's setup and the tests'): one personal and one shared epoch of batch 16,
+  lr 0.05, momentum 0.5, SAM rho 0.05, C = 1."""
+  config.dataset, config.model, config.partition = 'synthetic', 'mlp', 'iid'
+  config.num_clients = num_clients
+  config.local.update(personal_epochs=1, shared_epochs=1, batch_size=16, lr_personal=0.05,
+                      lr_shared=0.05, momentum=0.5, sam_rho=0.05)
+  config.dp.clip_norm = 1.0
+  return config
 
 
 def noise_placement_for(method: str) -> str:

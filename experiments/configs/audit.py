@@ -18,22 +18,10 @@ DEFAULTS = dict(sigma=1.0, sampling='poisson', q=1.0, placement='central', round
 
 def get_config(arg: str | None = None):
   args = _common.parse_args(arg, **DEFAULTS)
-  c = base_config()
+  c = _common.synthetic_mlp(base_config(), num_clients=10)
   c.method = args['method']
-  c.dataset = 'synthetic'
-  c.model = 'mlp'
-  c.num_clients = 10
-  c.partition = 'iid'
   c.sampling_rate = args['q']
   c.num_rounds = args['rounds']  # rounds per trial: the audited and the accounted mechanism
-  c.local.personal_epochs = 1
-  c.local.shared_epochs = 1
-  c.local.batch_size = 16
-  c.local.lr_personal = 0.05
-  c.local.lr_shared = 0.05
-  c.local.momentum = 0.5
-  c.local.sam_rho = 0.05
-  c.dp.clip_norm = 1.0
   c.dp.noise_multiplier = args['sigma']
   c.dp.delta = 1e-5
   c.dp.sampling = args['sampling']
