@@ -145,6 +145,10 @@ def test_bad_files_name_the_problem(tmp_path):
     f.create_dataset('examples/w/label', data=np.zeros(2, np.int32))
   with pytest.raises(ValueError, match=r'examples/w.*\[0, 1\]'):
     femnist.read_tff_h5(str(tmp_path / 'b.h5'))
+  with h5py.File(tmp_path / 'd.h5', 'w') as f:
+    f.create_dataset('examples/w/pixels', data=np.zeros((2, 28, 28)))
+  with pytest.raises(ValueError, match=r"examples/w has no \['label'\]"):
+    femnist.read_tff_h5(str(tmp_path / 'd.h5'))
   blob = {'users': ['u'], 'num_samples': [1], 'user_data': {'u': {'x': [[0.5] * 700], 'y': [1]}}}
   (tmp_path / 'c.json').write_text(json.dumps(blob))
   with pytest.raises(ValueError, match='user u.*784'):

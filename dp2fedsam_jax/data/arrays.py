@@ -1,5 +1,6 @@
 """What every dataset source returns: an in-memory ArrayDataset (uint8 images, labels, the
-dataset's published normalization), and the error a missing dataset raises.
+dataset's published normalization), the error a missing dataset raises, and the reader of TFF's
+per-client h5 files.
 
 A leaf of `data/` (numpy only): `sources.py`, `femnist.py` and `tfds_source.py` all build on it, so
 none of them imports another for these names.
@@ -8,6 +9,7 @@ none of them imports another for these names.
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterator
 
 import numpy as np
 
@@ -108,3 +110,19 @@ def normalization(name: str, channels: int) -> tuple[tuple[float, ...], tuple[fl
   if len(mean) != channels:
     raise ValueError(f'the normalization of {name!r} has {len(mean)} channels, the images {channels}.')
   return mean, std
+
+
+def tff_h5_clients(path: str, dataset: str,
+                   fields: tuple[str, ...]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+  """(client id, {field: array}) for each client of a TFF h5 file (examples/<client>/<field>),
+  with an error naming the file and the client where a group or a field is missing."""
+  import h5py  # pylint: disable=import-outside-toplevel  (only needed for this format)
+  layout = ' and '.join(f'examples/<client>/{field}' for field in fields)
+  with h5py.File(path, 'r') as f:
+    if 'examples' not in f:
+      raise ValueError(f'{path}: no group "examples"; not a TFF {dataset} h5 file (expected {layout}).')
+    for client, group in f['examples'].items():
+      missing = [field for field in fields if field not in group]
+      if missing:
+        raise ValueError(f'{path}: examples/{client} has no {missing} (has {sorted(group)}).')
+      yield client, {field: group[field][()] for field in fields}

@@ -25,7 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, normalization
+from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, normalization, tff_h5_clients
 
 NUM_CLASSES = 62  # 10 digits, 26 upper-case, 26 lower-case letters
 # TFF's cache location (tff.simulation.datasets.emnist.load_data): used when config.data_dir is None.
@@ -53,20 +53,12 @@ def _labels(y, n: int, where: str) -> np.ndarray:
 
 def read_tff_h5(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{writer_id: (x uint8 [n, 28, 28, 1], y int32 [n])} from a TFF FEMNIST h5 file."""
-  import h5py  # pylint: disable=import-outside-toplevel  (only needed for this format)
   out = {}
-  with h5py.File(path, 'r') as f:
-    if 'examples' not in f:
-      raise ValueError(f'{path}: no group "examples"; not a TFF FEMNIST h5 file '
-                       '(expected examples/<writer_id>/pixels and .../label).')
-    for writer, group in f['examples'].items():
-      where = f'{path}: examples/{writer}'
-      if 'pixels' not in group or 'label' not in group:
-        raise ValueError(f'{where}: needs datasets "pixels" and "label"; has {sorted(group)}.')
-      pixels = group['pixels'][()]
-      if pixels.ndim != 3 or pixels.shape[1:] != (28, 28):
-        raise ValueError(f'{where}/pixels: expected shape [n, 28, 28]; got {pixels.shape}.')
-      out[writer] = (_to_uint8(pixels, where)[..., None], _labels(group['label'][()], len(pixels), where))
+  for writer, arrays in tff_h5_clients(path, 'FEMNIST', ('pixels', 'label')):
+    where, pixels = f'{path}: examples/{writer}', arrays['pixels']
+    if pixels.ndim != 3 or pixels.shape[1:] != (28, 28):
+      raise ValueError(f'{where}/pixels: expected shape [n, 28, 28]; got {pixels.shape}.')
+    out[writer] = (_to_uint8(pixels, where)[..., None], _labels(arrays['label'], len(pixels), where))
   return out
 
 

