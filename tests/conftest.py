@@ -116,6 +116,30 @@ def config_factory():
   return tiny_config
 
 
+class Killed(BaseException):
+  """A kill mid-run. Not an Exception: like a signal, nothing in the library may swallow it."""
+
+
+def train_killed_before_checkpoint(monkeypatch, config, workdir: str, kill_round: int,
+                                   on_save=None) -> None:
+  """Trains `config` in `workdir` and dies (Killed) just before round `kill_round`'s checkpoint is
+  written, as a kill would; on_save(workdir, state) sees each save first. Patches are undone."""
+  from dp2fedsam_jax import checkpoint, train  # pylint: disable=import-outside-toplevel
+  real_save = checkpoint.save
+
+  def save(wd, state, records, *window):
+    if on_save is not None:
+      on_save(wd, state)
+    if int(state.round) == kill_round:
+      raise Killed
+    real_save(wd, state, records, *window)
+
+  monkeypatch.setattr(checkpoint, 'save', save)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(config, workdir)
+  monkeypatch.undo()
+
+
 # ---------------------------------------------------------------- the privacy mutants' table
 
 # Node ids of the tests that passed in this session: tests/test_mutants.py counts a failure under a

@@ -20,7 +20,7 @@ from jax_privacy.accounting import accountants as jp_accountants
 from jax_privacy.accounting import analysis as jp_analysis
 from jax_privacy.matrix_factorization import toeplitz
 
-from conftest import tiny_config
+from conftest import tiny_config, train_killed_before_checkpoint
 from dp2fedsam_jax import checkpoint, keys, run_files, train
 from dp2fedsam_jax.algorithms import METHODS, get_method
 from dp2fedsam_jax.config import ConfigError, validate_config
@@ -275,10 +275,6 @@ def test_tree_cohorts_hold_every_client_exactly_once_per_epoch():
 
 
 # ------------------------------------------------------------------------------------------ resume
-class Killed(BaseException):
-  """Not an Exception: like a signal, nothing in the library may swallow it."""
-
-
 def _resume_config():
   return tiny_config(num_rounds=4, eval_every=1, **{'dp.noise_mechanism': 'banded',
                                                     'dp.num_bands': 2})
@@ -293,19 +289,10 @@ def test_banded_resume_restores_the_noise_buffer_bit_for_bit(tmp_path, monkeypat
   want, _ = checkpoint.restore(full, exp.init_state())
 
   workdir = str(tmp_path / 'killed')
-  real_save = checkpoint.save
   saved = {}
-
-  def die_before_saving_round_3(wd, state, records, *window):
-    if int(state.round) == 3:
-      raise Killed
-    saved[int(state.round)] = jax.device_get(state.noise_state)
-    real_save(wd, state, records, *window)
-
-  monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_3)
-  with pytest.raises(Killed):
-    train.train_and_evaluate(_resume_config(), workdir)
-  monkeypatch.undo()
+  train_killed_before_checkpoint(
+      monkeypatch, _resume_config(), workdir, kill_round=3,
+      on_save=lambda wd, state: saved.update({int(state.round): jax.device_get(state.noise_state)}))
   restored, _ = checkpoint.restore(workdir, exp.init_state())
   assert int(restored.round) == 2
   assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(saved[2]))
@@ -357,17 +344,7 @@ def test_banded_run_refuses_a_resume_whose_strategy_differs(tmp_path, monkeypatc
   """BandMF's coefficients are recomputed at every start: a resume whose optimiser returns others
   (another jax_privacy, another backend) is refused against the ones the run stored."""
   workdir = str(tmp_path)
-  real_save = checkpoint.save
-
-  def die_before_saving_round_2(wd, state, records, *window):
-    if int(state.round) == 2:
-      raise Killed
-    real_save(wd, state, records, *window)
-
-  monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_2)
-  with pytest.raises(Killed):
-    train.train_and_evaluate(_resume_config(), workdir)
-  monkeypatch.undo()
+  train_killed_before_checkpoint(monkeypatch, _resume_config(), workdir, kill_round=2)
   with open(os.path.join(workdir, run_files.MECHANISM_FILE)) as f:
     stored = json.load(f)
   assert stored == {'noise_mechanism': 'banded',

@@ -20,12 +20,8 @@ import signal
 import chex
 import pytest
 
-from conftest import tiny_config
+from conftest import Killed, tiny_config, train_killed_before_checkpoint
 from dp2fedsam_jax import checkpoint, metric_writers, stopping, train
-
-
-class Killed(BaseException):
-  """Not an Exception: like a signal, nothing in the library may swallow it."""
 
 
 def _config(eval_every=1, checkpoint_every=1):
@@ -81,24 +77,18 @@ def test_kill_between_checkpoint_and_metrics_write(uninterrupted, tmp_path, monk
 
 def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path, monkeypatch):
   workdir = str(tmp_path)
-  real_save = checkpoint.save
 
-  def die_before_saving_round_3(wd, state, records, *window):
-    if int(state.round) == 3:
-      # What a kill inside a write would leave: torn lines and a temp file.
+  def tear_the_metrics_files(wd, state):
+    if int(state.round) == 3:  # what a kill inside a write would leave: torn lines, a temp file
       with open(os.path.join(wd, 'metrics.jsonl'), 'a') as f:
         f.write('{"round": 3, "test_accur')
       with open(os.path.join(wd, 'train_metrics.jsonl'), 'a') as f:
         f.write('{"round": 4, "train_lo')
       with open(os.path.join(wd, 'metrics.jsonl.tmp'), 'w') as f:
         f.write('{"round": 3')
-      raise Killed
-    real_save(wd, state, records, *window)
 
-  monkeypatch.setattr(checkpoint, 'save', die_before_saving_round_3)
-  with pytest.raises(Killed):
-    train.train_and_evaluate(_config(), workdir)
-  monkeypatch.undo()
+  train_killed_before_checkpoint(monkeypatch, _config(), workdir, kill_round=3,
+                                 on_save=tear_the_metrics_files)
   assert int(_final_state(workdir).round) == 2
   with open(os.path.join(workdir, 'train_metrics.jsonl')) as f:
     assert [json.loads(line)['round'] for line in f.read().splitlines()[:-1]] == [1, 2, 3]
