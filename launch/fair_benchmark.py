@@ -5,6 +5,7 @@ then its selection at 3 seeds on the full training split, then the block's non-p
   python3 -m launch.fair_benchmark --root=$HOME/fair              # blocks a, d, c, b on the CPU
   python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows=centaur --parallel=2
   python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=a --publish=experiments/results
+  python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --smoke   # 2 rounds of every row
   bash launch/fair_benchmark_device.sh OUT_DIR                    # a whole block on a lent GPU
 
 One sweep root; resumable: a row whose tuning.json is done is not tuned again (launch.tune resumes
@@ -23,12 +24,16 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import sys
+import tempfile
+import time
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from dp2fedsam_jax import cli, local, metric_writers
 from dp2fedsam_jax.algorithms import METHODS
@@ -447,6 +452,79 @@ def results_text(letter: str, out_root: str) -> str:
       *fair_report.readme_lines(block, results, epsilons, ceiling), ''])
 
 
+# ------------------------------------------------------------------ the smoke run
+
+# A smoke run: every config a block will run, cut to two rounds and a small evaluation, so that a
+# failure (a shape, a piece's combination with the block's model, the evaluation at T) shows in
+# minutes, not after a block's hours. It trains nothing kept and releases nothing.
+SMOKE_ROUNDS, SMOKE_EVAL_CLIENTS = 2, 12
+
+
+def smoke_values(space: dict) -> list[dict]:
+  """The values a smoke run tries: each knob's first choice or the middle of its range, then each
+  other choice of each 'choice' knob once (a choice can select a code path: the adaptation's part,
+  DSU's masked layers)."""
+  def middle(law):
+    if law[0] == 'choice':
+      return law[1][0]
+    lo, hi = float(law[1]), float(law[2])
+    return float(f'{math.sqrt(lo * hi) if law[0] == "log_uniform" else (lo + hi) / 2:.4g}')
+  base = {field: middle(law) for field, law in sorted(space.items())}
+  return [base] + [{**base, field: value} for field, law in sorted(space.items())
+                   if law[0] == 'choice' for value in law[1][1:]]
+
+
+def _cut_to_smoke(config):
+  config.num_rounds = config.eval_every = SMOKE_ROUNDS
+  config.eval_clients = SMOKE_EVAL_CLIENTS
+  config.local.finetune_epochs = min(config.local.finetune_epochs, 1)
+  config.eval.adapt_epochs = min(config.eval.adapt_epochs, 1)
+  return config
+
+
+def smoke_configs(letter: str, rows=None) -> list[tuple[str, object]]:
+  """(label, config) of a smoke run of the block's rows (all, or `rows`): each row's trials at
+  smoke_values (with their validation split) and its first final seed (the full split), built as the
+  block builds them, then cut to SMOKE_ROUNDS rounds, SMOKE_EVAL_CLIENTS clients evaluated and one
+  epoch of any fine-tune or adaptation."""
+  path, module, block = load_block(letter)
+  names = os.path.join(tempfile.gettempdir(), 'fair_smoke')  # workdir names only: nothing written
+  out = []
+  for row in block.all_rows():
+    if rows and row.name not in rows:
+      continue
+    spec = tune.load_study(path, row.name)[3]  # as the tuner reads it (its defaults filled in)
+    candidates = smoke_values(spec['space'])
+    trials = tune.trial_runs(module, path, spec, candidates, names, [])
+    final = final_runs(names, path, module, block, row, candidates[0])[0]
+    out += [(f'{letter}:{row.name} trial {k} {candidates[k]}', _cut_to_smoke(config))
+            for k, (_, config) in enumerate(trials)]
+    out.append((f'{letter}:{row.name} final seed {final[1].seed}', _cut_to_smoke(final[1])))
+  return out
+
+
+def smoke(letters, rows=None) -> list[str]:
+  """Runs every smoke config in this process, each in a temporary workdir, and prints a line each;
+  returns the labels of those that failed."""
+  from dp2fedsam_jax import train  # pylint: disable=import-outside-toplevel  (JAX: not for --plan)
+  import jax  # pylint: disable=import-outside-toplevel
+  logging.set_verbosity(logging.WARNING)  # a line a config, not each run's INFO log
+  failed = []
+  for letter in letters:
+    for label, config in smoke_configs(letter, rows):
+      start = time.time()
+      try:
+        with tempfile.TemporaryDirectory() as workdir:
+          record = train.train_and_evaluate(config, workdir)
+        metric = load_block(letter)[2].metric
+        _log(f'ok      {label} ({time.time() - start:.0f} s; {metric} {record.get(metric)})')
+      except Exception as e:  # pylint: disable=broad-except  (every failure listed, then the exit)
+        failed.append(label)
+        _log(f'FAILED  {label} ({time.time() - start:.0f} s): {type(e).__name__}: {e}')
+      jax.clear_caches()  # a block's configs compile dozens of programs: keep memory bounded
+  return failed
+
+
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   fv = {'flag_values': flag_values}
   flags.DEFINE_string('root', None, 'The one sweep root of the benchmark.', **fv)
@@ -465,6 +543,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       'done; how a sweep continues in a fresh root, e.g. on a new machine.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
+  flags.DEFINE_bool('smoke', False, f'Run every config of the blocks (--rows: of those rows) for '
+                    f'{SMOKE_ROUNDS} rounds with a small evaluation, in temporary workdirs (nothing '
+                    'under --root): a failure shows before the hours are spent. Exit 1 if any fails.',
+                    **fv)
 
 
 def main(argv):
@@ -479,6 +561,11 @@ def main(argv):
       load_block(FLAGS.blocks[0])[2].row(name)
   if FLAGS.plan:
     print_plan(FLAGS.blocks, FLAGS.root)
+    return
+  if FLAGS.smoke:
+    failed = smoke(FLAGS.blocks, FLAGS.rows)
+    if failed:
+      sys.exit(f'{len(failed)} smoke run(s) failed: ' + '; '.join(failed))
     return
   if FLAGS.publish:
     for letter in FLAGS.blocks:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 
 import pytest
 
@@ -259,3 +260,41 @@ def test_every_private_row_of_a_block_costs_the_same_selection_epsilon(letter, t
   assert selection_eps < with_final_run < selection_eps + one_trial  # RDP: less than adding them
   for row, _, _, _, _, eps in plan['rows']:
     assert (eps[0] is None) == (not METHODS[row.method].private)
+
+
+def test_smoke_values_try_the_middle_then_every_other_choice_once():
+  space = {'lr': ('log_uniform', 0.01, 1.0), 'part': ('choice', ['head', 'full', 'none']),
+           'lam': ('uniform', 0.0, 2.0)}
+  base = {'lr': 0.1, 'part': 'head', 'lam': 1.0}
+  assert fair_benchmark.smoke_values(space) == [base, {**base, 'part': 'full'},
+                                                {**base, 'part': 'none'}]
+
+
+@pytest.mark.parametrize('letter', ['a', 'c'])
+def test_a_smoke_run_cuts_every_config_of_the_block_and_lists_each_failure(letter, monkeypatch):
+  """Every row's trials at smoke_values and its first final seed run, each cut to SMOKE_ROUNDS
+  rounds in its own temporary workdir; a failing row is listed and the others still run."""
+  from dp2fedsam_jax import train  # pylint: disable=import-outside-toplevel
+  _, _, block = BLOCKS[letter]
+  rows = block.all_rows()
+  broken, ran = rows[0].method, []
+
+  def fake_train(config, workdir):
+    assert os.path.isdir(workdir) and not os.listdir(workdir)
+    ran.append(config)
+    if config.method == broken:
+      raise ValueError('a shape mismatch')
+    return {block.metric: 0.5}
+
+  monkeypatch.setattr(train, 'train_and_evaluate', fake_train)
+  failed = fair_benchmark.smoke([letter])
+  per_row = {row.name: len(fair_benchmark.smoke_values(block.study(row)['space'])) for row in rows}
+  assert len(ran) == sum(k + 1 for k in per_row.values())
+  assert all(c.num_rounds == c.eval_every == fair_benchmark.SMOKE_ROUNDS for c in ran)
+  assert all(c.eval_clients == fair_benchmark.SMOKE_EVAL_CLIENTS for c in ran)
+  assert all(c.local.finetune_epochs <= 1 and c.eval.adapt_epochs <= 1 for c in ran)
+  finals = [c for c in ran if c.validation_fraction == 0.0]
+  assert [c.seed for c in finals] == [block.final_seeds(row)[0] for row in rows]
+  assert sorted({c.method for c in ran}) == sorted({row.method for row in rows})
+  assert len(failed) == per_row[rows[0].name] + 1
+  assert all(label.startswith(f'{letter}:{rows[0].name} ') for label in failed)

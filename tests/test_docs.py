@@ -177,7 +177,11 @@ def _check_fair_benchmark(argv, tmp_path, capsys):
       with open(fair_benchmark.publish(letter, str(tmp_path / 'root'), str(tmp_path / 'out'))) as f:
         assert 'Applied: **pending' in f.read()
     return
-  assert fv.plan, 'a fair_benchmark command in the docs runs only with --plan or --publish here'
+  if fv.smoke:  # every config the smoke would run, built and validated; none trained here
+    for letter in fv.blocks:
+      assert fair_benchmark.smoke_configs(letter, fv.rows)
+    return
+  assert fv.plan, 'a fair_benchmark command in the docs runs here only with --plan, --publish or --smoke'
   capsys.readouterr()
   totals = fair_benchmark.print_plan(fv.blocks, str(tmp_path / 'root'))
   assert totals['runs'] > 0 and 'total:' in capsys.readouterr().out
