@@ -456,7 +456,8 @@ def results_text(letter: str, out_root: str) -> str:
 
 # A smoke run: every config a block will run, cut to two rounds and a small evaluation, so that a
 # failure (a shape, a piece's combination with the block's model, the evaluation at T) shows in
-# minutes, not after a block's hours. It trains nothing kept and releases nothing.
+# minutes, not after a block's hours. Nothing is kept; the accuracy printed after 2 rounds only says
+# that the evaluation ran (it is no result, and no search or selection reads it).
 SMOKE_ROUNDS, SMOKE_EVAL_CLIENTS = 2, 12
 
 
