@@ -512,12 +512,12 @@ def smoke(letters, rows=None) -> list[str]:
   logging.set_verbosity(logging.WARNING)  # a line a config, not each run's INFO log
   failed = []
   for letter in letters:
+    metric = load_block(letter)[2].metric
     for label, config in smoke_configs(letter, rows):
       start = time.time()
       try:
         with tempfile.TemporaryDirectory() as workdir:
           record = train.train_and_evaluate(config, workdir)
-        metric = load_block(letter)[2].metric
         _log(f'ok      {label} ({time.time() - start:.0f} s; {metric} {record.get(metric)})')
       except Exception as e:  # pylint: disable=broad-except  (every failure listed, then the exit)
         failed.append(label)

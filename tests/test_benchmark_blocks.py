@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 
 import pytest
@@ -69,14 +68,6 @@ PAPER_VALUES['a5'] = PAPER_VALUES['a']
 
 def _rows():
   return [(letter, row) for letter, (_, _, block) in BLOCKS.items() for row in block.all_rows()]
-
-
-def _mid(law):
-  """A value of the law (its first choice, or its middle) to build a trial's config from."""
-  if law[0] == 'choice':
-    return law[1][0]
-  lo, hi = float(law[1]), float(law[2])
-  return math.sqrt(lo * hi) if law[0] == 'log_uniform' else (lo + hi) / 2
 
 
 def _field(config, dotted: str):
@@ -178,7 +169,7 @@ def test_each_block_declares_its_regime_rule_and_what_a_failure_means(letter):
 def test_a_trial_and_the_final_runs_are_valid_configs(letter, row, tmp_path):
   path, module, block = BLOCKS[letter]
   spec = block.study(row)
-  values = {f: _mid(law) for f, law in spec['space'].items()}
+  values = fair_benchmark.smoke_values(spec['space'])[0]  # each law's first choice or middle
   texts = [f'--config.{f}={sweep.format_value(v)}' for f, v in {**spec['fixed'], **values}.items()]
   trial = sweep.apply_overrides(module.get_config(sweep.arg_string(spec['args'])), texts)
   config_lib.validate_config(trial, METHODS)
@@ -200,7 +191,7 @@ def test_a_row_records_its_seed_and_selection_epsilon_and_runs_its_selection(tmp
   ran = []
   path, _, block = BLOCKS['a']
   row = block.row('dp2fedsam')
-  selected = {f: _mid(law) for f, law in block.study(row)['space'].items()}
+  selected = fair_benchmark.smoke_values(block.study(row)['space'])[0]
   monkeypatch.setattr(tune, 'tune', lambda *a, **k: {
       'status': 'done', 'selected_values': selected, 'selection_epsilon': 0.9,
       'per_trial_epsilon': 0.4})
