@@ -509,7 +509,6 @@ def smoke(letters, rows=None) -> list[str]:
   returns the labels of those that failed."""
   from dp2fedsam_jax import train  # pylint: disable=import-outside-toplevel  (JAX: not for --plan)
   import jax  # pylint: disable=import-outside-toplevel
-  logging.set_verbosity(logging.WARNING)  # a line a config, not each run's INFO log
   failed = []
   for letter in letters:
     metric = load_block(letter)[2].metric
@@ -564,6 +563,8 @@ def main(argv):
     print_plan(FLAGS.blocks, FLAGS.root)
     return
   if FLAGS.smoke:
+    # A line a config, not each run's INFO log; set here, not in smoke(): the process's setting.
+    logging.set_verbosity(logging.WARNING)
     failed = smoke(FLAGS.blocks, FLAGS.rows)
     if failed:
       sys.exit(f'{len(failed)} smoke run(s) failed: ' + '; '.join(failed))

@@ -14,6 +14,7 @@ import json
 import os
 
 import pytest
+from absl import logging
 
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax.algorithms import METHODS, pieces
@@ -278,7 +279,10 @@ def test_a_smoke_run_cuts_every_config_of_the_block_and_lists_each_failure(lette
     return {block.metric: 0.5}
 
   monkeypatch.setattr(train, 'train_and_evaluate', fake_train)
+  level = logging.get_absl_logger().level
   failed = fair_benchmark.smoke([letter])
+  # The logging level is the process's: a leaked WARNING hid a later test's INFO lines in CI.
+  assert logging.get_absl_logger().level == level
   per_row = {row.name: len(fair_benchmark.smoke_values(block.study(row)['space'])) for row in rows}
   assert len(ran) == sum(k + 1 for k in per_row.values())
   assert all(c.num_rounds == c.eval_every == fair_benchmark.SMOKE_ROUNDS for c in ran)
