@@ -181,10 +181,13 @@ def test_the_readme_table_tallies_each_rows_claims(published):
 
 def test_each_published_block_page_is_what_its_committed_files_give_and_the_readme_has_its_table():
   """experiments/results/fair_*/results.md rebuilt from its committed runs/ alone; a block the regime
-  rule has been applied to has its README table in README.md, line for line."""
+  rule has been applied to has its README table in README.md and its table of the paper's claims in
+  experiments/results/README.md, line for line."""
   out_root = os.path.join(fair_benchmark.ROOT_DIR, 'experiments', 'results')
   with open(os.path.join(fair_benchmark.ROOT_DIR, 'README.md')) as f:
     readme = f.read()
+  with open(os.path.join(out_root, 'README.md')) as f:
+    results_readme = f.read()
   for letter in fair_benchmark.BLOCK_CONFIGS:
     page = os.path.join(fair_benchmark.published_dir(out_root, letter), 'results.md')
     if not os.path.exists(page):
@@ -195,6 +198,9 @@ def test_each_published_block_page_is_what_its_committed_files_give_and_the_read
     table = committed.split("### The README's table\n\n")[1].strip()
     if 'the regime rule: **pending' not in table:
       assert table in readme, f'README.md lacks block ({letter})\'s table'
+      claims = committed.split("### The paper's claims")[1].split('\n\n')[1].strip()
+      assert claims.startswith('| the paper claims |')
+      assert claims in results_readme, f'experiments/results/README.md lacks block ({letter})\'s claims'
 
 
 def test_a_row_whose_k_sets_the_bound_gets_its_naive_composition_and_the_others_the_selection(

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import HAND_TUNED_FMNIST, readme_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
@@ -319,8 +320,7 @@ FM_NAMES = {'DP²-FedSAM': 'dp2fedsam', 'CENTAUR': 'centaur', 'DP-FedSAM-FT': 'd
 
 
 def test_readme_fashion_mnist_bold_is_where_the_rule_says_helps_against_every_row():
-  text = open(os.path.join(ROOT, 'README.md')).read().split('\n## Results\n')[1].split('\n## ')[0]
-  table = next(b for b in text.split('\n\n') if b.startswith('| method')).splitlines()
+  table = readme_table(HAND_TUNED_FMNIST)
   columns = [c.strip().split('= ')[1] for c in table[0].strip('|').split('|')[1:]]
   bold, cells = set(), {}
   for line in table[2:]:

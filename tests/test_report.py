@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip('matplotlib', reason='the [report] extra (matplotlib) is not installed')
 
+from conftest import HAND_TUNED_FMNIST, readme_table  # noqa: E402
 from experiments import report  # noqa: E402
 from experiments.report import plots, summary  # noqa: E402
 
@@ -466,9 +467,7 @@ def test_readme_results_table_is_the_committed_paper_regime_table():
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(repo, 'experiments', 'results', 'fmnist_paper_regime', 'results.csv')) as f:
     rows = {(r['setting'], r['method']): r for r in csv.DictReader(f)}
-  readme = open(os.path.join(repo, 'README.md')).read()
-  section = readme.split('\n## Results\n')[1].split('\n## ')[0]
-  table = next(b for b in section.split('\n\n') if b.startswith('| method')).splitlines()
+  table = readme_table(HAND_TUNED_FMNIST)
   columns = [c.strip() for c in table[0].strip('|').split('|')]
   checked = 0
   for line in table[2:]:
