@@ -532,7 +532,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_multi_string('grid', [], 'Another axis, key=v1,v2,... (config argument).', **fv)
   flags.DEFINE_integer('parallel', 1, 'Runs at a time (subprocesses). A CPU run whose steps are '
                        'small GEMMs (the char LSTMs) uses one core: one run per core pays there (2 on '
-                       '2 cores: 1.4x the runs per hour); a conv model uses every core: keep 1.', **fv)
+                       '2 cores: 1.4x the runs per hour); a conv model spreads over every core: 2 at '
+                       'a time gave 1.06x the rounds per hour on 2 cores (1.15x with each run pinned '
+                       'to its own core; benchmarks/runs_at_a_time.py): keep 1.', **fv)
   flags.DEFINE_bool('compilation_cache', True, 'Share a persistent JAX compilation cache '
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
                     'programs. Ignored when JAX_COMPILATION_CACHE_DIR or '

@@ -16,6 +16,7 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
   benchmarks.client_throughput  --dry_run, in a subprocess
   benchmarks.cohort_scaling     --dry_run, in a subprocess (benchmarks/accelerator.sh runs end to
                                 end in tests/test_benchmark.py)
+  benchmarks.runs_at_a_time     --dry_run, in a subprocess (its experiment's own --dry_run)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ('README.md', 'WORKSPACE.md')
 BINARIES = ('experiments.train', 'launch.sweep', 'experiments.report', 'experiments.audit',
             'benchmarks.client_throughput', 'benchmarks.cohort_scaling', 'launch.tune',
-            'launch.fair_benchmark')
+            'launch.fair_benchmark', 'benchmarks.runs_at_a_time')
 
 
 def _bash_commands(text: str) -> list[str]:
