@@ -114,6 +114,11 @@ def test_the_regime_rule_waits_for_every_seed_and_the_ceiling(published):
   full = {n: fair_report.RowResult(r.row, None, {0: 0.90, 1: 0.90, 2: 0.90}) for n, r in results.items()}
   assert fair_report.regime(BLOCK, full, 92.0) == 'test'
   assert fair_report.regime(BLOCK, full, 91.9) == _fair.AT_CEILING
+  # The README table's tally column says what the rule made of it: a verdict, or measurements only.
+  epsilons = {r.name: (0.9, 1.04, None) for r in BLOCK.rows}
+  header = lambda ceiling: fair_report.readme_lines(BLOCK, full, epsilons, ceiling)[0]
+  assert "with it on top: holds / level / contradicted" in header(92.0)
+  assert "with it on top as measured (the rule: no verdict): holds" in header(91.9)
 
 
 def test_every_block_claims_only_rows_it_has():
@@ -176,6 +181,7 @@ def test_the_readme_table_tallies_each_rows_claims(published):
   lines = fair_report.readme_lines(BLOCK, results, epsilons, None)
   assert '| DP2-FedSAM | 90.50 ± 0.50 | 0.25 | 1.15 (K = 5) | 1 / 1 / 0 (3 undecided) |' in lines
   assert lines[-1].endswith('**pending: the ceiling and dp_fedavg, dp_fedavg_ft, dp_fedsam_ft (3 seeds)**.')
+  assert "with it on top so far (the rule not yet applied): holds" in lines[0]
   assert "### The README's table" in text
 
 

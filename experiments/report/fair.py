@@ -201,8 +201,12 @@ def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) ->
   model with its search, and what became of the orders the paper claims with it on top; then the
   regime rule's outcome. The README takes it only once the rule has been applied."""
   claims = verdicts(block, results)
+  outcome = regime(block, results, ceiling)
+  measured = ('' if outcome == 'test' else ' so far (the rule not yet applied)'
+              if outcome.startswith('pending') else ' as measured (the rule: no verdict)')
   lines = [f'| method | {block.metric}, % (mean ± seed std) | ε of a run | ε with its search | the '
-           "paper's claims with it on top: holds / level / contradicted |", '|---|---|---|---|---|']
+           f"paper's claims with it on top{measured}: holds / level / contradicted |",
+           '|---|---|---|---|---|']
   for r in block.rows:
     accuracy = _accuracy_text(results[r.name].stats)
     mine = [e['verdict'] for e in claims if e['better'].name == r.name]
@@ -214,5 +218,4 @@ def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) ->
     lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | '
                  f'{_epsilon_text(with_run, k, 2)} | {tally} |')
   ceiling_text = '–' if ceiling is None else f'{ceiling:.2f}'
-  return lines + ['', f'Non-private ceiling {ceiling_text} %; the regime rule: '
-                  f'**{regime(block, results, ceiling)}**.']
+  return lines + ['', f'Non-private ceiling {ceiling_text} %; the regime rule: **{outcome}**.']
