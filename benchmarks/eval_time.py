@@ -18,7 +18,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from dp2fedsam_jax import cli, eval_blocks, run_files
+from dp2fedsam_jax import cli, eval_blocks, host, run_files
 from dp2fedsam_jax.models import get_model
 from dp2fedsam_jax.train import build_experiment
 from experiments.configs import shakespeare
@@ -72,8 +72,7 @@ def main(argv):
             'real_test_rows': int(counts.sum()), 'max_test': int(data.max_test),
             'buffer_rows': buffer_rows(counts, cpb, finetunes),
             'padded_to_max_rows': int(data.num_clients * data.max_test),
-            'cpu_model': next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo')
-                               if l.startswith('model name')), None),
+            'cpu_model': host.cpu_model(),
             'cells': {c: {k: v for k, v in r.items() if k != 'compiled'} for c, r in runs.items()}}
   print(f"{result['clients']} clients, {result['real_test_rows']:,} real test rows, "
         f"{result['buffer_rows']:,} buffer rows computed (padding all to {result['max_test']}: "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import resource
 import statistics
 import time
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dp2fedsam_jax import executors
+from dp2fedsam_jax import executors, host
 from dp2fedsam_jax.data import from_flat_arrays
 from dp2fedsam_jax.federated_round import make_round_step, RoundConfig
 from dp2fedsam_jax.models import AUTO_CONV_IMPL
@@ -44,17 +43,7 @@ def load_average() -> list[float]:
 
 
 def device_description() -> dict:
-  d = jax.devices()[0]
-  desc = {'platform': d.platform, 'device_kind': d.device_kind, 'device_count': jax.device_count(),
-          'process_count': jax.process_count(), 'jax_version': jax.__version__,
-          'host_cpus': os.cpu_count(), 'machine': platform.machine()}
-  try:
-    with open('/proc/cpuinfo') as f:
-      names = [line.split(':', 1)[1].strip() for line in f if line.startswith('model name')]
-    desc['cpu_model'] = names[0] if names else None
-  except OSError:
-    pass
-  return desc
+  return host.describe()
 
 
 def matmul_peak_gflops(n: int, repeats: int = 10) -> float:

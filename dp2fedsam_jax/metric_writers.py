@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 
 TRAIN_FILE = 'train_metrics.jsonl'
 EVAL_FILE = 'metrics.jsonl'
+HOSTS_FILE = 'hosts.jsonl'  # a line per start of the run: the machine (run_files.record_host)
 TENSORBOARD_DIR = 'tensorboard'
 
 

@@ -10,6 +10,9 @@ the run.
   loading anything (`finished_record`).
 - **The metrics files**: cut back on resume to the checkpoint's round (`cut_back_metrics`), so an
   interrupted and resumed run ends with the files of an uninterrupted one (but `seconds`).
+- **hosts.jsonl**: where each stretch of the run ran (`record_host`): a line per start, from the
+  round it started after, with the machine (dp2fedsam_jax/host.py). The bits of a round depend on
+  the instruction set and the cores a run may use, so a run resumed elsewhere says so.
 
 Multi-host: only process 0 locks and writes (the workdir is one shared directory).
 """
@@ -26,7 +29,7 @@ import time
 import jax
 from absl import logging
 
-from dp2fedsam_jax import checkpoint, config_help, metric_writers, protocol, stopping
+from dp2fedsam_jax import checkpoint, config_help, host, metric_writers, protocol, stopping
 
 CONFIG_FILE = 'config.json'
 LOCK_FILE = 'writer.lock'
@@ -308,3 +311,14 @@ def cut_back_metrics(workdir: str, start: int, records: list[dict]) -> None:
     logging.warning('%s holds %d of the rounds 1-%d (a run started by a version without per-round '
                     'metrics?); the resumed run appends from round %d.', metric_writers.TRAIN_FILE,
                     len(kept_lines), start, start + 1)
+
+
+def record_host(workdir: str, start: int) -> None:
+  """Appends this start's machine to hosts.jsonl; a start from round k first drops the lines of
+  starts from round k on (their rounds are being run again)."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, metric_writers.HOSTS_FILE)
+  kept = [r for r in metric_writers.read_jsonl(path) if r.get('from_round', 0) < start]
+  # No clock time: beside a search's published trial it would tell how many trials ran after it.
+  metric_writers.rewrite_jsonl(path, kept + [{'from_round': start, **host.describe()}])

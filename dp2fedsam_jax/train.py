@@ -401,6 +401,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   if start >= config.num_rounds and records:
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir, start)
     return records[-1]
+  run_files.record_host(workdir, start)
   if exp.privacy_caveat:
     logging.warning('Privacy caveat: %s', exp.privacy_caveat)
   logging.info('%s on %s: %d clients, sigma=%.4f%s, eps=%.3f at delta=%.2g after %d rounds; '
@@ -595,6 +596,7 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
       logging.info('Already finished: %s holds its local-only record; nothing to do.', workdir)
       return records[-1]
   run_files.write_config(workdir, resolved)
+  run_files.record_host(workdir, 0)
   metric_writers.rewrite_jsonl(metrics_path, [])
   logging.info('local_only on %s: %d clients each train alone for %d visits; nothing released.',
                config.dataset, exp.data.num_clients, config.num_rounds)

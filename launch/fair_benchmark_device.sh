@@ -57,7 +57,7 @@ wait
 echo "rows ended after $(( $(date +%s) - START )) s"
 
 (cd "$ROOT" && find . -path '*/checkpoints' -prune -o -type f \( -name config.json \
-    -o -name metrics.jsonl -o -name train_metrics.jsonl -o -name evaluations.jsonl \
+    -o -name metrics.jsonl -o -name train_metrics.jsonl -o -name evaluations.jsonl -o -name hosts.jsonl \
     -o -name sweep.json -o -name failure.json -o -name tuning.json -o -name row.json \
     -o -name benchmark.json -o -name tuning_operator_private.json -o -name '*.log' \) -print0 |
     tar czf "$OUT/small_files.tar.gz" --null -T -)

@@ -78,7 +78,7 @@ timeout -s TERM $(( $(left) > 5 ? $(left) : 5 )) bash -c "$(declare -f reevaluat
     ROOT='$ROOT'; STOP_FILE='$STOP_FILE'; reevaluate_finished"
 
 (cd "$ROOT" && find . -path '*/checkpoints' -prune -o -type f \( -name config.json \
-    -o -name metrics.jsonl -o -name train_metrics.jsonl -o -name evaluations.jsonl \
+    -o -name metrics.jsonl -o -name train_metrics.jsonl -o -name evaluations.jsonl -o -name hosts.jsonl \
     -o -name sweep.json -o -name failure.json -o -name tuning.json \) -print0 |
     tar czf "$OUT/small_files.tar.gz" --null -T -)
 python3 -m launch.sweep --config=$CONFIG --root="$ROOT" "${ONLY_FLAGS[@]}" --plan > "$OUT/plan.txt" 2>&1

@@ -287,7 +287,8 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
   return runs
 
 
-SEED_FILES = ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE)
+SEED_FILES = ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE,
+              metric_writers.HOSTS_FILE)
 
 
 def seed_from(runs: list[Run], root: str, source: str) -> list[tuple[str, str]]:

@@ -19,8 +19,9 @@ PACKAGE = 'dp2fedsam_jax'
 # the units of lower layers; units that share a layer must not import each other.
 LAYERS = (
     ('trees', 'keys', 'errors', 'progress', 'checkpoint', 'sharding', 'stopping', 'config_help',
-     'metric_writers', 'compilation_cache', 'server_optimizer',
-     'protocol'),                # leaves; protocol: config.eval's fields and defaults, no JAX
+     'metric_writers', 'compilation_cache', 'server_optimizer', 'host',
+     'protocol'),                # leaves; protocol: config.eval's fields and defaults, no JAX;
+                                 # host: the machine a run records
     ('executors',),              # how a round runs its cohort (vmap, sequential, sharded on the mesh)
     ('cli', 'run_files'),        # what binaries share; a workdir's lock, config.json and metrics
     ('models', 'data'),          # the model zoo; sources -> partitions -> FederatedData

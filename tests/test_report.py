@@ -44,6 +44,8 @@ def make_workdir(root, config_name, method, seed, eps, final_acc, rounds=(1, 2, 
                           'mean_update_norm': 1.0 / r + seed * 0.1, 'train_loss': 1.0,
                           'test_accuracy_participated': accs[r] + 0.1,
                           'participation': 0.2 * r}) + '\n')
+  with open(os.path.join(workdir, 'hosts.jsonl'), 'w') as f:
+    f.write(json.dumps({'from_round': 0, 'platform': 'cpu'}) + '\n')
   return workdir
 
 
@@ -190,6 +192,9 @@ def test_copied_runs_rebuild_the_same_table(root, tmp_path):
   first = report.write_report(root, str(tmp_path / 'report'), copy_runs=True)
   copied = str(tmp_path / 'report' / 'runs')
   assert not any('checkpoints' in d for d, _, _ in os.walk(copied))
+  workdirs = {d for d, _, files in os.walk(root) if 'hosts.jsonl' in files}
+  assert workdirs and all(os.path.exists(os.path.join(copied, os.path.relpath(d, root), 'hosts.jsonl'))
+                          for d in workdirs)
   again = report.write_report(copied, str(tmp_path / 'again'))
   assert open(again['csv']).read() == open(first['csv']).read()
 
@@ -529,7 +534,7 @@ def test_re_evaluations_under_other_protocols_are_rows_of_their_own(curve_root, 
   assert not any('adapt' in p for p in out['plots'])
   assert sorted(os.listdir(os.path.join(tmp_path, 'report', 'runs', 'cfg', 'dp2fedsam', 'eps=1',
                                         'seed=0'))) == ['config.json', 'evaluations.jsonl',
-                                                        'metrics.jsonl', 'sweep.json']
+                                                        'hosts.jsonl', 'metrics.jsonl', 'sweep.json']
 
 
 def test_pooled_gain_is_the_slope_over_the_last_200_rounds_per_100_rounds():

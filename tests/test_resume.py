@@ -73,6 +73,9 @@ def test_kill_between_checkpoint_and_metrics_write(uninterrupted, tmp_path, monk
   metrics, state = uninterrupted
   assert _metrics(workdir) == metrics
   chex.assert_trees_all_equal(_final_state(workdir), state)
+  # Each start says where it ran: from round 0, then from the checkpoint of round 2.
+  hosts = metric_writers.read_jsonl(os.path.join(workdir, metric_writers.HOSTS_FILE))
+  assert [line['from_round'] for line in hosts] == [0, 2]
 
 
 def test_kill_before_checkpoint_with_torn_metrics_files(uninterrupted, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import run_files, train
+from dp2fedsam_jax import host, metric_writers, run_files, train
 from launch import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,3 +151,17 @@ def test_a_finished_run_is_found_under_another_executor_but_a_resume_is_not_move
   resolved = json.loads((tmp_path / 'config.json').read_text())
   with pytest.raises(ValueError, match=r"executor: 'sequential' -> 'vmap'"):
     run_files.check_same_run(str(tmp_path), dict(resolved, executor='vmap'))
+
+
+def test_each_start_records_its_machine_and_a_stretch_run_again_replaces_its_line(tmp_path):
+  """hosts.jsonl: a line per start with the machine whose instruction set and cores the bits
+  depend on; a start from an earlier checkpoint drops the lines of the rounds it runs again."""
+  workdir = str(tmp_path)
+  run_files.record_host(workdir, 0)
+  run_files.record_host(workdir, 5)
+  run_files.record_host(workdir, 3)  # resumed from round 3's checkpoint: the stretch from 5 reruns
+  lines = metric_writers.read_jsonl(os.path.join(workdir, metric_writers.HOSTS_FILE))
+  assert [line['from_round'] for line in lines] == [0, 3]
+  assert lines[0]['usable_cores'] == host.usable_cores() and lines[0]['platform'] == 'cpu'
+  assert lines[0]['jax_version'] and lines[0]['device_count'] >= 1
+  assert not [k for k in lines[0] if 'time' in k or 'started' in k]  # no clock time (run_files)

@@ -117,7 +117,7 @@ def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> N
     for run in listed:
       os.makedirs(os.path.join(target, run), exist_ok=True)
       for name in ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
-                   metric_writers.TRAIN_FILE):
+                   metric_writers.TRAIN_FILE, metric_writers.HOSTS_FILE):
         source, copy = os.path.join(directory, run, name), os.path.join(target, run, name)
         if not os.path.exists(source):
           continue

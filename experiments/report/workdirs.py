@@ -159,6 +159,6 @@ def copy_run_files(runs: list[RunResult], root: str, out: str) -> None:
     target = os.path.join(out, 'runs', os.path.relpath(run.workdir, root))
     os.makedirs(target, exist_ok=True)
     for name in ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE,
-                 'failure.json', 'evaluations.jsonl'):
+                 'failure.json', 'evaluations.jsonl', metric_writers.HOSTS_FILE):
       if os.path.exists(os.path.join(run.workdir, name)):
         shutil.copyfile(os.path.join(run.workdir, name), os.path.join(target, name))
