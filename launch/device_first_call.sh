@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The first command on a lent GPU machine (issue 59), prepared so that device time only runs:
+#
+#   bash launch/device_payload.sh                   # here: .whl and .device_data (checks the 64 MiB)
+#   device run, carry [.whl, .device_data], timeout_s 600:
+#     bash launch/device_first_call.sh $OUT
+#
+# 1. launch/device_setup.sh: the carried wheels and Fashion-MNIST;
+# 2. benchmarks/accelerator.sh with SKIP_INSTALL=1 (the image's JAX sees the GPU): the conv sweep,
+#    pfl-research's CIFAR-10 setup, the executors' agreement, the 200-round paper regime, the cohort
+#    scaling if time is left (~6 minutes; its own budget skips the last steps on a slower device);
+# 3. launch/colab_tpu.ipynb run end to end by launch/run_notebook.py (the default experiment:
+#    Fashion-MNIST (1000, 2), DP2-FedSAM, eps 2, 40 rounds), its executed copy kept;
+# 4. $OUT: accelerator.tar.gz (the results folder without checkpoints; unpack it into
+#    benchmarks/results/), colab_tpu_executed.ipynb, first_call.log. The tool brings back at most
+#    8 files, 2 folders down: hence the archive.
+# A step that fails is logged and the next one runs; the exit status is the first failure's.
+# SMOKE=1 (a CPU check of this script): the accelerator's toy sizes and 2 rounds of the notebook.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: bash launch/device_first_call.sh OUT_DIR}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+exec > >(tee "$OUT/first_call.log") 2>&1
+START=$(date +%s)
+status=0
+step() { echo "== $1 after $(( $(date +%s) - START )) s"; }
+failed() { local rc=$?; [ "$status" != 0 ] || status=$rc; }  # keeps the first failure's status
+
+step setup
+source launch/device_setup.sh || exit 1
+export PYTHONUNBUFFERED=1
+
+step accelerator
+RESULTS=/tmp/accelerator_results
+SKIP_INSTALL=1 bash benchmarks/accelerator.sh "$RESULTS" || failed
+(cd "$(dirname "$RESULTS")" && tar czf "$OUT/accelerator.tar.gz" --exclude=checkpoints \
+    "$(basename "$RESULTS")") || failed
+
+step notebook
+SETS=("--set=WORKDIR='/tmp/colab/dp2fedsam'" "--set=REPORT_ROOT='/tmp/colab'"
+      "--set=REPORT_DIR='/tmp/colab_report'")
+if [ "${SMOKE:-0}" = 1 ]; then SETS+=("--set=OVERRIDES={'num_rounds': 2, 'eval_every': 1}"); fi
+python3 -m launch.run_notebook --out="$OUT/colab_tpu_executed.ipynb" "${SETS[@]}" || failed
+
+step "done (exit $status)"
+exit "$status"
