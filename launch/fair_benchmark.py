@@ -379,7 +379,13 @@ def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str |
   """The block's rows (all, or `rows`) in order, the summary rewritten after each; `seed_from`: an
   out_root of --publish (e.g. experiments/results), whose finished pieces count as done."""
   _, _, block = load_block(letter)
-  source = os.path.join(published_dir(seed_from, letter), 'runs') if seed_from else None
+  source = None
+  if seed_from:
+    if not os.path.isdir(seed_from):
+      raise ValueError(f'--seed_from={seed_from}: no such directory (where --publish committed the '
+                       'blocks, e.g. experiments/results)')
+    published = os.path.join(published_dir(seed_from, letter), 'runs')
+    source = published if os.path.isdir(published) else None  # nothing of the block published yet
   for name in rows or [r.name for r in block.all_rows()]:
     run_row(letter, name, root, parallel, source)
     write_summary(letter, root)

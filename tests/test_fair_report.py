@@ -286,3 +286,22 @@ def test_a_fresh_root_seeded_from_the_published_files_never_searches_again(tmp_p
       'status': 'done', 'plan': {'study': 'dp2fedsam', 'space': {}}, 'selected_values': selected})
   with pytest.raises(ValueError, match='another plan'):
     fair_benchmark.run_row('a', 'dp2fedsam', other, 1)
+
+
+def test_a_block_with_nothing_published_yet_runs_under_seed_from(tmp_path, monkeypatch):
+  """--seed_from=<out root> before the block's first --publish: nothing to seed, the rows run (the
+  final seeds of block (a5)'s first row once stopped on 'no such directory'); a root that does not
+  exist at all is a typo, refused."""
+  from launch import sweep, tune  # pylint: disable=import-outside-toplevel
+  row = BLOCK.row('dp2fedsam')
+  selected = {f: law[1][0] if law[0] == 'choice' else law[1]
+              for f, law in BLOCK.study(row)['space'].items()}
+  monkeypatch.setattr(tune, 'tune', lambda *a, **k: {'selected_values': selected})
+  executed = []
+  monkeypatch.setattr(sweep, 'execute', lambda p, rs, *a: executed.extend(r.workdir for r in rs) or {})
+  out_root = tmp_path / 'results'
+  out_root.mkdir()
+  fair_benchmark.run_block('a', str(tmp_path / 'root'), 1, ['dp2fedsam'], str(out_root))
+  assert len(executed) == 3  # its three final seeds
+  with pytest.raises(ValueError, match='no such directory'):
+    fair_benchmark.run_block('a', str(tmp_path / 'root'), 1, ['dp2fedsam'], str(tmp_path / 'typo'))
