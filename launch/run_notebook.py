@@ -29,9 +29,14 @@ from absl import flags
 
 NOTEBOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'colab_tpu.ipynb')
 
-_NOTEBOOK = flags.DEFINE_string('notebook', NOTEBOOK, 'The .ipynb to run.')
-_OUT = flags.DEFINE_string('out', None, 'Where to write the executed copy (.ipynb).')
-_SET = flags.DEFINE_multi_string('set', [], 'NAME=PYTHON_LITERAL, assigned after the parameters cell.')
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Only when run as a program: tests import `run` beside other binaries' flags."""
+  flags.DEFINE_string('notebook', NOTEBOOK, 'The .ipynb to run.')
+  flags.DEFINE_string('out', None, 'Where to write the executed copy (.ipynb).')
+  flags.DEFINE_multi_string('set', [], 'NAME=PYTHON_LITERAL, assigned after the parameters cell.')
 
 
 class _Tee(io.TextIOBase):
@@ -82,7 +87,7 @@ def run(notebook: dict, parameters: dict, name: str = 'notebook') -> tuple[dict,
     if 'parameters' in tags(cell):
       namespace.update(parameters)
     cell['execution_count'] = count
-    cell['metadata']['execution_seconds'] = round(time.perf_counter() - start, 2)
+    cell.setdefault('metadata', {})['execution_seconds'] = round(time.perf_counter() - start, 2)
     cell['outputs'] = [{'output_type': 'stream', 'name': stream, 'text': tee.kept.getvalue()}
                        for stream, tee in (('stdout', out), ('stderr', err)) if tee.kept.getvalue()]
     if error is not None:
@@ -94,15 +99,15 @@ def run(notebook: dict, parameters: dict, name: str = 'notebook') -> tuple[dict,
 
 def main(argv):
   del argv
-  with open(_NOTEBOOK.value) as f:
+  with open(FLAGS.notebook) as f:
     notebook = json.load(f)
   start = time.perf_counter()
-  executed, _, error = run(notebook, parse_assignments(_SET.value), os.path.basename(_NOTEBOOK.value))
+  executed, _, error = run(notebook, parse_assignments(FLAGS.set), os.path.basename(FLAGS.notebook))
   executed['metadata']['executed'] = {'seconds': round(time.perf_counter() - start, 1),
-                                      'set': _SET.value, 'error': error,
+                                      'set': FLAGS.set, 'error': error,
                                       'by': 'launch.run_notebook (no kernel)'}
-  if _OUT.value:
-    with open(_OUT.value, 'w') as f:
+  if FLAGS.out:
+    with open(FLAGS.out, 'w') as f:
       json.dump(executed, f, indent=1)
   if error:
     raise SystemExit(f'error: {error}')
@@ -110,4 +115,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
