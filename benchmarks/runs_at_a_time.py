@@ -29,6 +29,8 @@ import time
 from absl import app
 from absl import flags
 
+from dp2fedsam_jax import metric_writers
+
 _CONFIG = flags.DEFINE_string(
     'config', 'experiments/configs/fair_a5_dp2fedsam.py:eps=0.25,method=dp2fedsam',
     'The experiment (experiments.train --config).')
@@ -50,8 +52,7 @@ def _command(workdir: str, core: int | None) -> list[str]:
 
 
 def _rounds(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, 'train_metrics.jsonl')) as f:
-    return [json.loads(line) for line in f]
+  return metric_writers.read_jsonl(os.path.join(workdir, metric_writers.TRAIN_FILE))
 
 
 def _runs_at_once(scratch: str, name: str, cores: list[int | None]) -> dict:
