@@ -520,3 +520,67 @@ def test_the_committed_searches_spread_is_what_the_docs_say(readme, results_read
                       ('shakespeare_field/tuning/dp_fedavg_eps2', 'DP-FedAvg')):
     count, spread = spreads[name]
     assert f'{label} {spread:.2f} over {count}' in results_readme, name
+
+
+A5 = os.path.join(RESULTS, 'fair_a5_dp2fedsam')
+
+
+def _a5_accuracies(method, adapt=None):
+  """Test accuracy (%) of the (a5) row's 3 final seeds: as run, or re-evaluated with
+  adapt = (head epochs, lr) by experiments.evaluate."""
+  out = []
+  for s in SEEDS:
+    run = os.path.join(A5, 'runs', method, 'final', f'seed={s}')
+    if adapt is None:
+      out.append(_records(os.path.join(run, 'metrics.jsonl'))[-1]['test_accuracy'])
+      continue
+    [record] = [r for r in _records(os.path.join(run, 'evaluations.jsonl'))
+                if r['eval.adapt_part'] == 'head' and r['eval.head_init'] == 'own'
+                and (r['eval.adapt_epochs'], r['eval.adapt_lr']) == adapt]
+    out.append(record['test_accuracy'])
+  return 100 * np.asarray(out)
+
+
+def _mean_std(accuracies) -> str:
+  return f'{accuracies.mean():.2f} ± {accuracies.std(ddof=1):.2f}'
+
+
+def test_results_readme_a5_stale_heads_are_the_committed_runs_and_reevaluations(results_readme):
+  """Block (a5)'s DP²-FedSAM seed 0: its replay is the same training, its curve, and the head
+  re-fits on the final extractor (experiments.evaluate) of both personal-head rows."""
+  replay = os.path.join(A5, 'diagnostics', 'dp2fedsam_seed0_eval_every5')
+  run = os.path.join(A5, 'runs', 'dp2fedsam', 'final', 'seed=0')
+  strip = lambda rs: [{k: v for k, v in r.items() if k != 'seconds'} for r in rs]
+  train = _records(os.path.join(replay, 'train_metrics.jsonl'))
+  assert len(train) == 200
+  assert strip(train) == strip(_records(os.path.join(run, 'train_metrics.jsonl')))
+  curve = _records(os.path.join(replay, 'metrics.jsonl'))
+  peak = max(curve, key=lambda r: r['test_accuracy'])
+  lowest = min(curve, key=lambda r: r['test_loss'])
+  assert (f'is highest at round {peak["round"]} ({100 * peak["test_accuracy"]:.2f} %), then falls '
+          f'gradually to {100 * curve[-1]["test_accuracy"]:.2f} % at round 200, its test loss '
+          f'rising from {lowest["test_loss"]:.3f} (round {lowest["round"]}) to '
+          f'{curve[-1]["test_loss"]:.3f} while its train loss keeps falling '
+          f'({np.mean([r["train_loss"] for r in train[-50:]]):.3f} over the last 50 rounds)'
+          ) in results_readme
+  ours, theirs = _a5_accuracies('dp2fedsam'), _a5_accuracies('centaur')
+  assert (f'DP²-FedSAM ends at {_mean_std(ours)} % (seeds {ours[0]:.2f}, {ours[1]:.2f} and '
+          f'{ours[2]:.2f}), CENTAUR at {_mean_std(theirs)}') in results_readme
+  decay = 0.99 ** 200
+  refit = {m: _a5_accuracies(m, (epochs, float(f'{lr * decay:.4g}')))
+           for m, epochs, lr in (('dp2fedsam', 2, 0.001879), ('centaur', 1, 0.003954))}
+  _, d_run, s_run = _rule(ours / 100, theirs / 100)
+  _, d_refit, s_refit = _rule(refit['dp2fedsam'] / 100, refit['centaur'] / 100)
+  a, b = refit['dp2fedsam'], refit['centaur']
+  assert (f'gives DP²-FedSAM {a[0]:.2f} / {a[1]:.2f} / {a[2]:.2f} ({_mean_std(a)}; seed 0 '
+          f'{_signed(a[0] - ours[0])}) and CENTAUR {b[0]:.2f} / {b[1]:.2f} / {b[2]:.2f} '
+          f'({_mean_std(b)}): the gap stays, {_signed(d_refit)} points (s = {s_refit:.2f}) against '
+          f'{_signed(d_run)} (s = {s_run:.2f}) as run') in results_readme
+  undecayed = [_a5_accuracies(m, (e, lr)) for m, e, lr in (('dp2fedsam', 2, 0.001879),
+                                                           ('centaur', 1, 0.003954))]
+  long = [_a5_accuracies(m, (10, 0.01)) for m in ('dp2fedsam', 'centaur')]
+  assert (f'without its round decay ({_mean_std(undecayed[0])} and {_mean_std(undecayed[1])}) '
+          f'and 10 epochs at lr 0.01 ({_mean_std(long[0])} and {_mean_std(long[1])})'
+          ) in results_readme
+  for i, method in enumerate(('dp2fedsam', 'centaur')):  # "do worse than this one"
+    assert max(undecayed[i].mean(), long[i].mean()) < refit[method].mean()
