@@ -566,9 +566,15 @@ def test_results_readme_a5_stale_heads_are_the_committed_runs_and_reevaluations(
   ours, theirs = _a5_accuracies('dp2fedsam'), _a5_accuracies('centaur')
   assert (f'DP²-FedSAM ends at {_mean_std(ours)} % (seeds {ours[0]:.2f}, {ours[1]:.2f} and '
           f'{ours[2]:.2f}), CENTAUR at {_mean_std(theirs)}') in results_readme
-  decay = 0.99 ** 200
-  refit = {m: _a5_accuracies(m, (epochs, float(f'{lr * decay:.4g}')))
-           for m, epochs, lr in (('dp2fedsam', 2, 0.001879), ('centaur', 1, 0.003954))}
+  heads = {}  # each row's head phase (epochs, lr) and that lr decayed to the last round
+  for m in ('dp2fedsam', 'centaur'):
+    with open(os.path.join(A5, 'runs', m, 'final', 'seed=0', 'config.json')) as f:
+      config = json.load(f)
+    local = config['local']
+    assert (local['lr_decay'], config['num_rounds']) == (0.99, 200)  # "lr × 0.99^200"
+    decayed = float(f"{local['lr_personal'] * local['lr_decay'] ** config['num_rounds']:.4g}")
+    heads[m] = (local['personal_epochs'], local['lr_personal'], decayed)
+  refit = {m: _a5_accuracies(m, (epochs, decayed)) for m, (epochs, _, decayed) in heads.items()}
   _, d_run, s_run = _rule(ours / 100, theirs / 100)
   _, d_refit, s_refit = _rule(refit['dp2fedsam'] / 100, refit['centaur'] / 100)
   a, b = refit['dp2fedsam'], refit['centaur']
@@ -576,8 +582,7 @@ def test_results_readme_a5_stale_heads_are_the_committed_runs_and_reevaluations(
           f'{_signed(a[0] - ours[0])}) and CENTAUR {b[0]:.2f} / {b[1]:.2f} / {b[2]:.2f} '
           f'({_mean_std(b)}): the gap stays, {_signed(d_refit)} points (s = {s_refit:.2f}) against '
           f'{_signed(d_run)} (s = {s_run:.2f}) as run') in results_readme
-  undecayed = [_a5_accuracies(m, (e, lr)) for m, e, lr in (('dp2fedsam', 2, 0.001879),
-                                                           ('centaur', 1, 0.003954))]
+  undecayed = [_a5_accuracies(m, (epochs, lr)) for m, (epochs, lr, _) in heads.items()]
   long = [_a5_accuracies(m, (10, 0.01)) for m in ('dp2fedsam', 'centaur')]
   assert (f'without its round decay ({_mean_std(undecayed[0])} and {_mean_std(undecayed[1])}) '
           f'and 10 epochs at lr 0.01 ({_mean_std(long[0])} and {_mean_std(long[1])})'
