@@ -63,8 +63,8 @@ def make_evaluate(spec: MethodSpec, model, local_config: local.LocalConfig,
 def make_evaluate_models(model, client_model, forward_only: bool,
                          clients_per_batch: int = eval_blocks.CLIENTS_PER_BATCH, client_ids=None,
                          mesh=None):
-  """evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'participation',
-  'test_accuracy_participated', the spread and the pooled metrics} over the evaluated clients with
+  """evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'test_nonfinite_clients',
+  'participation', 'test_accuracy_participated', the spread and the pooled metrics} over the evaluated clients with
   test data, each client testing `client_model(state, personal, data, client_id, key)` (key:
   fold_in(key, client_id)); `evaluate.per_client(state, data, key)`: the per-client arrays.
   `client_ids`: the clients tested (eval_client_ids; None: all). `forward_only`, `clients_per_batch`
@@ -108,6 +108,10 @@ def make_evaluate_models(model, client_model, forward_only: bool,
     accuracy = clients['accuracy']
     return {'test_accuracy': jnp.sum(accuracy * has_test) / tested,
             'test_loss': jnp.sum(clients['loss'] * has_test) / tested,
+            # A tested model gone non-finite (a fine-tune at too high an lr) makes test_loss NaN
+            # and its client's accuracy that of NaN logits: counted here so that it shows.
+            'test_nonfinite_clients': jnp.sum((clients['targets'] > 0)
+                                              & ~jnp.isfinite(clients['loss'])),
             'participation': jnp.mean((state.times_sampled > 0).astype(jnp.float32)),
             'test_accuracy_participated': jnp.where(
                 tested_part.sum() > 0, jnp.sum(accuracy * tested_part) / tested_part.sum(), jnp.nan),

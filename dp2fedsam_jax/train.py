@@ -574,6 +574,11 @@ class _CompiledRun:
                      config.num_rounds, record['test_accuracy'], record['train_loss'],
                      record['epsilon'], seconds)
         progress.update(done, seconds, record['test_accuracy'], record['epsilon'])
+        if record.get('test_nonfinite_clients'):
+          logging.warning('round %d: %d clients\' tested models give a non-finite test loss (test_loss '
+                          'is NaN; their accuracy is that of NaN logits): a fine-tune or head lr '
+                          '(config.local.*, config.eval.adapt_lr) too high for them?', done,
+                          record['test_nonfinite_clients'])
     progress.close()
     return record
 

@@ -166,3 +166,16 @@ def test_clients_spread_over_devices_get_their_one_device_results(kind, method, 
   _assert_same(_per_client(spec, model, local_config, state, data, client_ids=sample,
                            clients_per_batch=1, protocol=protocol, mesh=mesh),
                jax.tree.map(lambda a: a[sample], reference))
+
+
+@pytest.mark.parametrize('kind', ['image', 'tokens'])
+def test_a_client_whose_model_is_not_finite_is_counted_and_one_without_test_rows_is_not(kind):
+  """A personal head of NaNs (what a diverged fine-tune leaves) on client 1 (test rows) and client 3
+  (none): test_nonfinite_clients is 1 and test_loss NaN; finite heads give 0."""
+  spec, model, data, state, local_config = _setup(kind, 'dp2fedsam')
+  evaluate = jax.jit(evaluation.make_evaluate(spec, model, local_config))
+  finite = jax.device_get(evaluate(state, data, jax.random.key(7)))
+  assert finite['test_nonfinite_clients'] == 0 and np.isfinite(finite['test_loss'])
+  broken = jax.tree.map(lambda p: p.at[jnp.array([1, 3])].set(jnp.nan), state.personal)
+  got = jax.device_get(evaluate(state.replace(personal=broken), data, jax.random.key(7)))
+  assert got['test_nonfinite_clients'] == 1 and np.isnan(got['test_loss'])
