@@ -64,9 +64,10 @@ def make_evaluate_models(model, client_model, forward_only: bool,
                          clients_per_batch: int = eval_blocks.CLIENTS_PER_BATCH, client_ids=None,
                          mesh=None):
   """evaluate(state, data, key) -> {'test_accuracy', 'test_loss', 'test_nonfinite_clients',
-  'participation', 'test_accuracy_participated', the spread and the pooled metrics} over the evaluated clients with
-  test data, each client testing `client_model(state, personal, data, client_id, key)` (key:
-  fold_in(key, client_id)); `evaluate.per_client(state, data, key)`: the per-client arrays.
+  'participation', 'test_accuracy_participated', the spread and the pooled metrics} over the
+  evaluated clients with test data, each client testing
+  `client_model(state, personal, data, client_id, key)` (key: fold_in(key, client_id));
+  `evaluate.per_client(state, data, key)`: the per-client arrays.
   `client_ids`: the clients tested (eval_client_ids; None: all). `forward_only`, `clients_per_batch`
   and `mesh` say how the clients are walked (eval_blocks.test_clients)."""
 
