@@ -528,12 +528,12 @@ A5 = os.path.join(RESULTS, 'fair_a5_dp2fedsam')
 def _a5_accuracies(method, adapt=None):
   """Test accuracy (%) of the (a5) row's 3 final seeds: as run, or re-evaluated with
   adapt = (head epochs, lr) by experiments.evaluate."""
+  finals = os.path.join(A5, 'runs', method, 'final')
+  if adapt is None:
+    return 100 * np.asarray([r['test_accuracy'] for r in _finals(finals).values()])
   out = []
   for s in SEEDS:
-    run = os.path.join(A5, 'runs', method, 'final', f'seed={s}')
-    if adapt is None:
-      out.append(_records(os.path.join(run, 'metrics.jsonl'))[-1]['test_accuracy'])
-      continue
+    run = os.path.join(finals, f'seed={s}')
     [record] = [r for r in _records(os.path.join(run, 'evaluations.jsonl'))
                 if r['eval.adapt_part'] == 'head' and r['eval.head_init'] == 'own'
                 and (r['eval.adapt_epochs'], r['eval.adapt_lr']) == adapt]
