@@ -2,6 +2,7 @@
 # The first command on a lent GPU machine (issue 59), prepared so that device time only runs:
 #
 #   bash launch/device_payload.sh                   # here: .whl and .device_data (checks the 64 MiB)
+#   bash launch/device_tree.sh slim                 # here, only if device_payload.sh says over 64 MiB
 #   device run, carry [.whl, .device_data], timeout_s 600:
 #     bash launch/device_first_call.sh $OUT
 #

@@ -4,7 +4,9 @@ short, so they must work the first time.
 - device_setup.sh unpacks the carried Fashion-MNIST to the bytes the loader reads, and leaves a copy
   already there alone;
 - device_first_call.sh runs end to end at smoke sizes (slow: the accelerator's smoke and 2 notebook
-  rounds, ~3.5 minutes) and brings back at most the tool's 8 files.
+  rounds, ~3.5 minutes) and brings back at most the tool's 8 files;
+- device_tree.sh slim leaves the earlier studies' runs out of what a call sends, keeps the fair
+  blocks and the uncommitted edits, and restore gives back the branch as it was.
 """
 
 import lzma
@@ -16,7 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ('device_setup.sh', 'device_payload.sh', 'device_first_call.sh', 'fair_benchmark_device.sh',
-           'shakespeare_field_device.sh')
+           'shakespeare_field_device.sh', 'device_tree.sh')
 
 
 @pytest.mark.parametrize('script', SCRIPTS)
@@ -58,3 +60,57 @@ def test_the_first_call_runs_end_to_end_at_smoke_sizes(tmp_path):
   listing = subprocess.run(['tar', 'tzf', str(out_dir / 'accelerator.tar.gz')], capture_output=True,
                            text=True, check=True).stdout
   assert 'summary.json' in listing and 'checkpoints' not in listing
+
+
+def _git(checkout, *args):
+  return subprocess.run(['git', *args], cwd=checkout, capture_output=True, text=True,
+                        check=True).stdout.strip()
+
+
+def test_a_slim_tree_leaves_the_earlier_studies_behind_and_restore_gives_all_back(tmp_path):
+  checkout = tmp_path / 'clone'
+  subprocess.run(['git', 'clone', '-q', '--shared', ROOT, str(checkout)], check=True)
+  _git(checkout, 'switch', '-q', '-c', 'work')  # a CI clone may sit on a detached HEAD
+  head = _git(checkout, 'rev-parse', 'HEAD')
+  shutil.copy(os.path.join(ROOT, 'launch', 'device_tree.sh'), checkout / 'launch')  # this version
+  with open(checkout / 'README.md', 'a', encoding='utf-8') as f:
+    f.write('an uncommitted edit\n')
+  tree = ['bash', 'launch/device_tree.sh']
+  size = lambda: int(subprocess.run(tree + ['size'], cwd=checkout, capture_output=True, text=True,
+                                    check=True).stdout)
+  before = size()
+
+  subprocess.run(tree + ['slim'], cwd=checkout, capture_output=True, check=True)
+  results = _git(checkout, 'ls-files', 'experiments/results').splitlines()
+  folders = {p.split('/')[2] for p in results if p.count('/') > 2}
+  assert folders and all(f.startswith('fair_') for f in folders), folders
+  assert not (checkout / 'experiments' / 'results' / 'shakespeare_field').exists()
+  assert size() < before
+  assert 'an uncommitted edit' in (checkout / 'README.md').read_text(encoding='utf-8')
+  assert 'README.md' not in _git(checkout, 'show', '--name-only', '--format=', 'HEAD').splitlines()
+  again = subprocess.run(tree + ['slim'], cwd=checkout, capture_output=True, text=True, check=False)
+  assert again.returncode == 1 and 'restore first' in again.stderr
+
+  subprocess.run(tree + ['restore'], cwd=checkout, capture_output=True, check=True)
+  assert _git(checkout, 'symbolic-ref', '--short', 'HEAD') == 'work'
+  assert _git(checkout, 'rev-parse', 'HEAD') == head
+  assert size() == before
+  status = {line.strip() for line in _git(checkout, 'status', '--porcelain').splitlines()}
+  assert status == {'M README.md', '?? launch/device_tree.sh'}  # the edit and the script alone
+  assert 'device-slim' not in _git(checkout, 'branch', '--list')
+
+
+def test_restore_refuses_while_the_slim_branch_holds_a_commit_of_its_own(tmp_path):
+  checkout = tmp_path / 'clone'
+  subprocess.run(['git', 'clone', '-q', '--shared', ROOT, str(checkout)], check=True)
+  _git(checkout, 'switch', '-q', '-c', 'work')
+  shutil.copy(os.path.join(ROOT, 'launch', 'device_tree.sh'), checkout / 'launch')
+  subprocess.run(['bash', 'launch/device_tree.sh', 'slim'], cwd=checkout, capture_output=True,
+                 check=True)
+  (checkout / 'published.txt').write_text('a run published on the wrong branch\n', encoding='utf-8')
+  _git(checkout, 'add', 'published.txt')
+  _git(checkout, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'oops')
+  out = subprocess.run(['bash', 'launch/device_tree.sh', 'restore'], cwd=checkout,
+                       capture_output=True, text=True, check=False)
+  assert out.returncode == 1 and 'git cherry-pick' in out.stderr
+  assert _git(checkout, 'symbolic-ref', '--short', 'HEAD') == 'device-slim'

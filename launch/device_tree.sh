@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# What a device call sends, and a slimmer tree when that is over the tool's 64 MiB (issue 59):
+#
+#   bash launch/device_tree.sh size [PATH...]   # MiB sent: tracked + untracked-not-ignored + PATHs
+#   bash launch/device_tree.sh slim             # before the device calls
+#   bash launch/device_tree.sh restore          # after them, before any commit
+#
+# A call sends every tracked file, and every committed run adds to them (31 MiB on 2026-11-29, 15 of
+# them the Shakespeare study's round logs), so Fashion-MNIST (26 MB xz) and the wheels (5 MB) stop
+# fitting beside them once more blocks are committed. The device steps read none of the earlier
+# studies' runs. `slim` switches to a branch `device-slim` whose one commit removes every folder of
+# experiments/results/ but those matching KEEP (default 'fair_*': a GPU block resumes from its own
+# published runs); uncommitted edits come along, so they travel too. `restore` switches back to the
+# branch slim started from and deletes device-slim; it refuses while device-slim holds commits of
+# its own (commit on the real branch, never on this one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SLIM=device-slim
+FROM_FILE="$(git rev-parse --git-dir)/device-slim-from"
+
+sent_bytes() {  # what the device tool copies: git's tracked and untracked-not-ignored files, plus "$@"
+  local tree extra=0
+  tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null |
+         tail -1 | cut -f1)
+  if [ "$#" -gt 0 ]; then extra=$(du -cb "$@" 2>/dev/null | tail -1 | cut -f1); fi
+  echo $(( tree + extra ))
+}
+
+case "${1:-}" in
+  size)
+    shift
+    echo "$(( $(sent_bytes "$@") / 1024 / 1024 ))"
+    ;;
+  slim)
+    [ ! -e "$FROM_FILE" ] || { echo "already slim (from $(cat "$FROM_FILE")): restore first" >&2; exit 1; }
+    from=$(git symbolic-ref -q --short HEAD) || { echo "slim starts from a branch, not a detached HEAD" >&2; exit 1; }
+    before=$(sent_bytes)
+    drop=()
+    for dir in experiments/results/*/; do
+      dir=${dir%/}
+      # shellcheck disable=SC2053  # KEEP is a glob on purpose
+      [[ $(basename "$dir") == ${KEEP:-fair_*} ]] && continue
+      [ -n "$(git ls-files -- "$dir" | head -1)" ] && drop+=("$dir")
+    done
+    [ "${#drop[@]}" -gt 0 ] || { echo "nothing to leave behind under experiments/results/" >&2; exit 1; }
+    git switch -q -c "$SLIM"
+    echo "$from" > "$FROM_FILE"
+    git rm -r -q -- "${drop[@]}"  # tracked on $from: restore brings them back
+    git -c user.name=device-slim -c user.email=device-slim@localhost commit -q --no-verify \
+        -m "device-slim: leave ${drop[*]} behind for a device call (launch/device_tree.sh)" \
+        -- "${drop[@]}"  # only the removal: staged edits stay staged
+    echo "on $SLIM (from $from): left behind ${drop[*]};" \
+         "a call now sends $(( $(sent_bytes) / 1024 / 1024 )) MiB (was $(( before / 1024 / 1024 )))"
+    ;;
+  restore)
+    [ -e "$FROM_FILE" ] || { echo "not slim: nothing to restore" >&2; exit 1; }
+    from=$(cat "$FROM_FILE")
+    own=$(git rev-list --count "$from..$SLIM")
+    [ "$own" = 1 ] || { echo "$SLIM holds $(( own - 1 )) commit(s) beyond its removal: move them to" \
+                             "$from (git cherry-pick) and drop them here first" >&2; exit 1; }
+    git switch -q "$from"
+    git branch -q -D "$SLIM"
+    rm -f "$FROM_FILE"
+    echo "back on $from"
+    ;;
+  *)
+    echo "usage: bash launch/device_tree.sh size [PATH...] | slim | restore" >&2
+    exit 2
+    ;;
+esac
