@@ -589,3 +589,75 @@ def test_results_readme_a5_stale_heads_are_the_committed_runs_and_reevaluations(
           ) in results_readme
   for i, method in enumerate(('dp2fedsam', 'centaur')):  # "do worse than this one"
     assert max(undecayed[i].mean(), long[i].mean()) < refit[method].mean()
+
+
+def _finals_curves(method):
+  """{round: test accuracy} of each final seed of an (a5) row."""
+  finals = os.path.join(A5, 'runs', method, 'final')
+  return [{r['round']: r['test_accuracy']
+           for r in _records(os.path.join(finals, f'seed={s}', 'metrics.jsonl'))} for s in SEEDS]
+
+
+def _flat_config(path):
+  with open(path) as f:
+    config = json.load(f)
+  return {**{k: v for k, v in config.items() if not isinstance(v, dict)},
+          **{f'{k}.{kk}': vv for k, v in config.items() if isinstance(v, dict) for kk, vv in v.items()}}
+
+
+SWAPS = {  # diagnostic folder: (its method, the row whose selected values it runs at)
+    'dp_fedsam_ft_at_dp_fedavg_ft_values_seed0': ('dp_fedsam_ft', 'dp_fedavg_ft'),
+    'dp_fedavg_ft_at_dp_fedsam_ft_values_seed0': ('dp_fedavg_ft', 'dp_fedsam_ft'),
+}
+
+
+def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(results_readme):
+  """Block (a5)'s DP-FedAvg-FT row (its early divergence, its published K) and the seed-0 runs of
+  each -FT row at the other's selected values (diagnostics/)."""
+  finals = os.path.join(A5, 'runs', 'dp_fedavg_ft', 'final')
+  fedavg, fedsam = _a5_accuracies('dp_fedavg_ft'), _a5_accuracies('dp_fedsam_ft')
+  assert (f'DP-FedAvg-FT ends at {_mean_std(fedavg)} % (seeds {fedavg[0]:.2f}, {fedavg[1]:.2f} and '
+          f'{fedavg[2]:.2f}), {_signed(fedavg.mean() - fedsam.mean())} points over DP-FedSAM-FT '
+          f'({_mean_std(fedsam)})') in results_readme
+  with open(os.path.join(A5, 'runs', 'dp_fedavg_ft', 'tuning.json')) as f:
+    tuning = json.load(f)
+  assert (f'drew K = {tuning["num_trials"]}, above E[K] = {tuning["expected_trials"]:g}: the tuner '
+          f'publishes it because it sets the bound (ε {tuning["epsilon_bound"]:.3f} for the search,'
+          ) in results_readme
+  early, tested = [], []
+  for s in SEEDS:
+    train = _records(os.path.join(finals, f'seed={s}', 'train_metrics.jsonl'))
+    evals = {r['round']: r for r in _records(os.path.join(finals, f'seed={s}', 'metrics.jsonl'))}
+    early.append(sum(r['nonfinite_clients'] for r in train if r['round'] <= 50))
+    tested.append(int(evals[50]['test_nonfinite_clients']))
+    assert all(r['nonfinite_clients'] == 0 for r in train if r['round'] >= 150)  # "none from 150 on"
+    assert evals[150]['test_nonfinite_clients'] == evals[200]['test_nonfinite_clients'] == 0
+  assert (f'{early[0]} / {early[1]} / {early[2]} client updates non-finite in rounds 1-50'
+          ) in results_readme
+  assert f'{tested[0]} / {tested[1]} / {tested[2]} clients\' test-time fine-tunes' in results_readme
+  own = {'dp_fedavg_ft': fedavg[0], 'dp_fedsam_ft': fedsam[0]}
+  swapped = {}
+  for folder, (method, values_of) in SWAPS.items():
+    swap = os.path.join(A5, 'diagnostics', folder)
+    ran, partner = (_flat_config(os.path.join(p, 'config.json')) for p in
+                    (swap, os.path.join(A5, 'runs', values_of, 'final', 'seed=0')))
+    differ = {k for k in ran.keys() | partner.keys() if ran.get(k) != partner.get(k)}
+    assert ran['method'] == method and differ <= {'method', 'local.sam_rho'}, differ
+    [last] = _records(os.path.join(swap, 'metrics.jsonl'))[-1:]
+    assert last['round'] == 200
+    name = {code: shown for shown, code in FM_NAMES.items()}
+    assert (f'{name[method]} at {name[values_of]}\'s values ends at '
+            f'{100 * last["test_accuracy"]:.2f} % (as selected: {own[method]:.2f})'
+            ) in results_readme
+    swapped[method] = 100 * last['test_accuracy']
+  avg, sam_ft = 'dp_fedavg_ft', 'dp_fedsam_ft'
+  values = sorted([own[avg] - swapped[avg], swapped[sam_ft] - own[sam_ft]])  # same method
+  sam = sorted([own[avg] - swapped[sam_ft], swapped[avg] - own[sam_ft]])  # same values
+  assert (f'Of seed 0\'s {own["dp_fedavg_ft"] - own["dp_fedsam_ft"]:.2f} points, the values account for '
+          f'{values[0]:.2f}-{values[1]:.2f} and SAM (ρ 0.1747) for {sam[0]:.2f}-{sam[1]:.2f}'
+          ) in results_readme
+  gains = []  # over the last 50 rounds, every seed of both rows
+  for method in ('dp_fedavg_ft', 'dp_fedsam_ft'):
+    for r in _finals_curves(method):
+      gains.append(100 * (r[200] - r[150]))
+  assert f'all six runs still gain {min(gains):.2f}-{max(gains):.2f} points' in results_readme
