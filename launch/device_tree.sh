@@ -9,8 +9,8 @@
 # them the Shakespeare study's round logs), so Fashion-MNIST (26 MB xz) and the wheels (5 MB) stop
 # fitting beside them once more blocks are committed. The device steps read none of the earlier
 # studies' runs. `slim` switches to a branch `device-slim` whose one commit removes every folder of
-# experiments/results/ but those matching KEEP (default 'fair_*': a GPU block resumes from its own
-# published runs); uncommitted edits come along, so they travel too. `restore` switches back to the
+# experiments/results/ but those matching KEEP (default 'fair_*': the benchmark's own blocks, 2 MiB
+# each, kept beside the scripts that write them); uncommitted edits come along, so they travel too. `restore` switches back to the
 # branch slim started from and deletes device-slim; it refuses while device-slim holds commits of
 # its own (commit on the real branch, never on this one).
 set -euo pipefail
