@@ -67,12 +67,19 @@ def _git(checkout, *args):
                         check=True).stdout.strip()
 
 
-def test_a_slim_tree_leaves_the_earlier_studies_behind_and_restore_gives_all_back(tmp_path):
+def _clone_on_branch_work(tmp_path):
+  """A shared clone of this repository on a branch 'work' (a CI clone may sit on a detached
+  HEAD), holding this checkout's device_tree.sh."""
   checkout = tmp_path / 'clone'
   subprocess.run(['git', 'clone', '-q', '--shared', ROOT, str(checkout)], check=True)
-  _git(checkout, 'switch', '-q', '-c', 'work')  # a CI clone may sit on a detached HEAD
+  _git(checkout, 'switch', '-q', '-c', 'work')
+  shutil.copy(os.path.join(ROOT, 'launch', 'device_tree.sh'), checkout / 'launch')
+  return checkout
+
+
+def test_a_slim_tree_leaves_the_earlier_studies_behind_and_restore_gives_all_back(tmp_path):
+  checkout = _clone_on_branch_work(tmp_path)
   head = _git(checkout, 'rev-parse', 'HEAD')
-  shutil.copy(os.path.join(ROOT, 'launch', 'device_tree.sh'), checkout / 'launch')  # this version
   with open(checkout / 'README.md', 'a', encoding='utf-8') as f:
     f.write('an uncommitted edit\n')
   tree = ['bash', 'launch/device_tree.sh']
@@ -101,10 +108,7 @@ def test_a_slim_tree_leaves_the_earlier_studies_behind_and_restore_gives_all_bac
 
 
 def test_restore_refuses_while_the_slim_branch_holds_a_commit_of_its_own(tmp_path):
-  checkout = tmp_path / 'clone'
-  subprocess.run(['git', 'clone', '-q', '--shared', ROOT, str(checkout)], check=True)
-  _git(checkout, 'switch', '-q', '-c', 'work')
-  shutil.copy(os.path.join(ROOT, 'launch', 'device_tree.sh'), checkout / 'launch')
+  checkout = _clone_on_branch_work(tmp_path)
   subprocess.run(['bash', 'launch/device_tree.sh', 'slim'], cwd=checkout, capture_output=True,
                  check=True)
   (checkout / 'published.txt').write_text('a run published on the wrong branch\n', encoding='utf-8')
