@@ -661,3 +661,46 @@ def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(r
     for r in _finals_curves(method):
       gains.append(100 * (r[200] - r[150]))
   assert f'all six runs still gain {min(gains):.2f}-{max(gains):.2f} points' in results_readme
+
+
+def _server_noise_per_weight(run):
+  """The std of the noise one server step adds to each weight: server lr × σC / (qN)."""
+  config = _flat_config(os.path.join(run, 'config.json'))
+  assert config['server_optimizer'] == 'sgd'  # no momentum to amplify it
+  expected_cohort = config['sampling_rate'] * config['num_clients']
+  return (config['server_lr'] * config['dp.noise_multiplier'] * config['dp.clip_norm']
+          / expected_cohort)
+
+
+def test_results_readme_a5_dp_fedsam_search_found_nothing_that_trains(results_readme):
+  """Block (a5)'s DP-FedSAM row: its search's best noised score, its 3 seeds' rise and fall, and
+  the noise its selected values put into each weight against block (a)'s selection."""
+  with open(os.path.join(A5, 'runs', 'dp_fedsam', 'tuning.json')) as f:
+    tuning = json.load(f)
+  assert tuning['score_noise'] / tuning['score_denominator'] == 0.01  # "std is 1 point"
+  finals = _a5_accuracies('dp_fedsam')
+  assert finals.max() < 12  # "chance on ten classes"
+  assert f'Its best noised validation score is {100 * tuning["selected_score"]:.2f} %' in results_readme
+  assert (f'its selection ends at {_mean_std(finals)} % (seeds {finals[0]:.2f}, {finals[1]:.2f} '
+          f'and {finals[2]:.2f})') in results_readme
+  text = results_readme
+  curves = _finals_curves('dp_fedsam')
+  assert all(max(c, key=c.get) in (50, 100) for c in curves)  # "peaks early"
+  assert ('(' + ' / '.join(f'{100 * c[50]:.2f}' for c in curves) + ' % at round 50)') in text
+  above, highest, snr = [], [], []
+  for s in SEEDS:
+    train = _records(os.path.join(A5, 'runs', 'dp_fedsam', 'final', f'seed={s}',
+                                  'train_metrics.jsonl'))
+    above.append(next(r['round'] for r in train if r['train_loss'] > np.log(10)))
+    highest.append(max(r['train_loss'] for r in train))
+    snr += [r['signal_to_noise'] for r in train]
+  assert ('from round ' + ' / '.join(map(str, above)) + ' on (highest '
+          + ' / '.join(f'{h:.2f}' for h in highest) + ')') in text
+  assert f'stays {min(snr):.4f}-{max(snr):.4f}' in text
+  a5_noise, a_noise = (_server_noise_per_weight(os.path.join(RESULTS, block, 'runs', 'dp_fedsam',
+                                                             'final', 'seed=0'))
+                       for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam'))
+  assert (f'noise of std {a5_noise:.4f} into every weight each round (server lr × σC/(qN)), '
+          f'{a5_noise / a_noise:.2f} times block (a)\'s DP-FedSAM selection ({a_noise:.4f})') in text
+  sam, ft, ours = (_a5_accuracies(m).mean() for m in ('dp_fedsam', 'dp_fedsam_ft', 'dp2fedsam'))
+  assert f'DP²-FedSAM {_signed(ours - sam)}, DP-FedSAM-FT {_signed(ft - sam)} over DP-FedSAM' in text
