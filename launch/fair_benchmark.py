@@ -210,11 +210,12 @@ def gpu_seconds(config) -> float:
   return alone * GPU_SHARING_SLOWDOWN / GPU_RUNS_AT_ONCE
 
 
-def block_plan(letter: str, root: str) -> dict:
+def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
   """{'rows': [(row, E[K], finals, cpu hours, status, (selection eps, one trial's eps))], 'runs',
-  'cpu_hours', 'gpu_hours'} of a block, and 'runs_left' / 'cpu_hours_left' of what root does not
-  hold finished yet."""
+  'cpu_hours', 'gpu_hours'} of a block, and 'runs_left' / 'cpu_hours_left' of what neither root
+  nor `seed_from` (an out_root of --publish, as the sweep's flag) holds finished yet."""
   path, module, block = load_block(letter)
+  published = os.path.join(published_dir(seed_from, letter), 'runs') if seed_from else None
   mean_k = selection.TrialDistribution.from_dict(block.trials).mean
   rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0,
                    'gpu_hours': 0.0}
@@ -223,9 +224,14 @@ def block_plan(letter: str, root: str) -> dict:
     config = row_config(module, block, row)
     trial_hours = cpu_hours(block, row, config, 'trial')
     final_hours = cpu_hours(block, row, config, 'final')
-    tuned, finals_done = row_progress(root, path, row)
+    tuned, finals_done = row_progress(row_dir(root, path, row))
+    where = ''
+    if published and (tuned, finals_done) != (True, finals):
+      on_page = row_progress(os.path.join(published, row.name))
+      if on_page[0] and (not tuned or on_page[1] > finals_done):  # the sweep would seed from it
+        (tuned, finals_done), where = on_page, ' (published)'
     status = 'new' if tuned is None else 'tuning' if not tuned else (
-        f'tuned; {finals_done} final run(s) finished')
+        f'tuned; {finals_done} final run(s) finished{where}')
     rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status,
                  selection_epsilons(path, module, block, row)))
     out['runs'] += mean_k + finals
@@ -237,12 +243,13 @@ def block_plan(letter: str, root: str) -> dict:
   return {'block': block, 'path': path, 'rows': rows, **out}
 
 
-def row_progress(root: str, path: str, row) -> tuple:
-  """(None: no search yet | False: searching | True: selected, final runs finished) of a row."""
-  tuning = _read(os.path.join(row_dir(root, path, row), tune.TUNING_FILE))
+def row_progress(directory: str) -> tuple:
+  """(None: no search yet | False: searching | True: selected, final runs finished) of the row
+  whose files are under `directory` (its row_dir, or its folder of a published runs/)."""
+  tuning = _read(os.path.join(directory, tune.TUNING_FILE))
   if tuning is None or tuning.get('status') != 'done':
     return (None if tuning is None else False), 0
-  finals = os.path.join(row_dir(root, path, row), 'final')
+  finals = os.path.join(directory, 'final')
   done = 0
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
     config = _read(os.path.join(finals, name, 'config.json'))
@@ -251,10 +258,10 @@ def row_progress(root: str, path: str, row) -> tuple:
   return True, done
 
 
-def print_plan(letters, root: str) -> dict:
+def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
   totals = {'runs': 0.0, 'cpu_hours': 0.0, 'gpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0}
   for letter in letters:
-    plan = block_plan(letter, root)
+    plan = block_plan(letter, root, seed_from)
     block = plan['block']
     print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
           f'trial; ceiling: {block.ceiling_reference}')
@@ -273,7 +280,8 @@ def print_plan(letters, root: str) -> dict:
   print(f"total: ~{totals['runs']:.0f} runs (E[K] trials a row), ~{totals['cpu_hours']:.1f} CPU h "
         f"on the 2 cores, ~{totals['gpu_hours'] * 60:.0f} min of one GPU ({GPU_RUNS_AT_ONCE} "
         'Fashion-MNIST runs at a time; GPU_* assumptions in launch/fair_benchmark.py); left under '
-        f"{root}: ~{totals['runs_left']:.0f} runs, ~{totals['cpu_hours_left']:.1f} CPU h")
+        f"{root}{' and ' + seed_from if seed_from else ''}: ~{totals['runs_left']:.0f} runs, "
+        f"~{totals['cpu_hours_left']:.1f} CPU h")
   return totals
 
 
@@ -546,7 +554,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_string('seed_from', None, 'Where --publish committed the blocks (e.g. '
                       'experiments/results): a search published there is not run again (its '
                       'secret stayed with the root it ran in) and its finished final runs count as '
-                      'done; how a sweep continues in a fresh root, e.g. on a new machine.', **fv)
+                      'done; how a sweep continues in a fresh root, e.g. on a new machine '
+                      '(with --plan: what is left counts them as done).', **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
   flags.DEFINE_bool('smoke', False, f'Run every config of the blocks (--rows: of those rows) for '
@@ -566,7 +575,7 @@ def main(argv):
     for name in FLAGS.rows:
       load_block(FLAGS.blocks[0])[2].row(name)
   if FLAGS.plan:
-    print_plan(FLAGS.blocks, FLAGS.root)
+    print_plan(FLAGS.blocks, FLAGS.root, FLAGS.seed_from)
     return
   if FLAGS.smoke:
     # A line a config, not each run's INFO log; set here, not in smoke(): the process's setting.

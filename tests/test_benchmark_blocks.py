@@ -242,6 +242,29 @@ def test_the_plan_counts_what_the_root_holds_finished(tmp_path):
   assert status['dp_fedavg'] == 'tuned; 1 final run(s) finished' and status['centaur'] == 'new'
 
 
+def test_the_plan_of_a_fresh_root_counts_what_was_published_as_done(tmp_path):
+  """--plan --seed_from: a fresh root (a new machine) is told what the sweep would still run, the
+  published searches and final runs counted as the sweep's --seed_from counts them."""
+  published = tmp_path / 'results'
+  for row, seeds in (('dp_fedavg', 3), ('centaur', 1)):
+    row_dir = published / 'fair_a_dp2fedsam' / 'runs' / row
+    row_dir.mkdir(parents=True)
+    (row_dir / 'tuning.json').write_text(json.dumps({'status': 'done'}))
+    for seed in range(seeds):
+      final = row_dir / 'final' / f'seed={seed}'
+      final.mkdir(parents=True)
+      (final / 'config.json').write_text(json.dumps({'num_rounds': 200}))
+      (final / 'metrics.jsonl').write_text(json.dumps({'round': 200}) + '\n')
+  root = str(tmp_path / 'fresh')
+  alone = fair_benchmark.block_plan('a', root)
+  plan = fair_benchmark.block_plan('a', root, str(published))
+  assert alone['runs_left'] - plan['runs_left'] == pytest.approx(2 * 3.0 + 3 + 1)
+  status = {row.name: s for row, _, _, _, s, _ in plan['rows']}
+  assert status['dp_fedavg'] == 'tuned; 3 final run(s) finished (published)'
+  assert status['centaur'] == 'tuned; 1 final run(s) finished (published)'
+  assert status['dp2fedsam'] == 'new'
+
+
 @pytest.mark.parametrize('letter', sorted(BLOCKS))
 def test_every_private_row_of_a_block_costs_the_same_selection_epsilon(letter, tmp_path):
   plan = fair_benchmark.block_plan(letter, str(tmp_path))
