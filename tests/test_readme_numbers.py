@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from conftest import HAND_TUNED_FMNIST, readme_table
 
+from experiments.configs import fair_a5_dp2fedsam
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
 SF = os.path.join(RESULTS, 'shakespeare_field')
@@ -672,35 +674,67 @@ def _server_noise_per_weight(run):
           / expected_cohort)
 
 
-def test_results_readme_a5_dp_fedsam_search_found_nothing_that_trains(results_readme):
-  """Block (a5)'s DP-FedSAM row: its search's best noised score, its 3 seeds' rise and fall, and
-  the noise its selected values put into each weight against block (a)'s selection."""
-  with open(os.path.join(A5, 'runs', 'dp_fedsam', 'tuning.json')) as f:
-    tuning = json.load(f)
-  assert tuning['score_noise'] / tuning['score_denominator'] == 0.01  # "std is 1 point"
-  finals = _a5_accuracies('dp_fedsam')
-  assert finals.max() < 12  # "chance on ten classes"
-  assert f'Its best noised validation score is {100 * tuning["selected_score"]:.2f} %' in results_readme
-  assert (f'its selection ends at {_mean_std(finals)} % (seeds {finals[0]:.2f}, {finals[1]:.2f} '
-          f'and {finals[2]:.2f})') in results_readme
+def _fraction_of_draws_at_most(ranges, bound, points=200_001):
+  """P[x × y <= bound] for x, y drawn log-uniform from ranges = ((lo, hi), (lo, hi)): the sum of
+  two uniform logs, integrated on a grid."""
+  (a1, b1), (a2, b2) = (np.log(r) for r in ranges)
+  x = np.linspace(a1, b1, points)
+  return float(np.mean(np.clip(np.log(bound) - x - a2, 0, b2 - a2)) / (b2 - a2))
+
+
+def test_results_readme_a5_global_model_searches_found_nothing_that_trains(results_readme):
+  """Block (a5)'s DP-FedSAM and DP-FedAvg rows: their searches' best noised scores, their seeds,
+  their train losses, and the noise their selected values put into each weight against block (a)'s
+  selections and the declared ranges."""
+  rows, scores, finals = ('dp_fedsam', 'dp_fedavg'), [], []
+  for row in rows:
+    with open(os.path.join(A5, 'runs', row, 'tuning.json')) as f:
+      tuning = json.load(f)
+    assert tuning['score_noise'] / tuning['score_denominator'] == 0.01  # "std is 1 point"
+    scores.append(100 * tuning['selected_score'])
+    finals.append(_a5_accuracies(row))
   text = results_readme
-  curves = _finals_curves('dp_fedsam')
-  assert all(max(c, key=c.get) in (50, 100) for c in curves)  # "peaks early"
-  assert ('(' + ' / '.join(f'{100 * c[50]:.2f}' for c in curves) + ' % at round 50)') in text
-  above, highest, snr = [], [], []
-  for s in SEEDS:
-    train = _records(os.path.join(A5, 'runs', 'dp_fedsam', 'final', f'seed={s}',
-                                  'train_metrics.jsonl'))
-    above.append(next(r['round'] for r in train if r['train_loss'] > np.log(10)))
-    highest.append(max(r['train_loss'] for r in train))
-    snr += [r['signal_to_noise'] for r in train]
-  assert ('from round ' + ' / '.join(map(str, above)) + ' on (highest '
-          + ' / '.join(f'{h:.2f}' for h in highest) + ')') in text
+  assert (f"DP-FedSAM's best noised validation score is {scores[0]:.2f} % and DP-FedAvg's "
+          f'{scores[1]:.2f} %') in text
+  assert (f'Their selections end at {_mean_std(finals[0])} % (seeds ' + ', '.join(
+      f'{a:.2f}' for a in finals[0][:2]) + f' and {finals[0][2]:.2f}) and {_mean_std(finals[1])} % '
+          '(seeds ' + ', '.join(f'{a:.2f}' for a in finals[1][:2]) + f' and {finals[1][2]:.2f})'
+          ) in text
+  curves = {row: _finals_curves(row) for row in rows}
+  highest = max(100 * a for row in rows for c in curves[row] for a in c.values())
+  assert f'no evaluation of either above {highest:.2f} %' in text
+  assert all(max(c, key=c.get) in (50, 100) for c in curves['dp_fedsam'])  # "peak by round 100"
+  assert ('(' + ' / '.join(f'{100 * c[50]:.2f}' for c in curves['dp_fedsam']) + ' % at round 50)'
+          ) in text
+  above, losses, snr = [], {}, []
+  for row in rows:
+    losses[row] = []
+    for s in SEEDS:
+      train = _records(os.path.join(A5, 'runs', row, 'final', f'seed={s}', 'train_metrics.jsonl'))
+      above.append(next(r['round'] for r in train if r['train_loss'] > np.log(10)))
+      losses[row].append(max(r['train_loss'] for r in train))
+      snr += [r['signal_to_noise'] for r in train]
+  assert f"passes chance's ln 10 by round {max(above)}" in text
+  assert ('(highest: DP-FedSAM ' + ' / '.join(f'{h:.2f}' for h in losses['dp_fedsam'])
+          + ', DP-FedAvg ' + ' / '.join(f'{h:.2f}' for h in losses['dp_fedavg']) + ')') in text
   assert f'stays {min(snr):.4f}-{max(snr):.4f}' in text
-  a5_noise, a_noise = (_server_noise_per_weight(os.path.join(RESULTS, block, 'runs', 'dp_fedsam',
-                                                             'final', 'seed=0'))
-                       for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam'))
-  assert (f'noise of std {a5_noise:.4f} into every weight each round (server lr × σC/(qN)), '
-          f'{a5_noise / a_noise:.2f} times block (a)\'s DP-FedSAM selection ({a_noise:.4f})') in text
-  sam, ft, ours = (_a5_accuracies(m).mean() for m in ('dp_fedsam', 'dp_fedsam_ft', 'dp2fedsam'))
-  assert f'DP²-FedSAM {_signed(ours - sam)}, DP-FedSAM-FT {_signed(ft - sam)} over DP-FedSAM' in text
+  noise = {(block, row): _server_noise_per_weight(os.path.join(RESULTS, block, 'runs', row, 'final',
+                                                               'seed=0'))
+           for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam') for row in rows}
+  ours, theirs = ([noise[(block, row)] for row in rows]
+                  for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam'))
+  assert (f'noise of std {ours[0]:.4f} and {ours[1]:.4f} into every weight each round (server lr × '
+          f'σC/(qN), no momentum), {ours[0] / theirs[0]:.2f} and {ours[1] / theirs[1]:.2f} times what '
+          f"block (a)'s DP-FedSAM and DP-FedAvg selections trained at ({theirs[0]:.4f} and "
+          f'{theirs[1]:.4f})') in text
+  config = _flat_config(os.path.join(A5, 'runs', 'dp_fedavg', 'final', 'seed=0', 'config.json'))
+  z = config['dp.noise_multiplier'] / (config['sampling_rate'] * config['num_clients'])
+  ranges = [fair_a5_dp2fedsam.BLOCK.ranges[k][1:] for k in ('server_lr', 'dp.clip_norm')]
+  assert all(fair_a5_dp2fedsam.BLOCK.ranges[k][0] == 'log_uniform' for k in ('server_lr', 'dp.clip_norm'))
+  share = _fraction_of_draws_at_most(ranges, max(theirs) / z)
+  assert (f'{100 * share:.1f} % of the draws from the declared ranges of server lr and C give at '
+          f'most {max(theirs):.4f}') in text
+  sam, ft, ours_row, avg = (_a5_accuracies(m).mean()
+                            for m in ('dp_fedsam', 'dp_fedsam_ft', 'dp2fedsam', 'dp_fedavg'))
+  assert (f'DP²-FedSAM {_signed(ours_row - sam)} and DP-FedSAM-FT {_signed(ft - sam)} over DP-FedSAM '
+          f'hold, and DP-FedSAM > DP-FedAvg is contradicted ({_signed(sam - avg)})') in _flat(text)
