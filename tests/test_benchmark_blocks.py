@@ -164,6 +164,10 @@ def test_each_block_declares_its_regime_rule_and_what_a_failure_means(letter):
   # eps = 1 the best sat at 95.5 % (at the ceiling), at eps = 0.25 at 92.35 % (a test).
   assert block.regime(96.7, {'best': 95.51, 'other': 94.4}) == _fair.AT_CEILING
   assert block.regime(96.7, {'best': 92.35, 'other': 89.3}) == 'test'
+  # A ceiling under the best private row measured no room (block (a5)'s search diverged in round 1):
+  # no verdict, as the rule says, and worded for what happened.
+  assert block.regime(7.17, {'best': 81.84, 'other': 10.69}) == _fair.CEILING_FAILED
+  assert "no verdict on the paper's order" in _fair.CEILING_FAILED
 
 
 @pytest.mark.parametrize('letter, row', _rows(), ids=[f'{b}:{r.name}' for b, r in _rows()])

@@ -37,6 +37,11 @@ VALIDATION_FRACTION = 0.1  # the trials' validation split; the final runs train 
 # private row, else the block is no test of the paper's order (its rows still shown).
 REGIME_MARGIN = 2.0
 AT_CEILING = "at the ceiling: no verdict on the paper's order"
+# A ceiling under the best private row did not measure the regime's room (its search found nothing
+# that trains): the rule's outcome is still no verdict, and the block's next step (meant for a
+# saturated regime) does not follow.
+CEILING_FAILED = ("the ceiling's search failed (under the best private row): no verdict on the "
+                  "paper's order, no further step")
 
 # The config fields each piece of a MethodSpec adds to the search (by the piece's class name, so that
 # this module needs no engine import). Every class of algorithms/pieces.py is listed: a new piece
@@ -161,8 +166,11 @@ class Block:
 
   def regime(self, ceiling: float, private_means: dict) -> str:
     """'test' when the ceiling's accuracy (points) clears the best private row's mean by the
-    margin, else AT_CEILING: the rule applied, once every row has its 3 seeds."""
+    margin, else AT_CEILING, or CEILING_FAILED where it is under that row: the rule applied, once
+    every row has its 3 seeds."""
     best = max(private_means.values())
+    if ceiling < best:
+      return CEILING_FAILED
     return 'test' if ceiling >= best + self.regime_margin else AT_CEILING
 
   def claim_pairs(self) -> list:
