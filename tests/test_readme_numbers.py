@@ -738,3 +738,79 @@ def test_results_readme_a5_global_model_searches_found_nothing_that_trains(resul
                             for m in ('dp_fedsam', 'dp_fedsam_ft', 'dp2fedsam', 'dp_fedavg'))
   assert (f'DP²-FedSAM {_signed(ours_row - sam)} and DP-FedSAM-FT {_signed(ft - sam)} over DP-FedSAM '
           f'hold, and DP-FedSAM > DP-FedAvg is contradicted ({_signed(sam - avg)})') in _flat(text)
+
+
+def _section(text: str, start: str) -> str:
+  """The bullet of a flattened text that starts with `start`, up to the next bullet."""
+  return text.split(start, 1)[1].split(' - **', 1)[0]
+
+
+def test_results_readme_a5_verdict_bullets_are_the_committed_page_and_runs(results_readme):
+  """Block (a5)'s verdict, convergence and clipping bullets: the tally and every d from the
+  committed page's claims table, the ceiling from its page, the gains and clip rates from the runs."""
+  with open(os.path.join(A5, 'results.md')) as f:
+    page = f.read()
+  assert "Applied: **the ceiling's search failed" in page
+  table = page.split("### The paper's claims")[1].split("### The README's table")[0]
+  claims = [line.split(' | ') for line in table.split('\n') if ' > ' in line.split(' | ')[0]]
+  verdicts = [c[4] for c in claims]
+  bullet = _section(results_readme, "- **The ceiling's search failed: no verdict on the paper's order.** ")
+  assert (f'As measurements, {verdicts.count("holds")} of the paper\'s {len(claims)} claims hold, '
+          f'{verdicts.count("level")} are level, {verdicts.count("contradicted")} contradicted.'
+          ) in bullet
+  for c in claims:  # every claim's d, as the page gives it
+    assert c[2].replace('-', '−') in bullet, c
+  ceiling_dir = os.path.join(A5, 'runs', 'ceiling_p_fedsam')
+  [trial] = glob.glob(os.path.join(ceiling_dir, 'trial=*'))  # the selected one, as published
+  train = _records(os.path.join(trial, 'train_metrics.jsonl'))
+  assert f'diverged in round 1 (train loss {train[0]["train_loss"]:,.0f}' in bullet
+  assert [r['round'] for r in train if r['mean_update_norm'] == 0][0] == 3
+  assert all(r['mean_update_norm'] == 0 for r in train[2:])  # "0 from round 3 on"
+  final = _records(os.path.join(ceiling_dir, 'final', 'seed=0', 'train_metrics.jsonl'))
+  assert 1.05e10 <= final[0]['train_loss'] < 1.15e10
+  assert '(round-1 train loss 1.1 × 10¹⁰)' in bullet
+  ceiling = float(page.split('Non-private ceiling ')[1].split(' %')[0])
+  best = max(_a5_accuracies(m).mean() for m in FM_NAMES.values())
+  assert best == _a5_accuracies('centaur').mean() > ceiling
+  assert (f'ends at {ceiling:.2f} %, under the best private row (CENTAUR, {best:.2f} %)') in bullet
+  _, d, s = _rule(_a5_accuracies('dp2fedsam') / 100, _a5_accuracies('centaur') / 100)
+  assert f'(−{-d:.2f}, s = {s:.2f}: {max(1, 2 * s) + d:.2f} short of "hurts")' in bullet
+  a5_text = results_readme.split('**Fashion-MNIST (1000, 5), each method tuned under one budget**')[1]
+  convergence = _section(a5_text, '- **Convergence and clipping at T = 200** ')
+  names = {code: shown for shown, code in FM_NAMES.items()}
+  gains = {}
+  for method in FM_NAMES.values():
+    curves = _finals_curves(method)
+    gains[method] = 100 * (np.mean([c[200] for c in curves]) - np.mean([c[150] for c in curves]))
+  order = sorted(gains, key=gains.get, reverse=True)
+  assert (', '.join(f'{names[m]} {_signed(gains[m])}' for m in order[:-1])
+          + f' and {names[order[-1]]} {_signed(gains[order[-1]])}') in convergence
+  low = {}
+  for method in FM_NAMES.values():
+    rates = [r['clipped_fraction'] for s in SEEDS for r in _records(os.path.join(
+        A5, 'runs', method, 'final', f'seed={s}', 'train_metrics.jsonl'))[-50:]]
+    low[method] = min(rates)
+    assert max(rates) == 1.0
+  training = ('dp2fedsam', 'centaur', 'dp_fedsam_ft', 'dp_fedavg_ft')
+  assert f'at least {100 * min(low[m] for m in training):.1f} % of the clients' in convergence
+  assert (f'on {100 * low["dp_fedsam"]:.0f}-100 % for DP-FedSAM and {100 * low["dp_fedavg"]:.0f}-100 % '
+          'for DP-FedAvg') in convergence
+
+
+def test_results_readme_a5_ceiling_diagnostic_is_block_a_values_on_a5(readme, results_readme):
+  """The (a5) ceiling diagnostic: (a5)'s ceiling final run with block (a)'s ceiling's selected
+  values, nothing else changed; its final accuracy as both READMEs state it."""
+  diag = os.path.join(A5, 'diagnostics', 'ceiling_p_fedsam_at_block_a_values_seed0')
+  ran = _flat_config(os.path.join(diag, 'config.json'))
+  final = _flat_config(os.path.join(A5, 'runs', 'ceiling_p_fedsam', 'final', 'seed=0', 'config.json'))
+  with open(os.path.join(RESULTS, 'fair_a_dp2fedsam', 'runs', 'ceiling_p_fedsam', 'tuning.json')) as f:
+    block_a_values = json.load(f)['selected_values']
+  differ = {k for k in ran.keys() | final.keys() if ran.get(k) != final.get(k)}
+  assert differ == set(block_a_values), differ
+  assert all(ran[k] == v for k, v in block_a_values.items())
+  [last] = _records(os.path.join(diag, 'metrics.jsonl'))[-1:]
+  assert last['round'] == 200
+  reached, best = 100 * last['test_accuracy'], _a5_accuracies('centaur').mean()
+  assert (f"non-private P-FedSAM at block (a)'s ceiling's selected values (seed 0) reaches "
+          f'{reached:.2f} % on this split, {reached - best:.2f} points above CENTAUR') in results_readme
+  assert f'P-FedSAM reaches {reached:.2f} %' in readme
