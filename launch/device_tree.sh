@@ -10,9 +10,9 @@
 # fitting beside them once more blocks are committed. The device steps read none of the earlier
 # studies' runs. `slim` switches to a branch `device-slim` whose one commit removes every folder of
 # experiments/results/ but those matching KEEP (default 'fair_*': the benchmark's own blocks, 2 MiB
-# each, kept beside the scripts that write them); uncommitted edits come along, so they travel too. `restore` switches back to the
-# branch slim started from and deletes device-slim; it refuses while device-slim holds commits of
-# its own (commit on the real branch, never on this one).
+# each, kept beside the scripts that write them); uncommitted edits come along, so they travel too.
+# `restore` switches back to the branch slim started from and deletes device-slim; it refuses while
+# device-slim holds commits of its own (commit on the real branch, never on this one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLIM=device-slim

@@ -600,6 +600,12 @@ def _finals_curves(method):
            for r in _records(os.path.join(finals, f'seed={s}', 'metrics.jsonl'))} for s in SEEDS]
 
 
+def _finals_train(method):
+  """The train_metrics.jsonl records of each final seed of an (a5) row."""
+  finals = os.path.join(A5, 'runs', method, 'final')
+  return [_records(os.path.join(finals, f'seed={s}', 'train_metrics.jsonl')) for s in SEEDS]
+
+
 def _flat_config(path):
   with open(path) as f:
     config = json.load(f)
@@ -627,8 +633,7 @@ def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(r
           f'publishes it because it sets the bound (ε {tuning["epsilon_bound"]:.3f} for the search,'
           ) in results_readme
   early, tested = [], []
-  for s in SEEDS:
-    train = _records(os.path.join(finals, f'seed={s}', 'train_metrics.jsonl'))
+  for s, train in zip(SEEDS, _finals_train('dp_fedavg_ft')):
     evals = {r['round']: r for r in _records(os.path.join(finals, f'seed={s}', 'metrics.jsonl'))}
     early.append(sum(r['nonfinite_clients'] for r in train if r['round'] <= 50))
     tested.append(int(evals[50]['test_nonfinite_clients']))
@@ -665,13 +670,16 @@ def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(r
   assert f'all six runs still gain {min(gains):.2f}-{max(gains):.2f} points' in results_readme
 
 
+def _noise_per_server_lr_and_clip(config):
+  """σ / (qN): the noise std a server step adds to each weight, per unit of server lr × C."""
+  assert config['server_optimizer'] == 'sgd'  # no momentum to amplify it
+  return config['dp.noise_multiplier'] / (config['sampling_rate'] * config['num_clients'])
+
+
 def _server_noise_per_weight(run):
   """The std of the noise one server step adds to each weight: server lr × σC / (qN)."""
   config = _flat_config(os.path.join(run, 'config.json'))
-  assert config['server_optimizer'] == 'sgd'  # no momentum to amplify it
-  expected_cohort = config['sampling_rate'] * config['num_clients']
-  return (config['server_lr'] * config['dp.noise_multiplier'] * config['dp.clip_norm']
-          / expected_cohort)
+  return config['server_lr'] * config['dp.clip_norm'] * _noise_per_server_lr_and_clip(config)
 
 
 def _fraction_of_draws_at_most(ranges, bound, points=200_001):
@@ -709,8 +717,7 @@ def test_results_readme_a5_global_model_searches_found_nothing_that_trains(resul
   above, losses, snr = [], {}, []
   for row in rows:
     losses[row] = []
-    for s in SEEDS:
-      train = _records(os.path.join(A5, 'runs', row, 'final', f'seed={s}', 'train_metrics.jsonl'))
+    for train in _finals_train(row):
       above.append(next(r['round'] for r in train if r['train_loss'] > np.log(10)))
       losses[row].append(max(r['train_loss'] for r in train))
       snr += [r['signal_to_noise'] for r in train]
@@ -718,17 +725,14 @@ def test_results_readme_a5_global_model_searches_found_nothing_that_trains(resul
   assert ('(highest: DP-FedSAM ' + ' / '.join(f'{h:.2f}' for h in losses['dp_fedsam'])
           + ', DP-FedAvg ' + ' / '.join(f'{h:.2f}' for h in losses['dp_fedavg']) + ')') in text
   assert f'stays {min(snr):.4f}-{max(snr):.4f}' in text
-  noise = {(block, row): _server_noise_per_weight(os.path.join(RESULTS, block, 'runs', row, 'final',
-                                                               'seed=0'))
-           for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam') for row in rows}
-  ours, theirs = ([noise[(block, row)] for row in rows]
-                  for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam'))
+  ours, theirs = ([_server_noise_per_weight(os.path.join(RESULTS, block, 'runs', row, 'final', 'seed=0'))
+                   for row in rows] for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam'))
   assert (f'noise of std {ours[0]:.4f} and {ours[1]:.4f} into every weight each round (server lr × '
           f'σC/(qN), no momentum), {ours[0] / theirs[0]:.2f} and {ours[1] / theirs[1]:.2f} times what '
           f"block (a)'s DP-FedSAM and DP-FedAvg selections trained at ({theirs[0]:.4f} and "
           f'{theirs[1]:.4f})') in text
   config = _flat_config(os.path.join(A5, 'runs', 'dp_fedavg', 'final', 'seed=0', 'config.json'))
-  z = config['dp.noise_multiplier'] / (config['sampling_rate'] * config['num_clients'])
+  z = _noise_per_server_lr_and_clip(config)
   ranges = [fair_a5_dp2fedsam.BLOCK.ranges[k][1:] for k in ('server_lr', 'dp.clip_norm')]
   assert all(fair_a5_dp2fedsam.BLOCK.ranges[k][0] == 'log_uniform' for k in ('server_lr', 'dp.clip_norm'))
   share = _fraction_of_draws_at_most(ranges, max(theirs) / z)
@@ -787,8 +791,7 @@ def test_results_readme_a5_verdict_bullets_are_the_committed_page_and_runs(resul
           + f' and {names[order[-1]]} {_signed(gains[order[-1]])}') in convergence
   low = {}
   for method in FM_NAMES.values():
-    rates = [r['clipped_fraction'] for s in SEEDS for r in _records(os.path.join(
-        A5, 'runs', method, 'final', f'seed={s}', 'train_metrics.jsonl'))[-50:]]
+    rates = [r['clipped_fraction'] for train in _finals_train(method) for r in train[-50:]]
     low[method] = min(rates)
     assert max(rates) == 1.0
   training = ('dp2fedsam', 'centaur', 'dp_fedsam_ft', 'dp_fedavg_ft')
