@@ -1,6 +1,7 @@
 """Shared fixtures: tiny configs and data so the whole suite runs in minutes on 2 CPU cores."""
 
 import atexit
+import json
 import os
 import re
 import shutil
@@ -123,6 +124,26 @@ def readme_table(heading: str) -> list[str]:
 # The heading of the README's hand-tuned Fashion-MNIST table (tests/test_report.py and
 # tests/test_readme_numbers.py hold it to the committed runs).
 HAND_TUNED_FMNIST = "### Hand-tuned at DP²-FedSAM's paper rates"
+
+
+def flat_config(path):
+  """A run's config.json as one level: {'dp.clip_norm': ..., 'server_lr': ...}."""
+  with open(path) as f:
+    config = json.load(f)
+  return {**{k: v for k, v in config.items() if not isinstance(v, dict)},
+          **{f'{k}.{kk}': vv for k, v in config.items() if isinstance(v, dict) for kk, vv in v.items()}}
+
+
+def noise_per_server_lr_and_clip(config):
+  """σ / (qN): the noise std a server step adds to each weight, per unit of server lr × C."""
+  assert config['server_optimizer'] == 'sgd'  # no momentum to amplify it
+  return config['dp.noise_multiplier'] / (config['sampling_rate'] * config['num_clients'])
+
+
+def server_noise_per_weight(run):
+  """The std of the noise one server step adds to each weight: server lr × σC / (qN)."""
+  config = flat_config(os.path.join(run, 'config.json'))
+  return config['server_lr'] * config['dp.clip_norm'] * noise_per_server_lr_and_clip(config)
 
 
 @pytest.fixture

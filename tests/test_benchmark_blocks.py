@@ -15,10 +15,11 @@ import os
 
 import pytest
 from absl import logging
+from conftest import flat_config, server_noise_per_weight
 
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax.algorithms import METHODS, pieces
-from dp2fedsam_jax.privacy import selection
+from dp2fedsam_jax.privacy import accounting, selection
 from experiments.configs import _fair, _pfeddsu, _topk
 from experiments.configs import fmnist_paper_regime
 from launch import fair_benchmark, sweep, tune
@@ -320,3 +321,55 @@ def test_a_smoke_run_cuts_every_config_of_the_block_and_lists_each_failure(lette
   assert sorted({c.method for c in ran}) == sorted({row.method for row in rows})
   assert len(failed) == per_row[rows[0].name] + 1
   assert all(label.startswith(f'{letter}:{rows[0].name} ') for label in failed)
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       'experiments', 'results')
+
+
+def _final_seed0(block_dir: str, row: str) -> str:
+  return os.path.join(RESULTS, block_dir, 'runs', row, 'final', 'seed=0')
+
+
+def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
+  """Block (b)'s re-declared ranges: its docstring's noise per weight, the share of draws at most at
+  the largest noise block (a)'s global-model rows trained at (first and re-declared ranges, and the
+  chance a row's search misses them all), and the probes that cap the client lr, all recomputed."""
+  module = BLOCKS['b'][1]
+  doc = ' '.join(module.__doc__.split())
+  config = module.get_config()
+  sigma = accounting.calibrate_noise_multiplier(
+      config.dp.target_epsilon, config.sampling_rate, config.num_rounds, 1 / config.num_clients,
+      sampling=config.dp.sampling, accountant=config.dp.accountant)
+  per_unit = sigma / (config.sampling_rate * config.num_clients)
+  assert f'sigma = {sigma:.2f}' in doc and f'= {per_unit:.3f} x server lr x C' in doc
+  trained = [server_noise_per_weight(_final_seed0('fair_a_dp2fedsam', r))
+             for r in ('dp_fedsam', 'dp_fedavg')]
+  failed = [server_noise_per_weight(_final_seed0('fair_a5_dp2fedsam', r))
+            for r in ('dp_fedavg', 'dp_fedsam')]
+  assert (f'trained at {trained[0]:.4f} and {trained[1]:.4f}, block (a5)\'s failed at '
+          f'{failed[0]:.4f} and {failed[1]:.4f}') in doc
+  bound = max(trained)
+  shares = []
+  for ranges in (module.FIRST_DECLARED, module.RANGES):
+    share = _fair.product_at_most(module.RANGES['server_lr'], ranges['dp.clip_norm'], bound / per_unit)
+    shares.append((share, _fair.every_draw_misses(module.TRIALS, share)))
+  (first, first_miss), (now, now_miss) = shares
+  assert (f'put {100 * first:.0f} % of the draws at most at {bound:.4f}, so a row\'s search missed '
+          f'them all with probability {first_miss:.2f} under this law; these put {100 * now:.0f} % '
+          f'there ({now_miss:.2f})') in doc
+  assert now_miss < 0.5 * first_miss
+  probes = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics')
+  first_loss = {}
+  for lr in ('0.3', '0.15', '0.1'):
+    with open(os.path.join(probes, f'fedavg_lr{lr}', 'train_metrics.jsonl')) as f:
+      records = [json.loads(line) for line in f]
+    ran = flat_config(os.path.join(probes, f'fedavg_lr{lr}', 'config.json'))
+    assert ran['method'] == 'fedavg' and ran['local.lr_shared'] == float(lr)
+    assert ran['partition'] == config.partition and ran['num_clients'] == config.num_clients
+    first_loss[lr] = [r['train_loss'] for r in records]
+  huge = lambda x: f'{x:.1e}'.replace('e+', 'e')
+  assert (f'diverges in round 1 at client lr 0.15 and 0.3 (train loss {huge(first_loss["0.15"][0])}, '
+          f'{huge(first_loss["0.3"][0])}) and trains at 0.1 ({first_loss["0.1"][0]:.2f}, then '
+          f'{first_loss["0.1"][1]:.2f})') in doc
+  assert module.RANGES['local.lr_shared'][2] == 0.1 < 0.15

@@ -17,9 +17,10 @@ import re
 
 import numpy as np
 import pytest
-from conftest import HAND_TUNED_FMNIST, readme_table
+from conftest import (HAND_TUNED_FMNIST, flat_config, noise_per_server_lr_and_clip, readme_table,
+                      server_noise_per_weight)
 
-from experiments.configs import fair_a5_dp2fedsam
+from experiments.configs import _fair, fair_a5_dp2fedsam
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
@@ -606,13 +607,6 @@ def _finals_train(method):
   return [_records(os.path.join(finals, f'seed={s}', 'train_metrics.jsonl')) for s in SEEDS]
 
 
-def _flat_config(path):
-  with open(path) as f:
-    config = json.load(f)
-  return {**{k: v for k, v in config.items() if not isinstance(v, dict)},
-          **{f'{k}.{kk}': vv for k, v in config.items() if isinstance(v, dict) for kk, vv in v.items()}}
-
-
 SWAPS = {  # diagnostic folder: (its method, the row whose selected values it runs at)
     'dp_fedsam_ft_at_dp_fedavg_ft_values_seed0': ('dp_fedsam_ft', 'dp_fedavg_ft'),
     'dp_fedavg_ft_at_dp_fedsam_ft_values_seed0': ('dp_fedavg_ft', 'dp_fedsam_ft'),
@@ -646,7 +640,7 @@ def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(r
   swapped = {}
   for folder, (method, values_of) in SWAPS.items():
     swap = os.path.join(A5, 'diagnostics', folder)
-    ran, partner = (_flat_config(os.path.join(p, 'config.json')) for p in
+    ran, partner = (flat_config(os.path.join(p, 'config.json')) for p in
                     (swap, os.path.join(A5, 'runs', values_of, 'final', 'seed=0')))
     differ = {k for k in ran.keys() | partner.keys() if ran.get(k) != partner.get(k)}
     assert ran['method'] == method and differ <= {'method', 'local.sam_rho'}, differ
@@ -668,26 +662,6 @@ def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(r
     for r in _finals_curves(method):
       gains.append(100 * (r[200] - r[150]))
   assert f'all six runs still gain {min(gains):.2f}-{max(gains):.2f} points' in results_readme
-
-
-def _noise_per_server_lr_and_clip(config):
-  """σ / (qN): the noise std a server step adds to each weight, per unit of server lr × C."""
-  assert config['server_optimizer'] == 'sgd'  # no momentum to amplify it
-  return config['dp.noise_multiplier'] / (config['sampling_rate'] * config['num_clients'])
-
-
-def _server_noise_per_weight(run):
-  """The std of the noise one server step adds to each weight: server lr × σC / (qN)."""
-  config = _flat_config(os.path.join(run, 'config.json'))
-  return config['server_lr'] * config['dp.clip_norm'] * _noise_per_server_lr_and_clip(config)
-
-
-def _fraction_of_draws_at_most(ranges, bound, points=200_001):
-  """P[x × y <= bound] for x, y drawn log-uniform from ranges = ((lo, hi), (lo, hi)): the sum of
-  two uniform logs, integrated on a grid."""
-  (a1, b1), (a2, b2) = (np.log(r) for r in ranges)
-  x = np.linspace(a1, b1, points)
-  return float(np.mean(np.clip(np.log(bound) - x - a2, 0, b2 - a2)) / (b2 - a2))
 
 
 def test_results_readme_a5_global_model_searches_found_nothing_that_trains(results_readme):
@@ -725,17 +699,16 @@ def test_results_readme_a5_global_model_searches_found_nothing_that_trains(resul
   assert ('(highest: DP-FedSAM ' + ' / '.join(f'{h:.2f}' for h in losses['dp_fedsam'])
           + ', DP-FedAvg ' + ' / '.join(f'{h:.2f}' for h in losses['dp_fedavg']) + ')') in text
   assert f'stays {min(snr):.4f}-{max(snr):.4f}' in text
-  ours, theirs = ([_server_noise_per_weight(os.path.join(RESULTS, block, 'runs', row, 'final', 'seed=0'))
+  ours, theirs = ([server_noise_per_weight(os.path.join(RESULTS, block, 'runs', row, 'final', 'seed=0'))
                    for row in rows] for block in ('fair_a5_dp2fedsam', 'fair_a_dp2fedsam'))
   assert (f'noise of std {ours[0]:.4f} and {ours[1]:.4f} into every weight each round (server lr × '
           f'σC/(qN), no momentum), {ours[0] / theirs[0]:.2f} and {ours[1] / theirs[1]:.2f} times what '
           f"block (a)'s DP-FedSAM and DP-FedAvg selections trained at ({theirs[0]:.4f} and "
           f'{theirs[1]:.4f})') in text
-  config = _flat_config(os.path.join(A5, 'runs', 'dp_fedavg', 'final', 'seed=0', 'config.json'))
-  z = _noise_per_server_lr_and_clip(config)
-  ranges = [fair_a5_dp2fedsam.BLOCK.ranges[k][1:] for k in ('server_lr', 'dp.clip_norm')]
-  assert all(fair_a5_dp2fedsam.BLOCK.ranges[k][0] == 'log_uniform' for k in ('server_lr', 'dp.clip_norm'))
-  share = _fraction_of_draws_at_most(ranges, max(theirs) / z)
+  config = flat_config(os.path.join(A5, 'runs', 'dp_fedavg', 'final', 'seed=0', 'config.json'))
+  z = noise_per_server_lr_and_clip(config)
+  ranges = fair_a5_dp2fedsam.BLOCK.ranges
+  share = _fair.product_at_most(ranges['server_lr'], ranges['dp.clip_norm'], max(theirs) / z)
   assert (f'{100 * share:.1f} % of the draws from the declared ranges of server lr and C give at '
           f'most {max(theirs):.4f}') in text
   sam, ft, ours_row, avg = (_a5_accuracies(m).mean()
@@ -804,8 +777,8 @@ def test_results_readme_a5_ceiling_diagnostic_is_block_a_values_on_a5(readme, re
   """The (a5) ceiling diagnostic: (a5)'s ceiling final run with block (a)'s ceiling's selected
   values, nothing else changed; its final accuracy as both READMEs state it."""
   diag = os.path.join(A5, 'diagnostics', 'ceiling_p_fedsam_at_block_a_values_seed0')
-  ran = _flat_config(os.path.join(diag, 'config.json'))
-  final = _flat_config(os.path.join(A5, 'runs', 'ceiling_p_fedsam', 'final', 'seed=0', 'config.json'))
+  ran = flat_config(os.path.join(diag, 'config.json'))
+  final = flat_config(os.path.join(A5, 'runs', 'ceiling_p_fedsam', 'final', 'seed=0', 'config.json'))
   with open(os.path.join(RESULTS, 'fair_a_dp2fedsam', 'runs', 'ceiling_p_fedsam', 'tuning.json')) as f:
     block_a_values = json.load(f)['selected_values']
   differ = {k for k in ran.keys() | final.keys() if ran.get(k) != final.get(k)}

@@ -25,8 +25,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from dp2fedsam_jax import local
 from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.privacy import selection
 from experiments.configs import _common
 
 COMMON_KNOBS = ('local.lr_shared', 'server_lr', 'dp.clip_norm')
@@ -97,6 +100,27 @@ def contains(law, value) -> bool:
   if law[0] == 'choice':
     return value in law[1]
   return float(law[1]) <= float(value) <= float(law[2])
+
+
+def product_at_most(law_a, law_b, bound: float, points: int = 200_001) -> float:
+  """P[a × b <= bound] for a, b drawn from two log-uniform laws: e.g. server lr × C, which sets the
+  noise a round puts on each weight of a plain-SGD server (server lr × σC / (qN)). The sum of two
+  uniform logs, integrated on a grid."""
+  (lo_a, hi_a), (lo_b, hi_b) = ((math.log(law[1]), math.log(law[2])) for law in (law_a, law_b))
+  if law_a[0] != 'log_uniform' or law_b[0] != 'log_uniform':
+    raise ValueError(f'product_at_most takes two log_uniform laws, not {law_a[0]}, {law_b[0]}.')
+  log_a = np.linspace(lo_a, hi_a, points)
+  return float(np.mean(np.clip(math.log(bound) - log_a - lo_b, 0.0, hi_b - lo_b)) / (hi_b - lo_b))
+
+
+def every_draw_misses(trials: dict, fraction: float, max_trials: int = 1_000) -> float:
+  """P[none of a search's K draws lands in a part of its space that holds `fraction` of the draws]:
+  E[(1 - fraction)^K] under the block's law of K (launch.tune's `trials`)."""
+  law = selection.TrialDistribution.from_dict(trials)
+  pmf = [law.pmf(k) for k in range(max_trials + 1)]
+  if not math.isclose(sum(pmf), 1.0, abs_tol=1e-9):
+    raise ValueError(f'the law {trials} holds mass beyond K = {max_trials}; raise max_trials.')
+  return sum(p * (1.0 - fraction) ** k for k, p in enumerate(pmf))
 
 
 @dataclasses.dataclass(frozen=True)
