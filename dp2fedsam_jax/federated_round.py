@@ -297,12 +297,16 @@ def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: Rou
       state.shared, released, denominator, rc.server_lr, state.server_opt_state)
   clip_state = privatizer.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
                                           cohort)
-  n = jnp.maximum(cohort - stats['nonfinite'], 1).astype(jnp.float32)
+  finite_clients = cohort - stats['nonfinite']
+  n = jnp.maximum(finite_clients, 1).astype(jnp.float32)
+  # Means over the clients that trained; none did (an empty cohort, or every client diverged): NaN,
+  # never a 0 that reads as a perfect loss.
+  mean = lambda total: jnp.where(finite_clients > 0, total / n, jnp.nan)
   metrics = {
       'cohort_size': cohort,
-      'train_loss': stats['loss_sum'] / n,
-      'mean_update_norm': stats['norm_sum'] / n,
-      'clipped_fraction': stats['clipped'] / n,
+      'train_loss': mean(stats['loss_sum']),
+      'mean_update_norm': mean(stats['norm_sum']),
+      'clipped_fraction': mean(stats['clipped']),
       'nonfinite_clients': stats['nonfinite'],
       **diagnostics,
       **privatizer.round_metrics(),  # under adaptive clipping the C this round clipped to

@@ -318,8 +318,9 @@ def _train_scalars(metrics: dict, seconds: float, private_only: bool = False) ->
 
 
 def _window_means(window: list[dict]) -> dict:
-  """The training scalars of the rounds since the last record, for its evaluation line."""
-  means = {k: float(jnp.mean(jnp.array([m[k] for m in window])))
+  """The training scalars of the rounds since the last record, for its evaluation line: each a mean
+  over the rounds where it is defined (NaN where none trained a client)."""
+  means = {k: float(jnp.nanmean(jnp.array([m[k] for m in window])))
            for k in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size')}
   # Clients whose local training diverged (zero upload) in the rounds since the last record.
   return {**means, 'nonfinite_clients': int(sum(int(m['nonfinite_clients']) for m in window))}

@@ -264,6 +264,19 @@ def test_a_diverged_client_uploads_zero_keeps_its_head_and_the_run_goes_on():
   assert np.isfinite(float(nan_metrics['train_loss']))
 
 
+def test_a_round_where_every_client_diverged_reports_no_mean_loss():
+  """No client trained (NaN data everywhere): the round's means are NaN (null in
+  train_metrics.jsonl), never the 0 of an empty sum that reads as a perfect loss."""
+  exp = train.build_experiment(tiny_config(sampling_rate=1.0, **{'dp.delta': 0.1}))
+  poisoned = exp.data.replace(train_x=jnp.full(exp.data.train_x.shape, jnp.nan, jnp.float32))
+  step = jax.jit(make_round_step(exp.spec, exp.model, exp.local_config, exp.round_config))
+  _, metrics = step(exp.init_state(), poisoned, exp.root_key)
+  assert int(metrics['nonfinite_clients']) == int(metrics['cohort_size']) > 0
+  for key in ('train_loss', 'mean_update_norm', 'clipped_fraction'):
+    assert np.isnan(float(metrics[key])), key
+  assert train._window_means([metrics, {**metrics, 'train_loss': 2.0}])['train_loss'] == 2.0
+
+
 def test_diverging_clients_do_not_end_a_run(tmp_path):
   """Every client's local training blows up: each uploads zero, the run finishes and says so."""
   config = tiny_config(num_rounds=2, **{'local.lr_shared': 1e30, 'local.lr_personal': 1e30})
