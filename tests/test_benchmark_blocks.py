@@ -359,6 +359,16 @@ def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
           f'them all with probability {first_miss:.2f} under this law; these put {100 * now:.0f} % '
           f'there ({now_miss:.2f})') in doc
   assert now_miss < 0.5 * first_miss
+  # The rule's next step (eps 0.25) keeps the noise on each weight: C's range scaled by the sigmas.
+  next_sigma = accounting.calibrate_noise_multiplier(
+      0.25, config.sampling_rate, config.num_rounds, 1 / config.num_clients,
+      sampling=config.dp.sampling, accountant=config.dp.accountant)
+  ratio = sigma / next_sigma
+  as_now = _fair.product_at_most(module.RANGES['server_lr'], module.RANGES['dp.clip_norm'],
+                                 bound * config.sampling_rate * config.num_clients / next_sigma)
+  assert (f'sigma(eps 1) / sigma(eps 0.25) = {ratio:.3f}' in doc
+          and f'with these C\'s, {100 * as_now:.0f} % of its draws' in doc)
+  assert f'x {ratio:.3f}' in module.BLOCK.if_rule_fails
   probes = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics')
   first_loss = {}
   for lr in ('0.3', '0.15', '0.1'):
