@@ -25,6 +25,8 @@ from experiments.configs import fmnist_paper_regime
 from launch import fair_benchmark, sweep, tune
 
 BLOCKS = {letter: fair_benchmark.load_block(letter) for letter in fair_benchmark.BLOCK_CONFIGS}
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       'experiments', 'results')
 
 # The papers' table rows (dp2-fedsam.txt Tables 2/3, dp-fedsam-topk.txt Table 1, dp-pfeddsu.txt
 # Table II; block (d) the Shakespeare privacy block of issue 58), as the registry names them.
@@ -323,10 +325,6 @@ def test_a_smoke_run_cuts_every_config_of_the_block_and_lists_each_failure(lette
   assert all(label.startswith(f'{letter}:{rows[0].name} ') for label in failed)
 
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       'experiments', 'results')
-
-
 def _final_seed0(block_dir: str, row: str) -> str:
   return os.path.join(RESULTS, block_dir, 'runs', row, 'final', 'seed=0')
 
@@ -355,7 +353,7 @@ def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
     share = _fair.product_at_most(module.RANGES['server_lr'], ranges['dp.clip_norm'], bound / per_unit)
     shares.append((share, _fair.every_draw_misses(module.TRIALS, share)))
   (first, first_miss), (now, now_miss) = shares
-  assert (f'put {100 * first:.0f} % of the draws at most at {bound:.4f}, so a row\'s search missed '
+  assert (f'put {100 * first:.0f} % of the draws at most at {bound:.4f}, so a row\'s search would miss '
           f'them all with probability {first_miss:.2f} under this law; these put {100 * now:.0f} % '
           f'there ({now_miss:.2f})') in doc
   assert now_miss < 0.5 * first_miss

@@ -106,9 +106,9 @@ def product_at_most(law_a, law_b, bound: float, points: int = 200_001) -> float:
   """P[a × b <= bound] for a, b drawn from two log-uniform laws: e.g. server lr × C, which sets the
   noise a round puts on each weight of a plain-SGD server (server lr × σC / (qN)). The sum of two
   uniform logs, integrated on a grid."""
-  (lo_a, hi_a), (lo_b, hi_b) = ((math.log(law[1]), math.log(law[2])) for law in (law_a, law_b))
   if law_a[0] != 'log_uniform' or law_b[0] != 'log_uniform':
     raise ValueError(f'product_at_most takes two log_uniform laws, not {law_a[0]}, {law_b[0]}.')
+  (lo_a, hi_a), (lo_b, hi_b) = ((math.log(law[1]), math.log(law[2])) for law in (law_a, law_b))
   log_a = np.linspace(lo_a, hi_a, points)
   return float(np.mean(np.clip(math.log(bound) - log_a - lo_b, 0.0, hi_b - lo_b)) / (hi_b - lo_b))
 

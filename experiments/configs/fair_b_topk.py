@@ -30,8 +30,8 @@ C 0.05-1.0), for two facts the first ranges ignored (docs/benchmark.md section 2
 - The server's noise. At sigma = 3.49 (eps 1, q 0.1, T 200, delta 1/500) a round puts noise of std
   server lr x C x sigma / (qN) = 0.070 x server lr x C on each weight of the global model. Block (a)'s
   global-model rows trained at 0.0031 and 0.0060, block (a5)'s failed at 0.0242 and 0.0309. The
-  first ranges put 22 % of the draws at most at 0.0060, so a row's search missed them all with
-  probability 0.54 under this law; these put 65 % there (0.15).
+  first ranges put 22 % of the draws at most at 0.0060, so a row's search would miss them all
+  with probability 0.54 under this law; these put 65 % there (0.15).
 - Local divergence. Non-private FedAvg on this split diverges in round 1 at client lr 0.15 and 0.3
   (train loss 3.7e28, 4.0e29) and trains at 0.1 (10.89, then 2.14): three rounds each, on the
   clients' rows, covered by no eps (experiments/results/fair_b_topk/diagnostics). The paper's 0.1
