@@ -278,7 +278,8 @@ def test_a_round_where_every_client_diverged_reports_no_mean_loss():
 
 
 def test_diverging_clients_do_not_end_a_run(tmp_path):
-  """Every client's local training blows up: each uploads zero, the run finishes and says so."""
+  """Local training at lr 1e30 blows up (a client goes non-finite and uploads zero; the others
+  saturate to a zero update): the run finishes and says so."""
   config = tiny_config(num_rounds=2, **{'local.lr_shared': 1e30, 'local.lr_personal': 1e30})
   final = train.train_and_evaluate(config, str(tmp_path))
   assert final['round'] == 2 and final['nonfinite_clients'] >= 1
