@@ -336,9 +336,10 @@ def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
   module = BLOCKS['b'][1]
   doc = ' '.join(module.__doc__.split())
   config = module.get_config()
-  sigma = accounting.calibrate_noise_multiplier(
-      config.dp.target_epsilon, config.sampling_rate, config.num_rounds, 1 / config.num_clients,
+  sigma_at = lambda eps: accounting.calibrate_noise_multiplier(
+      eps, config.sampling_rate, config.num_rounds, 1 / config.num_clients,
       sampling=config.dp.sampling, accountant=config.dp.accountant)
+  sigma = sigma_at(config.dp.target_epsilon)
   per_unit = sigma / (config.sampling_rate * config.num_clients)
   assert f'sigma = {sigma:.2f}' in doc and f'= {per_unit:.3f} x server lr x C' in doc
   trained = [server_noise_per_weight(_final_seed0('fair_a_dp2fedsam', r))
@@ -358,9 +359,7 @@ def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
           f'there ({now_miss:.2f})') in doc
   assert now_miss < 0.5 * first_miss
   # The rule's next step (eps 0.25) keeps the noise on each weight: C's range scaled by the sigmas.
-  next_sigma = accounting.calibrate_noise_multiplier(
-      0.25, config.sampling_rate, config.num_rounds, 1 / config.num_clients,
-      sampling=config.dp.sampling, accountant=config.dp.accountant)
+  next_sigma = sigma_at(0.25)
   ratio = sigma / next_sigma
   as_now = _fair.product_at_most(module.RANGES['server_lr'], module.RANGES['dp.clip_norm'],
                                  bound * config.sampling_rate * config.num_clients / next_sigma)
