@@ -220,6 +220,10 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
   rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0,
                    'gpu_hours': 0.0}
   for row in block.all_rows():
+    base = subsumed_by(letter, root, row, published)
+    if base is not None:
+      rows.append((row, 0.0, 0, 0.0, fair_report.subsumed_text(row, base), (None, None, None)))
+      continue
     finals = len(block.final_seeds(row))
     config = row_config(module, block, row)
     trial_hours = cpu_hours(block, row, config, 'trial')
@@ -241,6 +245,22 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
     out['runs_left'] += trials_left + finals - finals_done
     out['cpu_hours_left'] += trials_left * trial_hours + (finals - finals_done) * final_hours
   return {'block': block, 'path': path, 'rows': rows, **out}
+
+
+def subsumed_by(letter: str, root: str, row, published: str | None = None):
+  """The base row whose finished search (under root, else in `published`, a block's published
+  runs/) selected every value the variant `row` pins, while `row` has no search of its own: `row` is
+  then not searched (Block.is_subsumed). None otherwise."""
+  path, _, block = load_block(letter)
+  base = block.base_of(row)
+  own = [row_dir(root, path, row)] + ([os.path.join(published, row.name)] if published else [])
+  if base is None or any(os.path.exists(os.path.join(d, tune.TUNING_FILE)) for d in own):
+    return None
+  for directory in [row_dir(root, path, base)] + ([os.path.join(published, base.name)] if published else []):
+    tuning = _read(os.path.join(directory, tune.TUNING_FILE)) or {}
+    if tuning.get('status') == 'done':
+      return base if block.is_subsumed(row, tuning.get('selected_values')) else None
+  return None
 
 
 def row_progress(directory: str) -> tuple:
@@ -268,6 +288,9 @@ def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
     print(f'  regime rule: {block.regime_rule}')
     for row, mean_k, finals, hours, status, (eps, one, with_run) in plan['rows']:
       mark = f'  [{row.mark}]' if row.mark else ''
+      if not finals and not mean_k:  # a subsumed variant: nothing runs
+        print(f'  {row.name:24s} {status}{mark}')
+        continue
       privacy = (f'selection eps {eps:.3f} (one trial {one:.3f}; with a final run {with_run:.3f})'
                  if eps is not None else 'non-private: no eps')
       print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
@@ -298,11 +321,20 @@ def _read(path: str):
 def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str | None = None) -> dict:
   """Tunes the row (launch.tune resumes or finds its finished search), then its final seeds; writes
   and returns its entry of the block's summary (<row>/row.json). `seed_from` (the block's published
-  runs/): a search published there is not run again and its finished final runs count as done."""
+  runs/): a search published there is not run again and its finished final runs count as done.
+  A variant whose base row already selected its pins runs nothing (subsumed_by)."""
   if seed_from:
     seed_search(letter, row_name, root, seed_from)
   path, module, block = load_block(letter)
   row = block.row(row_name)
+  base = subsumed_by(letter, root, row, seed_from)
+  if base is not None:
+    entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
+             'pinned': dict(row.pinned), 'subsumed_by': base.name,
+             'note': fair_report.subsumed_text(row, base), 'final_runs': {}}
+    _log(f'skip    row {row.name}: {entry["note"]}')
+    _write_json(os.path.join(row_dir(root, path, row), ROW_FILE), entry)
+    return entry
   tuning = searched_elsewhere(path, root, row)
   if tuning is None:
     # Through the tuner, also for a finished search: it skips the finished trials and refuses a

@@ -305,3 +305,65 @@ def test_a_block_with_nothing_published_yet_runs_under_seed_from(tmp_path, monke
   assert len(executed) == 3  # its three final seeds
   with pytest.raises(ValueError, match='no such directory'):
     fair_benchmark.run_block('a', str(tmp_path / 'root'), 1, ['dp2fedsam'], str(tmp_path / 'typo'))
+
+
+def test_a_variant_whose_pins_its_base_row_selected_is_not_searched_and_meets_no_one(
+    tmp_path, monkeypatch, capsys):
+  """Block (d)'s dp2fedsam_full_ft pins the whole-model fine-tune that dp2fedsam's own search may
+  pick. Where that search picked it, the variant runs nothing (a second search would give DP2-FedSAM a
+  best-of-two), the plan says so, and the page judges only the base row; where it picked the head
+  re-fit, or the variant's own search has begun, the variant is searched as declared."""
+  from launch import sweep, tune  # pylint: disable=import-outside-toplevel
+  path, _, block = fair_benchmark.load_block('d')
+  name = fair_benchmark.config_name(path)
+  base, variant = block.row('dp2fedsam'), block.row('dp2fedsam_full_ft')
+  assert block.base_of(variant) == base and block.base_of(base) is None
+  out_root = str(tmp_path / 'results')
+  source = os.path.join(fair_benchmark.published_dir(out_root, 'd'), 'runs')
+
+  def base_selects(part):
+    _write(os.path.join(source, 'dp2fedsam', 'tuning.json'), {
+        'status': 'done', 'selected_values': {'eval.adapt_part': part, 'local.lr_shared': 1.0},
+        'selection_epsilon': 4.6, 'per_trial_epsilon': 2.3})
+
+  searched = []
+  monkeypatch.setattr(tune, 'tune', lambda p, root, row, **k: searched.append(row) or {})
+  monkeypatch.setattr(sweep, 'execute', lambda *a: pytest.fail('a final run of the variant'))
+  base_selects('full')
+  root = str(tmp_path / 'root')
+  entry = fair_benchmark.run_row('d', variant.name, root, 1, source)
+  assert entry['subsumed_by'] == 'dp2fedsam' and searched == [] and entry['final_runs'] == {}
+  assert "dp2fedsam's search selected eval.adapt_part full, what this variant pins" in entry['note']
+  fair_benchmark.print_plan(['d'], root, out_root)
+  line = next(l for l in capsys.readouterr().out.splitlines() if variant.name in l)
+  assert 'not searched' in line and 'CPU h' not in line
+  assert not any(r.name == variant.name and hours for r, _, _, hours, _, _ in
+                 fair_benchmark.block_plan('d', root, out_root)['rows'])
+  # The page: the base row's finals, the variant's line, no claim of the variant's.
+  for row, accuracy in (('dp2fedsam', 0.36), ('centaur', 0.30), ('dp_fedavg', 0.32)):
+    for seed in range(3):
+      run = os.path.join(source, row, 'final', f'seed={seed}')
+      _write(os.path.join(run, 'config.json'), {'num_rounds': 1000})
+      _write(os.path.join(run, 'metrics.jsonl'),
+             [{'round': 1000, 'test_accuracy_pooled': accuracy + seed / 1000}])
+  results = fair_report.read_block(source, block)
+  assert fair_report.subsumed(block, results) == {variant.name: base}
+  pairs = [(e['better'].name, e['worse'].name) for e in fair_report.verdicts(block, results)]
+  assert pairs == [('dp2fedsam', 'centaur'), ('dp2fedsam', 'dp_fedavg'), ('centaur', 'dp_fedavg')]
+  assert fair_report.regime(block, results, 51.99) == 'test'  # the variant's missing seeds wait for no one
+  epsilons = fair_benchmark.row_epsilons(path, *fair_benchmark.load_block('d')[1:], results)
+  table = '\n'.join(fair_report.row_lines(block, results, epsilons))
+  assert f'| {variant.name} ({variant.mark}) | DP2-FedSAM | not searched: ' in table
+  readme = fair_report.readme_lines(block, results, epsilons, 51.99)
+  assert sum('variant' in l for l in readme if l.startswith('|')) == 0
+  assert any(l.startswith(f'{variant.name}: not searched') for l in readme)
+  # The base chose the head re-fit: the variant is searched, as declared.
+  base_selects('head')
+  fair_benchmark.run_row('d', variant.name, str(tmp_path / 'root2'), 1, source)
+  assert searched == [variant.name]
+  assert fair_report.subsumed(block, fair_report.read_block(source, block)) == {}
+  # The variant's own search has begun (its tuning.json under root): it goes on, whatever the base.
+  base_selects('full')
+  _write(os.path.join(str(tmp_path / 'root3'), name, variant.name, 'tuning.json'), {'status': 'running'})
+  fair_benchmark.run_row('d', variant.name, str(tmp_path / 'root3'), 1, source)
+  assert searched == [variant.name] * 2

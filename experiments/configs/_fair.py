@@ -132,7 +132,8 @@ class Row:
   seed          the tuner's seed, recorded in tuning.json; different for every row of every block
   mark          what a reader must know (e.g. 'paper form: the mask leaks; eps does not cover it')
   pinned        ((field, value), ...) a variant fixes instead of searching, with why_pinned (e.g. the
-                whole-model fine-tune of a symmetric-adaptation row)
+                whole-model fine-tune of a symmetric-adaptation row); not searched at all when its
+                base row's search already selected every pin (Block.is_subsumed)
   paper_row     the paper's table row this row reproduces ('' for a variant the paper lacks)
   """
   name: str
@@ -208,6 +209,21 @@ class Block:
       if r.name == name:
         return r
     raise ValueError(f'block {self.name}: no row {name!r}; rows: {[r.name for r in self.all_rows()]}')
+
+  def base_of(self, row: Row) -> Row | None:
+    """The row a variant pins knobs of: the block's unpinned row of the same method (None for an
+    unpinned row)."""
+    if not row.pinned:
+      return None
+    return next((r for r in self.rows if r.method == row.method and not r.pinned), None)
+
+  def is_subsumed(self, row: Row, base_selected: dict | None) -> bool:
+    """Whether a variant is its base row: the base's finished search (`base_selected`, its
+    selected values) chose every value the variant pins. The variant is then not searched: its
+    purpose is met, and a second search would give the method a second draw under the law (a
+    best-of-two no other row gets). Its claims are the base row's."""
+    return (self.base_of(row) is not None and base_selected is not None
+            and all(k in base_selected and base_selected[k] == v for k, v in row.pinned))
 
   def all_rows(self) -> tuple:
     return self.rows + ((self.ceiling,) if self.ceiling else ())

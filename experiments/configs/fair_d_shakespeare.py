@@ -7,6 +7,10 @@ shakespeare_field's study dp_fedavg_eps2), over client lr, server lr, C, and its
 and head epochs for the personal heads, SAM rho for DP2-FedSAM) and the test-time adaptation's part
 (the head re-fit or the whole model) and lr, 10 epochs of it for every row (shakespeare_field's ADAPT).
 The committed runs searched only DP-FedAvg's two lrs, at C = 0.5, and gave them to every row.
+The variant is searched only where DP2-FedSAM's own search picks the head re-fit: where it picks the
+whole model its row already is the symmetric one, and the variant runs nothing (_fair's
+Block.is_subsumed; declared on 2026-11-30 after DP2-FedSAM's search had selected 'full', before any
+variant trial: the only thing read was that value).
 
 Regime: shakespeare_field's privacy block (1,063 roles, char_lstm_small, T = 1,000, Poisson cohort of
 20, delta = 1/N, PLD), eps = 2 per trial and per final run (eps = 8 if the budget allows), evaluated

@@ -67,11 +67,32 @@ def read_block(block_dir: str, block) -> dict:
   return {r.name: read_row(block_dir, r, block.metric) for r in block.all_rows()}
 
 
+def subsumed(block, results: dict) -> dict:
+  """{variant row: its base row} for each variant with no search of its own whose base row's search
+  selected every value it pins (Block.is_subsumed): the base row is it, and only the base is judged."""
+  out = {}
+  for r in block.rows:
+    base = block.base_of(r)
+    if (base is not None and results[r.name].tuning is None
+        and block.is_subsumed(r, results[base.name].selected)):
+      out[r.name] = base
+  return out
+
+
+def subsumed_text(row, base) -> str:
+  pins = ', '.join(f'{k} {format_value(v)}' for k, v in row.pinned)
+  return (f"not searched: {base.name}'s search selected {pins}, what this variant pins "
+          f"({base.name}'s row stands for it)")
+
+
 def verdicts(block, results: dict) -> list[dict]:
   """One entry per claim and pair of rows: the paper's better row against its worse one by the seed
-  rule, d and s in points, and the verdict (holds / level / contradicted / undecided)."""
-  out = []
+  rule, d and s in points, and the verdict (holds / level / contradicted / undecided). A subsumed
+  variant meets no one (its base row's entries are its)."""
+  out, skipped = [], subsumed(block, results)
   for claim, better, worse in block.claim_pairs():
+    if better.name in skipped or worse.name in skipped:
+      continue
     label, d, s = seed_rule(results[better.name].stats, results[worse.name].stats, MIN_GAP,
                             MIN_SEEDS)
     out.append({'claim': claim, 'better': better, 'worse': worse, 'label': label,
@@ -82,7 +103,8 @@ def verdicts(block, results: dict) -> list[dict]:
 def regime(block, results: dict, ceiling: float | None) -> str:
   """The block's regime rule once it can be applied (the ceiling known, every private row at its 3
   seeds): 'test' or _fair.AT_CEILING; else 'pending' and what is missing."""
-  private = {r.name: results[r.name].stats for r in block.rows}
+  skipped = subsumed(block, results)
+  private = {r.name: results[r.name].stats for r in block.rows if r.name not in skipped}
   short = sorted(n for n, (_, _, seeds) in private.items() if seeds < MIN_SEEDS)
   if ceiling is None or short:
     missing = (['the ceiling'] if ceiling is None else []) + (
@@ -135,10 +157,15 @@ def row_lines(block, results: dict, epsilons: dict) -> list[str]:
   and the selected values."""
   lines = [f'| row | paper row | {block.metric} (mean ± seed std) | seeds | ε of a run | ε of the '
            'search | ε of search + run | selected values |', '|---|---|---|---|---|---|---|---|']
+  skipped = subsumed(block, results)
   for r in block.all_rows():
     result = results[r.name]
     accuracy, seeds = _accuracy_text(result.stats), result.stats[2]
     is_ceiling = block.ceiling is not None and r.name == block.ceiling.name
+    if r.name in skipped:
+      lines.append(f'| {r.name} ({r.mark}) | {r.paper_row} | {subsumed_text(r, skipped[r.name])} | 0 '
+                   '| – | – | – | – |')
+      continue
     if is_ceiling:
       privacy = ('non-private', '–', '–')
     else:
@@ -207,7 +234,8 @@ def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) ->
   lines = [f'| method | {block.metric}, % (mean ± seed std) | ε of a run | ε with its search | the '
            f"paper's claims with it on top{measured}: holds / level / contradicted |",
            '|---|---|---|---|---|']
-  for r in block.rows:
+  skipped = subsumed(block, results)
+  for r in (r for r in block.rows if r.name not in skipped):
     accuracy = _accuracy_text(results[r.name].stats)
     mine = [e['verdict'] for e in claims if e['better'].name == r.name]
     tally = ' / '.join(str(mine.count(v)) for v in ('holds', 'level', 'contradicted')) if mine else '–'
@@ -218,4 +246,5 @@ def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) ->
     lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | '
                  f'{_epsilon_text(with_run, k, 2)} | {tally} |')
   ceiling_text = '–' if ceiling is None else f'{ceiling:.2f}'
-  return lines + ['', f'Non-private ceiling {ceiling_text} %; the regime rule: **{outcome}**.']
+  notes = [f'{name}: {subsumed_text(block.row(name), base)}.' for name, base in skipped.items()]
+  return lines + ['', *notes, f'Non-private ceiling {ceiling_text} %; the regime rule: **{outcome}**.']
