@@ -135,13 +135,12 @@ def test_every_block_claims_only_rows_it_has():
 def test_a_ceiling_comes_from_the_block_another_block_or_a_committed_number(tmp_path):
   out = str(tmp_path)
   assert fair_benchmark.ceiling_accuracy('a', out) is None
-  assert fair_benchmark.ceiling_accuracy('c', out) is None
   seed_dir = _final(str(tmp_path / 'root'), 'ceiling_p_fedsam', 0, 0.95)
   os.makedirs(os.path.join(out, CONFIG))
   os.rename(os.path.dirname(os.path.dirname(os.path.dirname(seed_dir))),
             os.path.join(out, CONFIG, 'runs'))  # root/<config> becomes the published runs/
   assert fair_benchmark.ceiling_accuracy('a', out) == pytest.approx(95.0)
-  assert fair_benchmark.ceiling_accuracy('c', out) == pytest.approx(95.0)  # (a)'s, same regime
+  assert fair_benchmark.ceiling_accuracy('c', out) == 87.25  # a committed run on (1000, 5)
   assert fair_benchmark.ceiling_accuracy('d', out) == 51.99
 
 
@@ -159,6 +158,24 @@ def test_block_d_ceiling_is_the_committed_fedavg_with_its_head_fine_tune():
     values.append(lines[-1]['test_accuracy_pooled'])
   _, _, block_d = fair_benchmark.load_block('d')
   assert round(100 * sum(values) / 3, 2) == block_d.ceiling_accuracy
+
+
+def test_block_c_ceiling_is_the_committed_p_fedsam_run_on_its_split():
+  """Block (c)'s ceiling_accuracy: the last test accuracy of the committed non-private P-FedSAM run
+  it names, a run of (c)'s own split and settings (the shard split s = 5, 1,000 clients, T = 200)."""
+  path, module, block = fair_benchmark.load_block('c')
+  run = os.path.join(fair_benchmark.ROOT_DIR, module.CEILING_RUN)
+  with open(os.path.join(run, 'metrics.jsonl')) as f:
+    last = [json.loads(l) for l in f if l.strip()][-1]
+  with open(os.path.join(run, 'config.json')) as f:
+    ran = json.load(f)
+  assert round(100 * last['test_accuracy'], 2) == block.ceiling_accuracy
+  assert last['round'] == ran['num_rounds'] and module.CEILING_RUN in block.ceiling_reference
+  config = module.get_config('method=p_fedsam,eps=inf,seed=0')
+  for field in ('dataset', 'model', 'partition', 'num_clients', 'classes_per_client', 'num_rounds',
+                'sampling_rate', 'method', 'seed', 'validation_fraction'):
+    assert ran[field] == config[field], field
+  assert ran['classes_per_client'] == 5 and not block.ceiling_of_block
 
 
 def test_the_general_report_reads_a_rows_final_runs_but_not_its_trials(published):
