@@ -253,10 +253,10 @@ def subsumed_by(letter: str, root: str, row, published: str | None = None):
   then not searched (Block.is_subsumed). None otherwise."""
   path, _, block = load_block(letter)
   base = block.base_of(row)
-  own = [row_dir(root, path, row)] + ([os.path.join(published, row.name)] if published else [])
-  if base is None or any(os.path.exists(os.path.join(d, tune.TUNING_FILE)) for d in own):
+  places = lambda r: [row_dir(root, path, r)] + ([os.path.join(published, r.name)] if published else [])
+  if base is None or any(os.path.exists(os.path.join(d, tune.TUNING_FILE)) for d in places(row)):
     return None
-  for directory in [row_dir(root, path, base)] + ([os.path.join(published, base.name)] if published else []):
+  for directory in places(base):
     tuning = _read(os.path.join(directory, tune.TUNING_FILE)) or {}
     if tuning.get('status') == 'done':
       return base if block.is_subsumed(row, tuning.get('selected_values')) else None
