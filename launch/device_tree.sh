@@ -4,6 +4,7 @@
 #   bash launch/device_tree.sh size [PATH...]   # MiB sent: tracked + untracked-not-ignored + PATHs
 #   bash launch/device_tree.sh slim             # before the device calls
 #   bash launch/device_tree.sh restore          # after them, before any commit
+#   bash launch/device_tree.sh stage BLOCK [CPU_ROOT]  # a CPU root's block into .device_sweeps/fair
 #
 # A call sends every tracked file, and every committed run adds to them (31 MiB on 2026-11-29, 15 of
 # them the Shakespeare study's round logs), so Fashion-MNIST (26 MB xz) and the wheels (5 MB) stop
@@ -63,8 +64,31 @@ case "${1:-}" in
     rm -f "$FROM_FILE"
     echo "back on $from"
     ;;
+  stage)
+    # A block's state under a CPU root (default $HOME/fair) for launch/fair_benchmark_device.sh: its
+    # runs' small files and each search's operator file (launch/small_files.sh), so that a search
+    # under way continues on the device with its secret instead of drawing a second K. Carry DEST.
+    # An unfinished run starts again from round 0 there (no checkpoint travels). Refused while a
+    # sweep of that root runs: the two machines would train the same runs.
+    block=${2:?usage: bash launch/device_tree.sh stage BLOCK [CPU_ROOT]}
+    cpu_root=${3:-$HOME/fair}
+    dest=${DEST:-.device_sweeps/fair}
+    configs=(experiments/configs/fair_"$block"_*.py)
+    [ "${#configs[@]}" = 1 ] && [ -e "${configs[0]}" ] || { echo "no block $block" >&2; exit 1; }
+    name=$(basename "${configs[0]}" .py)
+    if pgrep -f "launch.fair_benchmark.*--root=$cpu_root( |$)" > /dev/null; then
+      echo "a sweep of $cpu_root is running: stop it first (it resumes from its checkpoints)" >&2
+      exit 1
+    fi
+    [ -d "$cpu_root/$name" ] || { echo "nothing of block $block under $cpu_root" >&2; exit 1; }
+    # shellcheck source=launch/small_files.sh
+    source launch/small_files.sh
+    mkdir -p "$dest"
+    (cd "$cpu_root" && small_files "$name" | tar cf - --null -T -) | tar xf - -C "$dest"
+    echo "staged $cpu_root/$name into $dest: $(( $(du -sb "$dest" | cut -f1) / 1024 )) KiB to carry"
+    ;;
   *)
-    echo "usage: bash launch/device_tree.sh size [PATH...] | slim | restore" >&2
+    echo "usage: bash launch/device_tree.sh size [PATH...] | slim | restore | stage BLOCK [CPU_ROOT]" >&2
     exit 2
     ;;
 esac

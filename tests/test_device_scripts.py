@@ -18,7 +18,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ('device_setup.sh', 'device_payload.sh', 'device_first_call.sh', 'fair_benchmark_device.sh',
-           'shakespeare_field_device.sh', 'device_tree.sh')
+           'shakespeare_field_device.sh', 'device_tree.sh', 'small_files.sh')
 
 
 @pytest.mark.parametrize('script', SCRIPTS)
@@ -118,3 +118,33 @@ def test_restore_refuses_while_the_slim_branch_holds_a_commit_of_its_own(tmp_pat
                        capture_output=True, text=True, check=False)
   assert out.returncode == 1 and 'git cherry-pick' in out.stderr
   assert _git(checkout, 'symbolic-ref', '--short', 'HEAD') == 'device-slim'
+
+
+def test_stage_copies_a_cpu_roots_block_with_its_secrets_but_no_checkpoints_and_waits_for_its_sweep(
+    tmp_path):
+  """device_tree.sh stage: a block's small files and each search's operator file (so that a search
+  under way continues on the device with its K, not a second draw) go to DEST; checkpoints,
+  TensorBoard events and absl logs stay; refused while a sweep of that root runs."""
+  cpu_root, dest = tmp_path / 'fair', tmp_path / 'dest'
+  trial = cpu_root / 'fair_d_shakespeare' / 'centaur' / 'trial=aa'
+  for path in ('config.json', 'metrics.jsonl', 'train_metrics.jsonl', 'sweep.json', 'train.log',
+               'checkpoints/330/state', 'tensorboard/events.out', 'train.vm.root.log.INFO.1',
+               '../tuning_operator_private.json', '../tuning.json'):
+    (trial / path).parent.mkdir(parents=True, exist_ok=True)
+    (trial / path).write_text(path)
+  stage = ['bash', os.path.join(ROOT, 'launch', 'device_tree.sh'), 'stage', 'd', str(cpu_root)]
+  env = {**os.environ, 'DEST': str(dest)}
+  out = subprocess.run(stage, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  assert out.returncode == 0, out.stderr
+  staged = {str(p.relative_to(dest)) for p in dest.rglob('*') if p.is_file()}
+  row = 'fair_d_shakespeare/centaur'
+  assert staged == {f'{row}/tuning_operator_private.json', f'{row}/tuning.json'} | {
+      f'{row}/trial=aa/{n}' for n in ('config.json', 'metrics.jsonl', 'train_metrics.jsonl',
+                                      'sweep.json', 'train.log')}
+  sweep = subprocess.Popen(['bash', '-c', f'exec -a "python3 -m launch.fair_benchmark '
+                            f'--root={cpu_root} --blocks=d" sleep 30'])
+  try:
+    out = subprocess.run(stage, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  finally:
+    sweep.kill()
+  assert out.returncode == 1 and 'stop it first' in out.stderr
