@@ -45,6 +45,7 @@ from launch import sweep, tune
 
 FLAGS = flags.FLAGS
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PUBLISHED_ROOT = os.path.join(ROOT_DIR, 'experiments', 'results')  # --publish's home, --seed_from's default
 BLOCK_CONFIGS = {
     'a': 'experiments/configs/fair_a_dp2fedsam.py',
     'b': 'experiments/configs/fair_b_topk.py',
@@ -583,11 +584,12 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       '(each row\'s published search, its finished final runs) to '
                       '<publish>/<block config>/runs and write results.md there, for committing.',
                       **fv)
-  flags.DEFINE_string('seed_from', None, 'Where --publish committed the blocks (e.g. '
-                      'experiments/results): a search published there is not run again (its '
-                      'secret stayed with the root it ran in) and its finished final runs count as '
-                      'done; how a sweep continues in a fresh root, e.g. on a new machine '
-                      '(with --plan: what is left counts them as done).', **fv)
+  flags.DEFINE_string('seed_from', PUBLISHED_ROOT, 'Where --publish committed the blocks: a search '
+                      'published there is not run again (its secret stayed with the root it ran '
+                      'in; a second search would spend the privacy again) and its finished final '
+                      'runs count as done; how a sweep continues in a fresh root, e.g. on a new '
+                      "machine (with --plan: what is left counts them as done). '' for none: a "
+                      'reproduction from scratch.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
   flags.DEFINE_bool('smoke', False, f'Run every config of the blocks (--rows: of those rows) for '
@@ -606,8 +608,9 @@ def main(argv):
       raise app.UsageError('--rows: name one block with --blocks')
     for name in FLAGS.rows:
       load_block(FLAGS.blocks[0])[2].row(name)
+  seed_from = FLAGS.seed_from or None
   if FLAGS.plan:
-    print_plan(FLAGS.blocks, FLAGS.root, FLAGS.seed_from)
+    print_plan(FLAGS.blocks, FLAGS.root, seed_from)
     return
   if FLAGS.smoke:
     # A line a config, not each run's INFO log; set here, not in smoke(): the process's setting.
@@ -621,7 +624,7 @@ def main(argv):
       print(publish(letter, FLAGS.root, FLAGS.publish))
     return
   for letter in FLAGS.blocks:
-    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, FLAGS.seed_from)
+    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, seed_from)
 
 
 if __name__ == '__main__':

@@ -384,3 +384,20 @@ def test_a_variant_whose_pins_its_base_row_selected_is_not_searched_and_meets_no
   _write(os.path.join(str(tmp_path / 'root3'), name, variant.name, 'tuning.json'), {'status': 'running'})
   fair_benchmark.run_row('d', variant.name, str(tmp_path / 'root3'), 1, source)
   assert searched == [variant.name] * 2
+
+
+def test_the_sweep_continues_from_the_published_blocks_unless_told_to_start_from_scratch(monkeypatch):
+  """--seed_from defaults to this checkout's experiments/results, so that `launch.fair_benchmark
+  --root=<fresh root>` never searches a published row again (a second privacy spend); '' turns it off."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  seen = []
+  monkeypatch.setattr(fair_benchmark, 'run_block', lambda letter, root, parallel, rows, seed_from:
+                      seen.append(seed_from))
+  for argv, expected in (([], fair_benchmark.PUBLISHED_ROOT), (['--seed_from='], None)):
+    fv = flags.FlagValues()
+    fair_benchmark.define_flags(fv)
+    fv(['fair_benchmark', '--root=/tmp/unused', '--blocks=d', *argv])
+    monkeypatch.setattr(fair_benchmark, 'FLAGS', fv)
+    fair_benchmark.main(['fair_benchmark'])
+    assert seen.pop() == expected
+  assert os.path.isdir(os.path.join(fair_benchmark.PUBLISHED_ROOT, CONFIG, 'runs'))
