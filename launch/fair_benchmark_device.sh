@@ -9,9 +9,9 @@
 #    both here: PAYLOAD=shakespeare for block (d), the default for (a), (b), (c));
 # 2. starts every row of BLOCK as its own process (launch.fair_benchmark --rows=<row>), each
 #    PER_ROW runs at a time: ~10 on the one GPU (XLA's preallocation off so that they share it);
-#    what experiments/results holds of the block is not run again (--seed_from), and a CPU root's
-#    searches under way continue with their secret where `launch/device_tree.sh stage` put them
-#    into ROOT (carry it; stop the CPU sweep first, and restart it after unpacking the results);
+#    what experiments/results holds of the block is not run again (--seed_from's default), and
+#    a CPU root's searches under way continue with their secret where `launch/device_tree.sh
+#    stage` put them into ROOT (carry it; stop the CPU sweep first, restart it after unpacking);
 # 3. at SECONDS_LEFT - STOP_MARGIN sends each SIGTERM: its runs stop at a round boundary with their
 #    checkpoints, and a second call on the same warm machine resumes them from ROOT (inside the
 #    working tree, ignored);
@@ -42,7 +42,7 @@ print(" ".join(r.name for r in f.load_block(sys.argv[1])[2].all_rows()))' "$BLOC
 PIDS=()
 for row in $ROWS; do
   python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --rows="$row" \
-      --parallel="$PER_ROW" --seed_from=experiments/results > "$ROOT/$BLOCK.$row.log" 2>&1 &
+      --parallel="$PER_ROW" > "$ROOT/$BLOCK.$row.log" 2>&1 &
   PIDS+=($!)
 done
 while [ $(( SECONDS_LEFT - STOP_MARGIN - ($(date +%s) - START) )) -gt 0 ]; do
@@ -57,6 +57,5 @@ echo "rows ended after $(( $(date +%s) - START )) s"
 
 source launch/small_files.sh
 (cd "$ROOT" && small_files . | tar czf "$OUT/small_files.tar.gz" --null -T -)
-python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --plan --seed_from=experiments/results \
-    > "$OUT/plan.txt" 2>&1
+python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --plan > "$OUT/plan.txt" 2>&1
 echo "done after $(( $(date +%s) - START )) s"

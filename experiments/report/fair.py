@@ -162,16 +162,15 @@ def row_lines(block, results: dict, epsilons: dict) -> list[str]:
     result = results[r.name]
     accuracy, seeds = _accuracy_text(result.stats), result.stats[2]
     is_ceiling = block.ceiling is not None and r.name == block.ceiling.name
+    name = r.name + (f' ({r.mark})' if r.mark else '')
     if r.name in skipped:
-      lines.append(f'| {r.name} ({r.mark}) | {r.paper_row} | {subsumed_text(r, skipped[r.name])} | 0 '
-                   '| – | – | – | – |')
+      lines.append(f'| {name} | {r.paper_row} | {subsumed_text(r, skipped[r.name])} | 0 | – | – | – | – |')
       continue
     if is_ceiling:
       privacy = ('non-private', '–', '–')
     else:
       search, with_run, k = epsilons[r.name]
       privacy = (format_value(block.eps), _epsilon_text(search, k, 3), _epsilon_text(with_run, k, 3))
-    name = r.name + (f' ({r.mark})' if r.mark else '')
     lines.append(f"| {name} | {r.paper_row or ('ceiling' if is_ceiling else '–')} | {accuracy} | "
                  f"{seeds} | {' | '.join(privacy)} | {_values_text(result.selected, block.ranges)} |")
   return lines
