@@ -14,9 +14,11 @@ import dataclasses
 import math
 import os
 
+import numpy as np
+
 from dp2fedsam_jax import metric_writers
 from experiments.report.rules import seed_rule
-from experiments.report.summary import mean_std
+from experiments.report.summary import CLIP_WINDOW, CLIPPING, mean_std
 from experiments.report.workdirs import TUNING_FILE, format_value, read_json
 
 # A claim's verdict from the candidate's (the paper's better row) label against the other row.
@@ -30,6 +32,8 @@ class RowResult:
   row: object                 # experiments.configs._fair.Row
   tuning: dict | None         # the published tuning.json (None before the search finished)
   accuracy: dict              # {seed: the block's metric at the final round}, finished runs only
+  # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (RunEnd reads them)
+  records: dict = dataclasses.field(default_factory=dict)
 
   @property
   def stats(self) -> tuple:
@@ -50,16 +54,20 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
   tuning = read_json(path) if os.path.exists(path) else None
   if tuning is not None and tuning.get('status') != 'done':
     tuning = None
-  accuracy = {}
+  accuracy, records = {}, {}
   finals = os.path.join(directory, 'final')
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
     run = os.path.join(finals, name)
     if not (name.startswith('seed=') and os.path.exists(os.path.join(run, 'config.json'))):
       continue
-    records = metric_writers.read_jsonl(os.path.join(run, metric_writers.EVAL_FILE))
-    if records and records[-1]['round'] >= read_json(os.path.join(run, 'config.json'))['num_rounds']:
-      accuracy[int(name[len('seed='):])] = float(records[-1][metric])
-  return RowResult(row, tuning, accuracy)
+    evaluations = metric_writers.read_jsonl(os.path.join(run, metric_writers.EVAL_FILE))
+    num_rounds = read_json(os.path.join(run, 'config.json'))['num_rounds']
+    if evaluations and evaluations[-1]['round'] >= num_rounds:
+      seed = int(name[len('seed='):])
+      accuracy[seed] = float(evaluations[-1][metric])
+      records[seed] = (evaluations,
+                       metric_writers.read_jsonl(os.path.join(run, metric_writers.TRAIN_FILE)))
+  return RowResult(row, tuning, accuracy, records)
 
 
 def read_block(block_dir: str, block) -> dict:
@@ -111,6 +119,73 @@ def regime(block, results: dict, ceiling: float | None) -> str:
         [f"{', '.join(short)} ({MIN_SEEDS} seeds)"] if short else [])
     return f"pending: {' and '.join(missing)}"
   return block.regime(ceiling, {n: 100 * m for n, (m, _, _) in private.items()})
+
+
+# A row's last rounds, to say whether it had stopped learning at T (the block compares rows at T):
+# the train loss over the last T / LOSS_WINDOWS rounds against the same number before them, the
+# block's metric over the last METRIC_LOOKBACK rounds (where it was evaluated there), and how the
+# clip binds over the last CLIP_WINDOW rounds (private rows).
+LOSS_WINDOWS, METRIC_LOOKBACK = 10, 50
+
+
+def _mean_of(records: list[dict], key: str) -> float:
+  values = [r[key] for r in records if r.get(key) is not None]
+  return float(np.mean(values)) if values else math.nan
+
+
+def _seed_end(evaluations: list[dict], rounds: list[dict], metric: str) -> dict:
+  """One run's last rounds: loss_before, loss_last, metric_gain (fraction) and the CLIPPING keys
+  (nan for a non-private run)."""
+  last = evaluations[-1]['round']
+  width = max(1, last // LOSS_WINDOWS)
+  window = lambda lo, hi: [r for r in rounds if lo < r['round'] <= hi]
+  earlier = {e['round']: e.get(metric) for e in evaluations}.get(last - METRIC_LOOKBACK)
+  end = {'loss_before': _mean_of(window(last - 2 * width, last - width), 'train_loss'),
+         'loss_last': _mean_of(window(last - width, last), 'train_loss'),
+         'metric_gain': (math.nan if earlier is None
+                         else float(evaluations[-1][metric]) - float(earlier))}
+  epsilon = evaluations[-1].get('epsilon') or math.inf
+  tail = window(last - CLIP_WINDOW, last) if 0 < epsilon < math.inf else []  # no clip without DP
+  return end | {key: _mean_of(tail, key) for key in CLIPPING}
+
+
+def run_ends(result: RowResult, metric: str) -> dict:
+  """_seed_end's keys, each the mean over the row's finished seeds (nan where a seed lacks it), and
+  'width': the loss windows' length in rounds."""
+  ends = [_seed_end(*result.records[s], metric) for s in sorted(result.records)]
+  if not ends:
+    return {}
+  out = {k: float(np.mean([e[k] for e in ends])) for k in ends[0]}
+  last = result.records[min(result.records)][0][-1]['round']
+  return out | {'width': max(1, last // LOSS_WINDOWS), 'last': last}
+
+
+def end_lines(block, results: dict) -> list[str]:
+  """'The final seeds' last rounds' table: a row per row with finished seeds (the ceiling too)."""
+  ends = {r.name: run_ends(results[r.name], block.metric) for r in block.all_rows()}
+  ends = {name: end for name, end in ends.items() if end}
+  if not ends:
+    return []
+  any_end = next(iter(ends.values()))
+  width, last = any_end['width'], any_end['last']
+  number = lambda v, fmt: '–' if math.isnan(v) else format(v, fmt)
+  lines = [
+      "### The final seeds' last rounds", '',
+      f'Whether a row had stopped learning at T = {last} (the block compares rows there), the mean '
+      f'over its finished seeds: the train loss over rounds {last - 2 * width + 1}-{last - width} '
+      f'and {last - width + 1}-{last}; the change of {block.metric} over the last {METRIC_LOOKBACK} '
+      f"rounds ('–': no evaluation at round {last - METRIC_LOOKBACK}); over the last {CLIP_WINDOW} "
+      'rounds, the fraction of sampled clients whose update the clip cut and their mean update norm '
+      'before it (the clip norm is in the table above).', '',
+      f'| row | seeds | train loss, {last - 2 * width + 1}-{last - width} → {last - width + 1}-{last} '
+      f'| {block.metric} over the last {METRIC_LOOKBACK} rounds (points) | clipped fraction | '
+      'pre-clip update norm |', '|---|---|---|---|---|---|']
+  for name, end in ends.items():
+    lines.append(f"| {name} | {len(results[name].records)} | {number(end['loss_before'], '.4f')} → "
+                 f"{number(end['loss_last'], '.4f')} | {number(100 * end['metric_gain'], '+.2f')} | "
+                 f"{number(end['clipped_fraction'], '.2f')} | "
+                 f"{number(end['mean_update_norm'], '.4g')} |")
+  return lines + ['']
 
 
 def _pct(value: float) -> str:
@@ -219,7 +294,7 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
       'one): the best value may lie outside; the ranges stay as declared before the runs.', '',
       f'Regime rule: {block.regime_rule}. Applied: **{rule}**.', '',
       f'### The paper\'s claims{verdict_note}', '',
-      *verdict_lines(verdicts(block, results)), '']
+      *verdict_lines(verdicts(block, results)), '', *end_lines(block, results)]
 
 
 def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) -> list[str]:
