@@ -21,6 +21,8 @@ from conftest import (HAND_TUNED_FMNIST, flat_config, noise_per_server_lr_and_cl
                       server_noise_per_weight)
 
 from experiments.configs import _fair, fair_a5_dp2fedsam
+from experiments.report import fair as fair_report
+from launch import fair_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, 'experiments', 'results')
@@ -790,3 +792,57 @@ def test_results_readme_a5_ceiling_diagnostic_is_block_a_values_on_a5(readme, re
   assert (f"non-private P-FedSAM at block (a)'s ceiling's selected values (seed 0) reaches "
           f'{reached:.2f} % on this split, {reached - best:.2f} points above CENTAUR') in results_readme
   assert f'P-FedSAM reaches {reached:.2f} %' in readme
+
+
+# Block (d): experiments/results/fair_d_shakespeare, against the hand-tuned rows of shakespeare_field.
+D = os.path.join(RESULTS, 'fair_d_shakespeare')
+D_NAMES = {'dp2fedsam': 'DP²-FedSAM', 'centaur': 'CENTAUR', 'dp_fedavg': 'DP-FedAvg'}
+# Each searched row's hand-tuned twin at eps = 2: (method, the adaptation of the README's table).
+D_HAND_TUNED = {'dp2fedsam': ('dp2fedsam', 'auto'), 'centaur': ('centaur', 'auto'),
+                'dp_fedavg': ('dp_fedavg', 'head')}
+
+
+def _block_d():
+  """(block, {row: RowResult}, {row: (search eps, with a run, published K)}) of the committed files."""
+  path, module, block = fair_benchmark.load_block('d')
+  results = fair_report.read_block(os.path.join(D, 'runs'), block)
+  return block, results, fair_benchmark.row_epsilons(path, module, block, results)
+
+
+def test_results_readme_block_d_bullets_are_its_committed_runs(results_readme):
+  """Block (d)'s bullets: the rule's outcome and every claim's d and s, the drop from each row's
+  hand-tuned twin and the selected lr products, the last rounds' loss and clip, and each search's K
+  and eps, all recomputed from the committed runs and searches."""
+  block, results, epsilons = _block_d()
+  means = {n: 100 * results[n].stats[0] for n in D_NAMES}
+  assert all(results[n].stats[2] == 3 for n in D_NAMES)
+  assert fair_report.regime(block, results, block.ceiling_accuracy) == 'test'
+  text = results_readme.split('**Shakespeare, each method tuned under one budget**')[1]
+  best = max(means, key=means.get)
+  rule = _section(text, '- **The regime rule says test.** ')
+  assert (f'the best private row ({D_NAMES[best]}, {means[best]:.2f} %) is '
+          f'{block.ceiling_accuracy - means[best]:.2f} points under') in rule
+  entries = fair_report.verdicts(block, results)
+  verdicts = [e['verdict'] for e in entries]
+  assert (f"Of the paper's {len(entries)} claims here {verdicts.count('holds')} hold, "
+          f"{verdicts.count('level')} level, {verdicts.count('contradicted')} contradicted") in rule
+  for e in entries:
+    assert (f"{D_NAMES[e['better'].name]} over {D_NAMES[e['worse'].name]} {_signed(e['d'])} "
+            f"(s = {e['s']:.2f}, {e['verdict']})") in rule, e
+  hand = _section(text, '- **Under the hand-tuned rows.** ')
+  for name, (method, part) in D_HAND_TUNED.items():
+    twin = 100 * np.mean(_adapted(method, 'eps=2', part))
+    assert f'{D_NAMES[name]} {twin:.2f} → {means[name]:.2f}' in hand, name
+    selected = results[name].selected
+    assert f"{D_NAMES[name]} {selected['local.lr_shared'] * selected['server_lr']:.3f}" in hand
+  ends = _section(text, '- **Convergence and clipping at T = 1,000** ')
+  for name in D_NAMES:
+    end = fair_report.run_ends(results[name], block.metric)
+    assert end['loss_last'] < end['loss_before']  # "still falling"
+    assert f"{D_NAMES[name]} {end['loss_before']:.4f} → {end['loss_last']:.4f}" in ends, name
+    assert f"{D_NAMES[name]} {end['clipped_fraction']:.2f}" in ends, name
+  draws = _section(text, '- **The same law, different draws.** ')
+  for name in D_NAMES:
+    _, with_run, k = epsilons[name]
+    knobs = len(block.space(block.row(name)))
+    assert f'{D_NAMES[name]} K = {k} ({knobs} knobs, ε {with_run:.2f} with a run)' in draws, name
