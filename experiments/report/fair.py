@@ -32,7 +32,7 @@ class RowResult:
   row: object                 # experiments.configs._fair.Row
   tuning: dict | None         # the published tuning.json (None before the search finished)
   accuracy: dict              # {seed: the block's metric at the final round}, finished runs only
-  # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (RunEnd reads them)
+  # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (run_ends reads them)
   records: dict = dataclasses.field(default_factory=dict)
 
   @property
@@ -128,6 +128,11 @@ def regime(block, results: dict, ceiling: float | None) -> str:
 LOSS_WINDOWS, METRIC_LOOKBACK = 10, 50
 
 
+def _loss_width(last: int) -> int:
+  """The length of each train-loss window of a run that ends at round `last`."""
+  return max(1, last // LOSS_WINDOWS)
+
+
 def _mean_of(records: list[dict], key: str) -> float:
   values = [r[key] for r in records if r.get(key) is not None]
   return float(np.mean(values)) if values else math.nan
@@ -137,7 +142,7 @@ def _seed_end(evaluations: list[dict], rounds: list[dict], metric: str) -> dict:
   """One run's last rounds: loss_before, loss_last, metric_gain (fraction) and the CLIPPING keys
   (nan for a non-private run)."""
   last = evaluations[-1]['round']
-  width = max(1, last // LOSS_WINDOWS)
+  width = _loss_width(last)
   window = lambda lo, hi: [r for r in rounds if lo < r['round'] <= hi]
   earlier = {e['round']: e.get(metric) for e in evaluations}.get(last - METRIC_LOOKBACK)
   end = {'loss_before': _mean_of(window(last - 2 * width, last - width), 'train_loss'),
@@ -157,7 +162,7 @@ def run_ends(result: RowResult, metric: str) -> dict:
     return {}
   out = {k: float(np.mean([e[k] for e in ends])) for k in ends[0]}
   last = result.records[min(result.records)][0][-1]['round']
-  return out | {'width': max(1, last // LOSS_WINDOWS), 'last': last}
+  return out | {'width': _loss_width(last), 'last': last}
 
 
 def end_lines(block, results: dict) -> list[str]:
