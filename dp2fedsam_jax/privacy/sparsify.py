@@ -23,10 +23,41 @@ def num_kept(ratio: float, size: int) -> int:
   return max(1, min(size, math.ceil(ratio * size)))
 
 
+def _count_at_or_above(histogram: jax.Array) -> jax.Array:
+  """[b] -> how many counted entries fall in bin b or a higher one."""
+  return jnp.cumsum(histogram[::-1])[::-1]
+
+
+def _kth_largest_bits(bits: jax.Array, k: int) -> jax.Array:
+  """The int32 bit pattern of the k-th largest of `bits` (non-negative float32 bit patterns, which
+  order as the floats do), by a two-pass radix select over the high and the low 16 bits."""
+  high = bits >> 16  # 0 .. 2**15 - 1: the sign bit is 0
+  at_or_above = _count_at_or_above(jnp.zeros(1 << 15, jnp.int32).at[high].add(1))
+  bin_ = jnp.sum(at_or_above >= k) - 1  # the highest bin that, with those above it, holds >= k
+  above_bin = jnp.where(bin_ + 1 < (1 << 15), at_or_above[jnp.minimum(bin_ + 1, (1 << 15) - 1)], 0)
+  in_bin = (high == bin_).astype(jnp.int32)
+  low_at_or_above = _count_at_or_above(jnp.zeros(1 << 16, jnp.int32).at[bits & 0xFFFF].add(in_bin))
+  return (bin_ << 16) | (jnp.sum(low_at_or_above + above_bin >= k) - 1)
+
+
 def _mask_from_scores(scores: jax.Array, k: int) -> jax.Array:
-  """1 at the k largest scores (exactly k, ties broken by position), 0 elsewhere."""
-  _, idx = jax.lax.top_k(scores, k)
-  return jnp.zeros(scores.shape, jnp.float32).at[idx].set(1.0)
+  """1 at the k largest scores (exactly k, ties broken by position as `jax.lax.top_k` breaks them),
+  0 elsewhere. `scores` >= 0 (magnitudes, uniform draws).
+
+  The same mask as scattering `jax.lax.top_k`'s indices, ~4x faster on a CPU (3 ms against 12 for
+  k = 20k of 524k): DP-pFedDSU recomputes its weight mask at every local step, where top_k took
+  two thirds of a round (benchmarks/README.md, "Sparsification masks")."""
+  bits = jax.lax.bitcast_convert_type(jnp.asarray(scores, jnp.float32), jnp.int32)
+  kth = _kth_largest_bits(bits, k)
+  at_least = bits >= kth
+
+  def first_ties_by_position():  # only when the k-th value is tied: rare for float weights
+    above = bits > kth
+    tied = bits == kth
+    return above | (tied & (jnp.cumsum(tied) <= k - jnp.sum(above)))
+
+  mask = jax.lax.cond(jnp.sum(at_least) == k, lambda: at_least, first_ties_by_position)
+  return mask.astype(jnp.float32)
 
 
 def topk_mask(tree, ratio: float):
