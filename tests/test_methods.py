@@ -107,7 +107,7 @@ def test_topk_mask_counts_with_ties():
     assert int(flat(sparsify.topk_mask(tree, p)).sum()) == math.ceil(p * 26)
 
 
-@pytest.mark.parametrize('size', [1, 26, 4099, 70_000])
+@pytest.mark.parametrize('size', [1, 26, 70_000])
 def test_mask_from_scores_is_the_mask_of_lax_top_k(size):
   """The radix select keeps exactly the coordinates lax.top_k's indices name, ties included (the
   first by position), at every k from 1 to the whole size, under jit and vmap."""
