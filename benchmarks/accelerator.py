@@ -16,16 +16,20 @@ summary.json rewritten after every step:
                 fmnist_paper_regime.py, DP2-FedSAM, executor auto); paper_regime/ is its workdir;
   scaling       cost against the cohort (benchmarks.cohort_scaling): cifar_cnn vmapped, 1,000
                 clients in one round (with the sweep's 16-500: where the cohort stops fitting);
-                cohort_scaling.{json,png}.
+                cohort_scaling.{json,png};
+  masks         DP-pFedDSU's weight mask made by the radix select and by lax.top_k, one client and
+                vmapped (benchmarks.sparsify_masks): which one sparsify should use on this
+                backend; sparsify_masks.json.
 On request: speedups (cifar_cnn, conv_impl auto, vmap and sequential at 16, 50, 100, 500) and
 lstm_speedups (the Shakespeare round, char_lstm, cohorts 10-500): both ran on an H200 on 2026-11-26
 (results/gpu-h200/).
 
 Sized for one H100/H200 in about 6 minutes, estimated from results/gpu-h200 (compiles of 8-18 s a
 CIFAR-CNN round, 0.1 s a vmapped round of 50, 1.0 s of 500): conv_sweep ~165 s (10 compiles), pfl
-~65 s, agreement ~45 s, paper_regime ~75 s: ~350 s; scaling (~35 s) runs only if the others took
-less. A step that would start after --budget_seconds (300) is skipped and recorded as such, so a
-slower device loses the last steps, not the first, and the run ends within about 6 minutes. A step
+~65 s, agreement ~45 s, paper_regime ~75 s: ~350 s; scaling (~35 s) and masks (~20 s, estimated:
+24 small compiles) run only if the others took less. A step that would start after
+--budget_seconds (300) is skipped and recorded as such, so a slower device loses the last steps,
+not the first, and the run ends within about 6 minutes. A step
 that fails (a dataset missing on the machine) is recorded in summary.json's `failed` and the next
 one runs; the command then exits with an error.
 --smoke runs every step at toy sizes (a few clients, one or two rounds): what CI runs on its CPU to
@@ -55,8 +59,9 @@ from experiments.configs import default
 _OUT = flags.DEFINE_string('out', None, 'Directory for every result file (default: '
                            'benchmarks/results/<device>-<UTC date>).')
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Toy sizes (CI on CPU): the same steps, minutes not hours.')
-STEP_NAMES = ('conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling', 'speedups', 'lstm_speedups')
-DEFAULT_STEPS = ('conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling')
+STEP_NAMES = ('conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling', 'masks', 'speedups',
+              'lstm_speedups')
+DEFAULT_STEPS = ('conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling', 'masks')
 _STEPS = flags.DEFINE_list('steps', list(DEFAULT_STEPS), f'Which steps to run, in order: {STEP_NAMES}.')
 _BUDGET = flags.DEFINE_float('budget_seconds', 300.0, 'Full sizes: skip the steps that would start '
                              'after this many seconds (0: no limit). Smoke runs have none.')
@@ -159,6 +164,17 @@ def scaling(out: str, smoke: bool) -> dict:
           'rows': [{k: r[k] for k in keys if k in r} for r in result['rows']]}
 
 
+def masks(out: str, smoke: bool) -> dict:
+  sizes = ['--sizes=64', '--keep=0.5', '--cohort=2', '--repeats=1'] if smoke else []
+  _run([sys.executable, '-m', 'benchmarks.sparsify_masks', f'--out={out}', *sizes],
+       "DP-pFedDSU's weight mask: radix select against top_k")
+  with open(os.path.join(out, 'sparsify_masks.json')) as f:
+    rows = json.load(f)['rows']
+  seconds = {(r['size'], r['keep'], r['batch'], r['way']): r['seconds'] for r in rows}
+  return {f'{size} x {keep}, {batch}': seconds[(size, keep, batch, 'top_k_scatter')] / radix
+          for (size, keep, batch, way), radix in seconds.items() if way == 'radix_select'}
+
+
 def speedups(out: str, smoke: bool) -> dict:
   sizes = (['--model=mlp', '--clients=2', '--samples_per_client=8', '--batch_size=4',
             '--personal_epochs=1', '--shared_epochs=1', '--matmul_size=64'] if smoke else
@@ -246,8 +262,9 @@ def main(argv):
   unknown = sorted(set(_STEPS.value) - set(STEP_NAMES))
   if unknown:
     raise ValueError(f'--steps: unknown {unknown}')
-  steps = {'conv_sweep': conv_sweep, 'pfl': pfl, 'scaling': scaling, 'speedups': speedups,
-           'lstm_speedups': lstm_speedups, 'agreement': agreement, 'paper_regime': paper_regime}
+  steps = {'conv_sweep': conv_sweep, 'pfl': pfl, 'scaling': scaling, 'masks': masks,
+           'speedups': speedups, 'lstm_speedups': lstm_speedups, 'agreement': agreement,
+           'paper_regime': paper_regime}
   os.environ[_PREALLOCATE] = 'false'  # before this process's backend starts (jax.devices)
   device = jax.devices()[0]
   out = _OUT.value or default_out(device)
@@ -314,6 +331,9 @@ def main(argv):
     print('executors agree (metrics within {:g}, model step within {:g}): {} -- {}'.format(
         a['metric_rtol'], a['step_rtol'], a['agree'],
         ', '.join(f'{k} {v:.1e}' for k, v in a['relative_differences'].items())))
+  if 'masks' in summary:
+    print('radix select over top_k (time of top_k / time of the radix select): ' + ', '.join(
+        f'{line} {x:.2f}x' for line, x in summary['masks'].items()))
   if 'paper_regime' in summary:
     p = summary['paper_regime']
     print(f"paper regime: {p['rounds']} rounds in {p['wall_seconds']:.0f} s ({p['executor']}), "

@@ -48,7 +48,8 @@ def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
   summary = json.loads((out / 'summary.json').read_text())
   assert summary['smoke'] and summary['device']['platform'] == 'cpu'
   assert not summary['skipped'] and not summary['failed']
-  assert list(summary['step_seconds']) == ['conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling']
+  assert list(summary['step_seconds']) == ['conv_sweep', 'pfl', 'agreement', 'paper_regime', 'scaling',
+                                           'masks']
   assert summary['agreement']['agree']
   assert summary['paper_regime']['rounds'] == 1 and summary['paper_regime']['wall_seconds'] > 0
   # The conv sweep: both lowerings against the best loop, and the entry of auto's table it supports.
@@ -71,6 +72,9 @@ def test_accelerator_command_runs_end_to_end_at_smoke_sizes(tmp_path):
   assert (out / 'cohort_scaling.png').stat().st_size > 10_000
   assert 'paper regime: 1 rounds' in proc.stdout and 'executors agree' in proc.stdout
   assert "pfl-research's CIFAR-10 setup, fedavg" in proc.stdout
+  # The mask step: both ways timed (the benchmark fails if their masks differ), one client and vmapped.
+  assert set(summary['masks']) == {'64 x 0.5, one client', '64 x 0.5, vmap over 2'}
+  assert all(x > 0 for x in summary['masks'].values())
 
 
 def test_conv_sweep_and_pfl_setup_run_at_tiny_sizes(tmp_path):

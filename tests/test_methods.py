@@ -108,25 +108,22 @@ def test_topk_mask_counts_with_ties():
 
 
 @pytest.mark.parametrize('size', [1, 26, 70_000])
-def test_mask_from_scores_is_the_mask_of_lax_top_k(size):
+def test_radix_select_mask_is_the_mask_of_lax_top_k(size):
   """The radix select keeps exactly the coordinates lax.top_k's indices name, ties included (the
   first by position), at every k from 1 to the whole size, under jit and vmap."""
-  def reference(scores, k):
-    _, idx = jax.lax.top_k(scores, k)
-    return jnp.zeros(scores.shape, jnp.float32).at[idx].set(1.0)
-
   key = jax.random.key(size)
   normal = jnp.abs(jax.random.normal(key, (size,)))
   inputs = {'distinct': normal, 'ties': jnp.round(normal * 4) / 4, 'zeros': jnp.zeros(size),
             'tiny and huge': normal * jnp.where(jnp.arange(size) % 2 == 0, 1e-38, 3e38),
             'uniform': jax.random.uniform(key, (size,))}
   for k in sorted({min(2, size), 1, size // 3 or 1, size - 1 or 1, size}):
-    ours = jax.jit(sparsify._mask_from_scores, static_argnums=1)
+    ours = functools.partial(sparsify.radix_select_mask, k=k)
+    reference = functools.partial(sparsify.top_k_scatter, k=k)
     for name, scores in inputs.items():
-      chex.assert_trees_all_equal(ours(scores, k), reference(scores, k), custom_message=f'{name}, k={k}')
+      chex.assert_trees_all_equal(jax.jit(ours)(scores), reference(scores),
+                                  custom_message=f'{name}, k={k}')
     batch = jnp.stack([inputs['distinct'], inputs['ties']])
-    chex.assert_trees_all_equal(jax.vmap(functools.partial(sparsify._mask_from_scores, k=k))(batch),
-                                jax.vmap(functools.partial(reference, k=k))(batch))
+    chex.assert_trees_all_equal(jax.vmap(ours)(batch), jax.vmap(reference)(batch))
 
 
 def test_randk_mask_does_not_depend_on_the_data():
