@@ -9,7 +9,8 @@
 # 1. launch/device_setup.sh: the carried wheels and Fashion-MNIST;
 # 2. benchmarks/accelerator.sh with SKIP_INSTALL=1 (the image's JAX sees the GPU): the conv sweep,
 #    pfl-research's CIFAR-10 setup, the executors' agreement, the 200-round paper regime, the cohort
-#    scaling if time is left (~6 minutes; its own budget skips the last steps on a slower device);
+#    scaling and the top-k masks if time is left (~6 minutes; its own budget skips the last steps on
+#    a slower device);
 # 3. launch/colab_tpu.ipynb run end to end by launch/run_notebook.py (the default experiment:
 #    Fashion-MNIST (1000, 2), DP2-FedSAM, eps 2, 40 rounds), its executed copy kept;
 # 4. $OUT: accelerator.tar.gz (the results folder without checkpoints; unpack it into
