@@ -277,6 +277,8 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
   """The block's section of results.md: settings, the table, the regime rule and the verdicts."""
   rule = regime(block, results, ceiling)
   ceiling_text = '–' if ceiling is None else f'{ceiling:.2f} %'
+  # A committed ceiling's reference already states its accuracy.
+  ceiling_note = '' if ceiling_text in block.ceiling_reference else f' ({ceiling_text})'
   verdict_note = ('' if rule == 'test' else
                   ' (the regime rule has not said "test": these are no verdict on the paper\'s order)')
   law = ', '.join(f'{k} {format_value(v)}' for k, v in block.trials.items() if k != 'name')
@@ -284,8 +286,8 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
       f'## Block ({block.name}): {block.paper}', '',
       f'Config `experiments/configs/{config_name}.py`; K of every search {block.trials["name"]} '
       f'({law}), eps {block.eps:g} per trial and per final run, score noise {block.score_noise:g}; '
-      f'metric {block.metric} at the final round. Ceiling: {block.ceiling_reference} '
-      f'({ceiling_text}).', '',
+      f'metric {block.metric} at the final round. Ceiling: {block.ceiling_reference}{ceiling_note}.',
+      '',
       *row_lines(block, results, epsilons), '',
       '*ε of a run*: the target each trial and final run was calibrated to (PLD, δ = 1/N). *ε of '
       'the search*: the selection of the released values over the secret K trials, each with its '
