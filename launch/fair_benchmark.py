@@ -36,7 +36,7 @@ from absl import flags
 from absl import logging
 
 from dp2fedsam_jax import cli, local, metric_writers
-from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import selection
 from experiments import report
@@ -59,11 +59,15 @@ SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'
 # Cost model, from committed measurements (nothing runs for the plan).
 # Fashion-MNIST, one run at a time on the 2 cores, quiet machine: the seconds of the 200 rounds
 # (train_metrics.jsonl) of the committed tuning trials, SAM (DP2-FedSAM, its head phase included)
-# and SGD (DP-FedAvg-FT); a row's optimizer picks the anchor. Block (b)'s client does the same work
-# (108 rows x 1 epoch against 54 x 2). A fine-tuning evaluation of the 1,000 clients took 133 s for
-# the two passes (validation and test) of a trial (fmnist_paper_regime.tuning_space's docstring).
+# and SGD (DP-FedAvg-FT); a row's optimizer (or DSU's weight mask) picks the anchor. Block (b)'s
+# client does the same work (108 rows x 1 epoch against 54 x 2). A fine-tuning evaluation of the
+# 1,000 clients took 133 s for the two passes (validation and test) of a trial
+# (fmnist_paper_regime.tuning_space's docstring).
 COST_ANCHORS = {'sam': 'experiments/results/fmnist_tuning/runs/dp2fedsam',
-                'sgd': 'experiments/results/fmnist_tuning/runs/dp_fedavg_ft'}
+                'sgd': 'experiments/results/fmnist_tuning/runs/dp_fedavg_ft',
+                # A weight-masked (DSU) row's forward pass re-makes its mask every local step: its
+                # own anchor, block (c)'s first searched row (radix-select masks, ~1.5x 'sgd').
+                'dsu': 'experiments/results/fair_c_pfeddsu/runs/dp_pfeddsu'}
 FINETUNE_PASS_SECONDS = 66.5
 # Shakespeare: experiments.studies.shakespeare_field's cost model (CPU hours a 1,000-round run, from
 # its runs), plus the adaptation of every role at T: a whole-model fine-tune ~6 min a pass (its
@@ -194,7 +198,10 @@ def cpu_hours(block, row, config, kind: str) -> float:
     hours = field.planned_hours({'method': row.method, 'personal_epochs': 10,
                                  'model': config.model})
     return hours + FULL_ADAPT_PASS_HOURS * (2 if kind == 'trial' else 1)
-  anchor = 'sam' if isinstance(spec.shared_optimizer, local.SAM) else 'sgd'
+  if isinstance(spec.weight_mask, pieces.DSUWeightMask):
+    anchor = 'dsu'
+  else:
+    anchor = 'sam' if isinstance(spec.shared_optimizer, local.SAM) else 'sgd'
   seconds = _anchor_seconds(COST_ANCHORS[anchor]) * config.num_rounds / ANCHOR_ROUNDS
   if spec.evaluation.adaptation(LocalConfig.from_config(config)).trains:  # an -FT / -fb evaluation
     every = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
