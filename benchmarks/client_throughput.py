@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 
 from absl import flags
 import jax
@@ -103,12 +102,7 @@ def loop_gemm_gflops(m: int, k: int, n: int, steps: int = 80, repeats: int = 20)
   a = jax.random.normal(jax.random.key(0), (steps, m, k), jnp.float32)
   w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
   f = jax.jit(lambda a, w: jax.lax.scan(lambda c, x: (c, x @ w), 0.0, a)[1])
-  f(a, w).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    f(a, w).block_until_ready()
-    times.append((time.perf_counter() - start) / steps)
+  times = [t / steps for t in timing.call_seconds(f, (a, w), repeats)]
   flop = 2 * m * k * n
   return {'shape': [[m, k], [k, n]], 'us_per_gemm': 1e6 * statistics.median(times),
           'gflops_median': flop / statistics.median(times) / 1e9, 'gflops_best': flop / min(times) / 1e9}

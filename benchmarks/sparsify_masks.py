@@ -45,13 +45,8 @@ def time_call(fn, scores: jax.Array, repeats: int) -> tuple[float, float, jax.Ar
   start = time.perf_counter()
   compiled = jax.jit(fn).lower(scores).compile()
   compile_seconds = time.perf_counter() - start
-  mask = compiled(scores).block_until_ready()  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    compiled(scores).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return compile_seconds, statistics.median(times), mask
+  seconds = statistics.median(timing.call_seconds(compiled, (scores,), repeats))
+  return compile_seconds, seconds, compiled(scores)
 
 
 def lines(sizes: list[int], keeps: list[float], cohort: int, repeats: int) -> list[dict]:
@@ -61,13 +56,12 @@ def lines(sizes: list[int], keeps: list[float], cohort: int, repeats: int) -> li
     scores = jnp.abs(jax.random.normal(jax.random.key(size), (cohort, size)))
     for keep in keeps:
       k = sparsify.num_kept(keep, size)
-      for batch in ('one client', f'vmap over {cohort}'):
+      for batch, inputs, wrap in (('one client', scores[0], lambda f: f),
+                                  (f'vmap over {cohort}', scores, jax.vmap)):
         masks = {}
         for way, make in WAYS.items():
-          fn = functools.partial(make, k=k)
-          inputs = scores[0] if batch == 'one client' else scores
           compile_seconds, seconds, masks[way] = time_call(
-              fn if batch == 'one client' else jax.vmap(fn), inputs, repeats)
+              wrap(functools.partial(make, k=k)), inputs, repeats)
           rows.append({'size': size, 'keep': keep, 'k': k, 'batch': batch, 'way': way,
                        'seconds': seconds, 'compile_seconds': compile_seconds})
         if not bool(jnp.all(masks['radix_select'] == masks['top_k_scatter'])):

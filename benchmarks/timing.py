@@ -46,17 +46,22 @@ def device_description() -> dict:
   return host.describe()
 
 
-def matmul_peak_gflops(n: int, repeats: int = 10) -> float:
-  """Best f32 n x n matmul rate on the default device (GFLOP/s): the machine's practical peak."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
+def call_seconds(f, args: tuple, repeats: int) -> list[float]:
+  """Wall seconds of `repeats` calls of `f(*args)` (jitted or compiled) after one warm-up call,
+  each waited for on the device."""
+  jax.block_until_ready(f(*args))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    f(a).block_until_ready()
+    jax.block_until_ready(f(*args))
     times.append(time.perf_counter() - start)
-  return 2 * n ** 3 / min(times) / 1e9
+  return times
+
+
+def matmul_peak_gflops(n: int, repeats: int = 10) -> float:
+  """Best f32 n x n matmul rate on the default device (GFLOP/s): the machine's practical peak."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  return 2 * n ** 3 / min(call_seconds(jax.jit(lambda x: x @ x), (a,), repeats)) / 1e9
 
 
 def peak_memory() -> dict:
