@@ -224,7 +224,6 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
   nor `seed_from` (an out_root of --publish, as the sweep's flag) holds finished yet."""
   path, module, block = load_block(letter)
   published = os.path.join(published_dir(seed_from, letter), 'runs') if seed_from else None
-  mean_k = selection.TrialDistribution.from_dict(block.trials).mean
   rows, out = [], {'runs': 0.0, 'cpu_hours': 0.0, 'runs_left': 0.0, 'cpu_hours_left': 0.0,
                    'gpu_hours': 0.0}
   for row in block.all_rows():
@@ -232,6 +231,7 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
     if base is not None:
       rows.append((row, 0.0, 0, 0.0, fair_report.subsumed_text(row, base), (None, None, None)))
       continue
+    mean_k = selection.TrialDistribution.from_dict(block.trials_of(row)).mean
     finals = len(block.final_seeds(row))
     config = row_config(module, block, row)
     trial_hours = cpu_hours(block, row, config, 'trial')
@@ -292,7 +292,8 @@ def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
     plan = block_plan(letter, root, seed_from)
     block = plan['block']
     print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
-          f'trial; ceiling: {block.ceiling_reference}')
+          f'trial; ceiling: {block.ceiling_reference}'
+          + (f'; law {block.ceiling_trials}' if block.ceiling_trials else ''))
     print(f'  regime rule: {block.regime_rule}')
     for row, mean_k, finals, hours, status, (eps, one, with_run) in plan['rows']:
       mark = f'  [{row.mark}]' if row.mark else ''
@@ -416,6 +417,7 @@ def write_summary(letter: str, root: str) -> dict:
   path, _, block = load_block(letter)
   rows = {r.name: _read(os.path.join(row_dir(root, path, r), ROW_FILE)) for r in block.all_rows()}
   summary = {'block': block.name, 'paper': block.paper, 'trial_law': block.trials,
+             **({'ceiling_trial_law': block.ceiling_trials} if block.ceiling_trials else {}),
              'eps_per_trial': block.eps, 'score_noise': block.score_noise,
              'regime_rule': block.regime_rule, 'ceiling': block.ceiling_reference,
              'metric': block.metric, 'rows': {n: e for n, e in rows.items() if e is not None}}

@@ -9,6 +9,7 @@ split at 3 seeds (the ceiling at 1).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -95,8 +96,11 @@ def test_own_knobs_come_from_the_methods_pieces(method):
 def test_every_row_of_a_block_has_the_same_law_budget_eps_and_score_noise(letter):
   path, _, block = BLOCKS[letter]
   specs = [tune.load_study(path, row.name)[3] for row in block.all_rows()]
-  assert len({repr(s['trials']) for s in specs}) == 1
-  assert len({s['distribution'].mean for s in specs}) == 1
+  rows = specs[:len(block.rows)]  # every compared row: one law; the ceiling may have its own
+  assert len({repr(s['trials']) for s in rows}) == 1 and rows[0]['trials'] == block.trials
+  assert len({s['distribution'].mean for s in rows}) == 1
+  if block.ceiling is not None:
+    assert specs[-1]['trials'] == (block.ceiling_trials or block.trials)
   private = [s for s, row in zip(specs, block.all_rows()) if METHODS[row.method].private]
   assert private and {s['args']['eps'] for s in private} == {block.eps}
   assert {s['score_noise'] for s in private} == {block.score_noise} and block.score_noise > 0
@@ -105,7 +109,7 @@ def test_every_row_of_a_block_has_the_same_law_budget_eps_and_score_noise(letter
     fixed = {k: v for k, v in spec['fixed'].items() if k not in dict(row.pinned)}
     assert fixed == {**dict(block.block_fixed), **dict(block.trial_fixed),
                      'validation_fraction': _fair.VALIDATION_FRACTION}
-  # A non-private ceiling is searched under the same law, without noise or epsilon.
+  # A non-private ceiling is searched without noise or epsilon (its own law costs nothing).
   if block.ceiling is not None:
     assert not METHODS[block.ceiling.method].private
     assert tune.load_study(path, block.ceiling.name)[3]['score_noise'] == 0.0
@@ -380,3 +384,31 @@ def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
           f'{huge(first_loss["0.3"][0])}) and trains at 0.1 ({first_loss["0.1"][0]:.2f}, then '
           f'{first_loss["0.1"][1]:.2f})') in doc
   assert module.RANGES['local.lr_shared'][2] == 0.1 < 0.15
+
+
+def test_a_ceiling_law_of_its_own_is_for_a_non_private_ceiling_only():
+  """Block.ceiling_trials: refused for a private ceiling (its K is part of its eps) or no ceiling."""
+  _, _, block = BLOCKS['b']
+  with pytest.raises(ValueError, match='non-private ceiling'):
+    dataclasses.replace(block, ceiling=block.rows[0])
+  with pytest.raises(ValueError, match='non-private ceiling'):
+    dataclasses.replace(block, ceiling=None)
+  assert block.trials_of(block.ceiling) == block.ceiling_trials != block.trials
+  assert all(block.trials_of(r) == block.trials for r in block.rows)
+
+
+def test_block_b_ceiling_law_numbers_are_a5s_search_and_the_laws():
+  """Block (b)'s ceiling re-declaration: (a5)'s ceiling's selected validation score and the chance
+  that every draw misses half of the space under each law, as its docstring states them."""
+  module = BLOCKS['b'][1]
+  doc = ' '.join(module.__doc__.split())
+  with open(os.path.join(RESULTS, 'fair_a5_dp2fedsam', 'runs', 'ceiling_p_fedsam', 'tuning.json')) as f:
+    a5 = json.load(f)
+  assert a5['private'] is False and a5['selected_score'] < 0.1
+  assert f"validation score was {100 * a5['selected_score']:.1f} %" in doc
+  assert selection.TrialDistribution.from_dict(module.TRIALS).pmf(1) == pytest.approx(1 / 3)
+  rows_miss, ceiling_miss = (_fair.every_draw_misses(law, 0.5)
+                             for law in (module.TRIALS, module.CEILING_TRIALS))
+  assert (f'probability {rows_miss:.2f} under the rows\' law and {ceiling_miss:.3f} under '
+          'Poisson(8)') in doc
+  assert module.CEILING_TRIALS == {'name': 'poisson', 'mu': 8.0}

@@ -13,7 +13,8 @@ over a space that holds
 
 each range declared in the block's config before any trial runs; a paper's value may be one
 candidate inside a range, never the whole range. Then the selected values train at 3 seeds on the
-full training split (validation_fraction 0), and the non-private ceiling at 1 seed. A knob no piece
+full training split (validation_fraction 0), and the non-private ceiling at 1 seed (searched under
+the block's law, or under its own where the block declares one: its K costs no eps). A knob no piece
 maps to fails here (KNOBS_OF_PIECE must name every piece class of algorithms/pieces.py), so a new
 piece cannot silently go untuned.
 
@@ -183,6 +184,15 @@ class Block:
   claims: tuple = ()        # Claim, ...: the ordered pairs of the paper's table this block judges
   ceiling_of_block: str = ''  # no ceiling row: another block's (same split and settings) serves
   ceiling_accuracy: float | None = None  # no ceiling row: a committed reference's accuracy (points)
+  # The ceiling row's own law of K (None: the block's). Only for a non-private ceiling: its trials
+  # release unprotected models, so K costs no eps, and more trials measure the room better.
+  ceiling_trials: dict | None = None
+
+  def __post_init__(self):
+    if self.ceiling_trials is not None and (
+        self.ceiling is None or METHODS[self.ceiling.method].private):
+      raise ValueError(f'block {self.name}: ceiling_trials is for a non-private ceiling row; a '
+                       "private row's K is part of its eps and must follow the block's law.")
 
   @property
   def regime_rule(self) -> str:
@@ -197,6 +207,12 @@ class Block:
     if ceiling < best:
       return CEILING_FAILED
     return 'test' if ceiling >= best + self.regime_margin else AT_CEILING
+
+  def trials_of(self, row: Row) -> dict:
+    """The law of K `row` is searched under: the block's, or the ceiling's own."""
+    if self.ceiling_trials is not None and row == self.ceiling:
+      return dict(self.ceiling_trials)
+    return dict(self.trials)
 
   def claim_pairs(self) -> list:
     """[(claim, better row, worse row)]: each claim once for every pair of rows reproducing its two
@@ -244,7 +260,7 @@ class Block:
     args = {'method': row.method, 'eps': self.eps if private else math.inf}
     fixed = {**dict(self.block_fixed), **dict(self.trial_fixed), **dict(row.pinned),
              'validation_fraction': VALIDATION_FRACTION}
-    return dict(args=args, fixed=fixed, space=self.space(row), trials=dict(self.trials),
+    return dict(args=args, fixed=fixed, space=self.space(row), trials=self.trials_of(row),
                 seed=row.seed, selected_by='validation_accuracy',
                 score_noise=self.score_noise if private else 0.0)
 

@@ -281,11 +281,14 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
   ceiling_note = '' if ceiling_text in block.ceiling_reference else f' ({ceiling_text})'
   verdict_note = ('' if rule == 'test' else
                   ' (the regime rule has not said "test": these are no verdict on the paper\'s order)')
-  law = ', '.join(f'{k} {format_value(v)}' for k, v in block.trials.items() if k != 'name')
+  law = lambda trials: trials['name'] + ' (' + ', '.join(
+      f'{k} {format_value(v)}' for k, v in trials.items() if k != 'name') + ')'
+  laws = (f"K of every search {law(block.trials)}" if not block.ceiling_trials else
+          f"K of every row's search {law(block.trials)}, of the ceiling's {law(block.ceiling_trials)}")
   return [
       f'## Block ({block.name}): {block.paper}', '',
-      f'Config `experiments/configs/{config_name}.py`; K of every search {block.trials["name"]} '
-      f'({law}), eps {block.eps:g} per trial and per final run, score noise {block.score_noise:g}; '
+      f'Config `experiments/configs/{config_name}.py`; {laws}, '
+      f'eps {block.eps:g} per trial and per final run, score noise {block.score_noise:g}; '
       f'metric {block.metric} at the final round. Ceiling: {block.ceiling_reference}{ceiling_note}.',
       '',
       *row_lines(block, results, epsilons), '',
