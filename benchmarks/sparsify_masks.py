@@ -10,8 +10,9 @@ weights, and its fc0 kernel, 524,288) and keep fraction, times both ways of maki
 and vmapped over `--cohort` clients (as the vmap executor runs them): compile, one warm-up call, the
 median of `--repeats` calls. Checks that both give the same mask, and writes
 `<out>/sparsify_masks.json` with the machine. Which is faster is a property of the backend and of
-vmap: `sparsify._mask_from_scores` uses the radix select on a CPU, `top_k` elsewhere, until this
-benchmark has run there.
+vmap: `sparsify._mask_from_scores` uses the radix select on a CPU where k > 1,024 + size / 512
+(`sparsify.radix_select_pays`, from this benchmark's lines), `top_k` elsewhere, until this benchmark
+has run there.
 """
 
 from __future__ import annotations

@@ -68,14 +68,24 @@ def radix_select_mask(scores: jax.Array, k: int) -> jax.Array:
   return mask.astype(jnp.float32)
 
 
+def radix_select_pays(size: int, k: int) -> bool:
+  """Whether the radix select beats top_k for one mask on a CPU: k > 1,024 + size / 512. Measured
+  on the 2-core EPYC (benchmarks.sparsify_masks, benchmarks/README.md): the radix select takes
+  ~0.4 ms up to 51,200 entries (its two histograms), 1.9 at 524,288, whatever k; top_k + scatter
+  grows with k (0.45 ms for 1,024 of 51,200, 1.56 for 1,049 of 524,288, 4.0 for 5,243), and the
+  two cross near k = 1,000-1,200 at 33k-51k entries, ~1,600 at 524k, 7k-15k at 2.1M."""
+  return k > 1024 + size // 512
+
+
 def _mask_from_scores(scores: jax.Array, k: int) -> jax.Array:
   """1 at the k largest scores (>= 0), exactly k, ties broken by position; 0 elsewhere.
 
-  The same mask either way; which is faster depends on the backend (benchmarks.sparsify_masks). On
-  a CPU the radix select, ~6x faster for one client (2 ms against 12 for k = 20k of 524k):
-  DP-pFedDSU recomputes its weight mask at every local step, where top_k took two thirds of a
-  round (benchmarks/README.md, "Sparsification masks"). Elsewhere top_k, until measured there."""
-  if jax.default_backend() == 'cpu':
+  The same mask either way; which is faster depends on the backend, k and the size
+  (benchmarks/README.md, "Sparsification masks"). On a CPU the radix select where it pays: ~7x
+  faster for k = 26k of 524k (2 ms against 14.5), where DP-pFedDSU, recomputing its weight mask at
+  every local step, spent two thirds of a round in top_k; top_k for small k (a 2,000-entry update
+  keeping 200: 0.02 against 0.34 ms). Elsewhere top_k, until measured there."""
+  if jax.default_backend() == 'cpu' and radix_select_pays(scores.size, k):
     return radix_select_mask(scores, k)
   return top_k_scatter(scores, k)
 
