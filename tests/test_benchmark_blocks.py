@@ -412,3 +412,32 @@ def test_block_b_ceiling_law_numbers_are_a5s_search_and_the_laws():
   assert (f'probability {rows_miss:.2f} under the rows\' law and {ceiling_miss:.3f} under '
           'Poisson(8)') in doc
   assert module.CEILING_TRIALS == {'name': 'poisson', 'mu': 8.0}
+
+
+def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
+  """(c)'s CENTAUR study is (a5)'s (plan equal, final configs differing only in the selected
+  values); the two searches' selections and the rule between them, as docs/benchmark.md states."""
+  from experiments.report import fair as fair_report  # pylint: disable=import-outside-toplevel
+  from experiments.report.rules import seed_rule  # pylint: disable=import-outside-toplevel
+  rows = {}
+  for letter in ('a5', 'c'):
+    _, _, block = fair_benchmark.load_block(letter)
+    runs = os.path.join(fair_benchmark.published_dir(RESULTS, letter), 'runs')
+    rows[letter] = fair_report.read_row(runs, block.row('centaur'), block.metric)
+  a5, c = rows['a5'], rows['c']
+  plan = lambda row: {k: v for k, v in row.tuning['plan'].items() if k != 'config_name'}
+  assert plan(a5) == plan(c) and a5.tuning['plan']['config_name'] != c.tuning['plan']['config_name']
+  configs = [flat_config(os.path.join(fair_benchmark.published_dir(RESULTS, letter), 'runs', 'centaur',
+                                      'final', 'seed=0', 'config.json')) for letter in ('a5', 'c')]
+  differ = {k for k in configs[0].keys() | configs[1].keys() if configs[0].get(k) != configs[1].get(k)}
+  assert differ == set(a5.tuning['selected_values']) == set(c.tuning['selected_values'])
+  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
+    doc = ' '.join(f.read().split())
+  for row in (a5, c):
+    mean, std, seeds = row.stats
+    assert seeds == 3 and f'{100 * mean:.2f} ± {100 * std:.2f} %' in doc
+    values = row.tuning['selected_values']
+    assert (f"client lr {values['local.lr_shared']:.4g}, C {values['dp.clip_norm']:.4g}, head lr "
+            f"{values['local.lr_personal']:.4g}") in doc
+  label, d, s = seed_rule(c.stats, a5.stats)
+  assert label == 'hurts' and f'd = −{-100 * d:.2f}, s = {100 * s:.2f}' in doc
