@@ -441,3 +441,11 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
             f"{values['local.lr_personal']:.4g}") in doc
   label, d, s = seed_rule(c.stats, a5.stats)
   assert label == 'hurts' and f'd = −{-100 * d:.2f}, s = {100 * s:.2f}' in doc
+  with open(os.path.join(fair_benchmark.ROOT_DIR, 'README.md')) as f:
+    readme = ' '.join(f.read().split())
+  with open(os.path.join(RESULTS, 'README.md')) as f:
+    results_readme = ' '.join(f.read().split())
+  (a5_mean, a5_std, _), (c_mean, c_std, _) = a5.stats, c.stats
+  assert f'ended at {100 * c_mean:.2f} % against {100 * a5_mean:.2f} ("hurts"' in readme
+  assert (f'ended at {100 * c_mean:.2f} ± {100 * c_std:.2f} % against (a5)\'s {100 * a5_mean:.2f} ± '
+          f'{100 * a5_std:.2f} (d = −{-100 * d:.2f}, s = {100 * s:.2f}: "hurts"') in results_readme
