@@ -5,10 +5,10 @@ r"""Top-k masks: the project's radix select against `jax.lax.top_k`'s indices sc
 
 DP-pFedDSU keeps the top S of each masked kernel by magnitude and recomputes that mask at every
 local step (privacy/sparsify.py; benchmarks/README.md, "Sparsification masks"), so the mask's cost
-is paid once per step and client. For each layer size (default: `emnist_cnn`'s conv2 kernel, 51,200
-weights, and its fc0 kernel, 524,288) and keep fraction, times both ways of making the mask on one client
-and vmapped over `--cohort` clients (as the vmap executor runs them): compile, one warm-up call, the
-median of `--repeats` calls. Checks that both give the same mask, and writes
+is paid once per step and client. For each layer size (default: `emnist_cnn`'s conv1 kernel, its
+second, 51,200 weights, and its fc0 kernel, 524,288) and keep fraction, times both ways of making
+the mask on one client and vmapped over `--cohort` clients (as the vmap executor runs them):
+compile, one warm-up call, the median of `--repeats` calls. Checks that both give the same mask, and writes
 `<out>/sparsify_masks.json` with the machine. Which is faster is a property of the backend and of
 vmap: `sparsify._mask_from_scores` uses the radix select on a CPU where k > 1,024 + size / 512
 (`sparsify.radix_select_pays`, from this benchmark's lines), `top_k` elsewhere, until this benchmark

@@ -427,8 +427,8 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
   a5, c = rows['a5'], rows['c']
   plan = lambda row: {k: v for k, v in row.tuning['plan'].items() if k != 'config_name'}
   assert plan(a5) == plan(c) and a5.tuning['plan']['config_name'] != c.tuning['plan']['config_name']
-  configs = [flat_config(os.path.join(fair_benchmark.published_dir(RESULTS, letter), 'runs', 'centaur',
-                                      'final', 'seed=0', 'config.json')) for letter in ('a5', 'c')]
+  configs = [flat_config(os.path.join(_final_seed0(block_dir, 'centaur'), 'config.json'))
+             for block_dir in ('fair_a5_dp2fedsam', 'fair_c_pfeddsu')]
   differ = {k for k in configs[0].keys() | configs[1].keys() if configs[0].get(k) != configs[1].get(k)}
   assert differ == set(a5.tuning['selected_values']) == set(c.tuning['selected_values'])
   with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
