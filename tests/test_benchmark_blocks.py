@@ -449,3 +449,38 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
   assert f'ended at {100 * c_mean:.2f} % against {100 * a5_mean:.2f} ("hurts"' in readme
   assert (f'ended at {100 * c_mean:.2f} ± {100 * c_std:.2f} % against (a5)\'s {100 * a5_mean:.2f} ± '
           f'{100 * a5_std:.2f} (d = −{-100 * d:.2f}, s = {100 * s:.2f}: "hurts"') in results_readme
+
+
+def _final_accuracy(run: str) -> float:
+  with open(os.path.join(run, 'metrics.jsonl')) as f:
+    last = [json.loads(line) for line in f][-1]
+  assert last['round'] == 200
+  return 100 * last['test_accuracy']
+
+
+def test_the_clip_norm_alone_accounts_for_the_same_studys_gap_on_seed_0():
+  """(c)'s diagnostic: CENTAUR's final seed 0 with only C set to (a5)'s selection; its final accuracy,
+  the two seed-0 runs beside it and each run's noise per weight, as docs/benchmark.md and
+  experiments/results/README.md state them."""
+  diag = os.path.join(RESULTS, 'fair_c_pfeddsu', 'diagnostics', 'centaur_at_a5_clip_seed0')
+  c_run = _final_seed0('fair_c_pfeddsu', 'centaur')
+  a5_run = _final_seed0('fair_a5_dp2fedsam', 'centaur')
+  ran = flat_config(os.path.join(diag, 'config.json'))
+  selected = flat_config(os.path.join(c_run, 'config.json'))
+  differ = {k for k in ran.keys() | selected.keys() if ran.get(k) != selected.get(k)}
+  a5_clip = flat_config(os.path.join(a5_run, 'config.json'))['dp.clip_norm']
+  assert differ == {'dp.clip_norm'} and ran['dp.clip_norm'] == a5_clip
+  numbers = (f'{a5_clip:.4f} ends at {_final_accuracy(diag):.2f} % (as selected: '
+             f'{_final_accuracy(c_run):.2f}; (a5)\'s seed 0: {_final_accuracy(a5_run):.2f}')
+  noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
+  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
+    doc = ' '.join(f.read().split())
+  assert numbers in doc
+  assert f'(server lr × σC/(qN)) {noise[0]:.4f} instead of {noise[1]:.4f}' in doc
+  with open(os.path.join(RESULTS, 'README.md')) as f:
+    results_readme = ' '.join(f.read().split())
+  assert numbers.split(' ', 1)[1] in results_readme  # the same sentence without the value of C
+  with open(os.path.join(os.path.dirname(diag), 'README.md')) as f:
+    notes = ' '.join(f.read().split())
+  assert (f'{noise[1]:.4f} as (c) selected, {noise[0]:.4f} here, {noise[2]:.4f} for (a5)\'s '
+          'selection') in notes
