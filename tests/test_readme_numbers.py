@@ -802,11 +802,12 @@ D_HAND_TUNED = {'dp2fedsam': ('dp2fedsam', 'auto'), 'centaur': ('centaur', 'auto
                 'dp_fedavg': ('dp_fedavg', 'head')}
 
 
-def _block(letter: str, directory: str):
+def _block(letter: str):
   """(block, {row: RowResult}, {row: (search eps, with a run, published K)}) of a block's
-  committed files under `directory`."""
+  committed files."""
   path, module, block = fair_benchmark.load_block(letter)
-  results = fair_report.read_block(os.path.join(directory, 'runs'), block)
+  results = fair_report.read_block(
+      os.path.join(fair_benchmark.published_dir(RESULTS, letter), 'runs'), block)
   return block, results, fair_benchmark.row_epsilons(path, module, block, results)
 
 
@@ -814,7 +815,7 @@ def test_results_readme_block_d_bullets_are_its_committed_runs(results_readme):
   """Block (d)'s bullets: the rule's outcome and every claim's d and s, the drop from each row's
   hand-tuned twin and the selected lr products, the last rounds' loss and clip, and each search's K
   and eps, all recomputed from the committed runs and searches."""
-  block, results, epsilons = _block('d', D)
+  block, results, epsilons = _block('d')
   means = {n: 100 * results[n].stats[0] for n in D_NAMES}
   assert all(results[n].stats[2] == 3 for n in D_NAMES)
   assert fair_report.regime(block, results, block.ceiling_accuracy) == 'test'
