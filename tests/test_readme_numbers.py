@@ -848,3 +848,89 @@ def test_results_readme_block_d_bullets_are_its_committed_runs(results_readme):
     _, with_run, k = epsilons[name]
     knobs = len(block.space(block.row(name)))
     assert f'{D_NAMES[name]} K = {k} ({knobs} knobs, ε {with_run:.2f} with a run)' in draws, name
+
+
+C_NAMES = {'dp_pfeddsu': 'DP-pFedDSU', 'dp_pfeddsu_safe': 'DP-pFedDSU (covered)', 'centaur': 'CENTAUR',
+           'ppsgd': 'PPSGD', 'pmtl_ft': 'PMTL-FT', 'dp_fedavg_fb': 'DP-FedAvg-fb'}
+
+
+def _c_final_runs(row):
+  return [os.path.join(fair_benchmark.published_dir(RESULTS, 'c'), 'runs', row, 'final', f'seed={s}')
+          for s in SEEDS]
+
+
+def test_results_readme_block_c_bullets_are_its_committed_runs(readme, results_readme):
+  """Block (c)'s bullets: the rule's outcome and every claim's d and s, the covered form's cost, the
+  same CENTAUR study's two searches, DP-FedAvg-fb's divergence, the last rounds' loss, gain and clip,
+  and the searches' eps and edges, all recomputed from the committed runs and searches; the
+  README's bullets give the same tally."""
+  block, results, epsilons = _block('c')
+  means = {n: 100 * results[n].stats[0] for n in C_NAMES}
+  assert all(results[n].stats[2] == 3 for n in C_NAMES)
+  assert fair_report.regime(block, results, block.ceiling_accuracy) == 'test'
+  text = results_readme.split("**Fashion-MNIST (1000, 5), DP-pFedDSU's rows tuned under one budget**")[1]
+  best = max(means, key=means.get)
+  rule = _section(text, '- **The regime rule says test.** ')
+  assert (f'best private row ({C_NAMES[best]}, {means[best]:.2f} %) is '
+          f'{block.ceiling_accuracy - means[best]:.2f} points under') in rule
+  entries = fair_report.verdicts(block, results)
+  verdicts = [e['verdict'] for e in entries]
+  tally = (f"Of the paper's {len(entries)} claims here {verdicts.count('holds')} hold, "
+           f"{verdicts.count('level')} level, {verdicts.count('contradicted')} contradicted")
+  assert tally in rule
+  for e in entries:
+    assert (f"{C_NAMES[e['better'].name]} over {C_NAMES[e['worse'].name]} {_signed(e['d'])} "
+            f"(s = {e['s']:.2f}, {e['verdict']})") in rule, e
+  covered = _section(text, '- **The covered form costs ')
+  assert covered.startswith(f"{_signed(means['dp_pfeddsu_safe'] - means['dp_pfeddsu'])[1:]} points")
+  assert (f"{_mean_std(100 * np.asarray(list(results['dp_pfeddsu_safe'].accuracy.values())))} % "
+          f"against {_mean_std(100 * np.asarray(list(results['dp_pfeddsu'].accuracy.values())))}"
+          ) in covered
+  twice = _section(text, '- **One search a row: the same CENTAUR study twice.** ')
+  ours, a5 = (100 * np.asarray(list(results['centaur'].accuracy.values())), _a5_accuracies('centaur'))
+  gap = _signed(_rule(ours / 100, a5 / 100)[1])
+  assert f"ends at {_mean_std(ours)} % against (a5)'s {_mean_std(a5)} (d = {gap}" in twice
+  dsu = np.asarray(list(results['dp_pfeddsu'].accuracy.values()))
+  label, d, s = _rule(dsu, a5 / 100)
+  assert label == 'level' and f'level ({_signed(d)}, s = {s:.2f})' in twice
+  fb = _section(text, "- **DP-FedAvg-fb's global model diverges.** ")
+  noise = {n: server_noise_per_weight(_c_final_runs(n)[0]) for n in C_NAMES}
+  assert all(server_noise_per_weight(run) == noise[n] for n in C_NAMES for run in _c_final_runs(n))
+  others = [noise[n] for n in C_NAMES if n != 'dp_fedavg_fb']
+  assert f"C = {results['dp_fedavg_fb'].selected['dp.clip_norm']}, at the top" in fb
+  assert (f"noise of std {noise['dp_fedavg_fb']:.4f} on every weight a round (server lr × σC/(qN); "
+          f'the other rows {min(others):.4f}-{max(others):.4f})') in fb
+  curves = [{r['round']: r for r in _records(os.path.join(run, 'metrics.jsonl'))}
+            for run in _c_final_runs('dp_fedavg_fb')]
+  loss, acc = ({t: np.mean([c[t][key] for c in curves]) for t in (50, 200)}
+               for key in ('train_loss', 'test_accuracy'))
+  assert loss[200] > loss[50] > math.log(10) and f'ln 10 = {math.log(10):.2f}' in fb
+  assert f'rises from {loss[50]:.2f} at round 50 to {loss[200]:.2f} at round 200' in fb
+  assert f'falls from {100 * acc[50]:.2f} to {means["dp_fedavg_fb"]:.2f} %' in fb
+  assert abs(acc[200] * 100 - means['dp_fedavg_fb']) < 1e-9
+  assert sum(e['worse'].name == 'dp_fedavg_fb' for e in entries) == 4  # "the four claims over it"
+  assert f"ends {means['pmtl_ft'] - means['dp_fedavg_fb']:.2f} points under PMTL-FT" in fb
+  ends = _section(text, '- **Convergence and clipping at T = 200** ')
+  for name in C_NAMES:
+    end = fair_report.run_ends(results[name], block.metric)
+    assert f"{C_NAMES[name]} {end['loss_before']:.4f} → {end['loss_last']:.4f}" in ends, name
+    assert f"{C_NAMES[name]} {_signed(100 * end['metric_gain'])}" in ends, name
+    assert f"{C_NAMES[name]} {end['clipped_fraction']:.2f}" in ends, name
+  draws = _section(text, '- **The same law, different draws.** ')
+  knobs = [len(block.space(block.row(n))) for n in C_NAMES]
+  assert f'spaces of {min(knobs)} to {max(knobs)} knobs' in draws
+  assert all(epsilons[n][2] is None for n in C_NAMES)  # "no row's K is published"
+  [(search, with_run)] = {(round(epsilons[n][0], 3), round(epsilons[n][1], 3)) for n in C_NAMES}
+  assert f'selection ε {search:.3f} ({with_run:.3f} with a run)' in draws
+  edges = {(n, knob) for n in C_NAMES for knob, value in results[n].selected.items()
+           if fair_report.at_edge(block.space(block.row(n))[knob], value)}
+  assert edges == {('dp_pfeddsu', 'local.lr_personal'), ('centaur', 'local.lr_personal'),
+                   ('ppsgd', 'local.lr_personal'), ('ppsgd', 'dp.clip_norm'),
+                   ('dp_fedavg_fb', 'dp.clip_norm')}
+  top = {n: (n, k) for n, k in edges if results[n].selected[k] > block.space(block.row(n))[k][2] / 2}
+  assert set(top.values()) == {('dp_pfeddsu', 'local.lr_personal'), ('dp_fedavg_fb', 'dp.clip_norm')}
+  assert ("DP-pFedDSU's head lr (top), CENTAUR's and PPSGD's head lr and PPSGD's C (bottom), "
+          "DP-FedAvg-fb's C (top)") in draws
+  short = readme.split("### Tuned under one budget: DP-pFedDSU's Table II rows")[1].split(' ### ')[0]
+  assert f"{verdicts.count('holds')} claims hold, {verdicts.count('level')} are level, " \
+         f"{verdicts.count('contradicted')} is contradicted" in short
