@@ -811,26 +811,36 @@ def _block(letter: str):
   return block, results, fair_benchmark.row_epsilons(path, module, block, results)
 
 
-def test_results_readme_block_d_bullets_are_its_committed_runs(results_readme):
-  """Block (d)'s bullets: the rule's outcome and every claim's d and s, the drop from each row's
-  hand-tuned twin and the selected lr products, the last rounds' loss and clip, and each search's K
-  and eps, all recomputed from the committed runs and searches."""
-  block, results, epsilons = _block('d')
-  means = {n: 100 * results[n].stats[0] for n in D_NAMES}
-  assert all(results[n].stats[2] == 3 for n in D_NAMES)
+def _block_that_tests(letter: str, names: dict, results_readme: str, heading: str):
+  """A complete block whose regime rule says "test", and its section of experiments/results/
+  README.md (from `heading` on): every row at 3 seeds, and the section's first bullet naming the
+  best private row's distance to the ceiling, the tally of the paper's claims and each claim's d, s
+  and verdict. Returns (block, results, epsilons, means in points, the section, the verdicts)."""
+  block, results, epsilons = _block(letter)
+  means = {n: 100 * results[n].stats[0] for n in names}
+  assert all(results[n].stats[2] == 3 for n in names)
   assert fair_report.regime(block, results, block.ceiling_accuracy) == 'test'
-  text = results_readme.split('**Shakespeare, each method tuned under one budget**')[1]
+  text = results_readme.split(heading)[1]
   best = max(means, key=means.get)
   rule = _section(text, '- **The regime rule says test.** ')
-  assert (f'the best private row ({D_NAMES[best]}, {means[best]:.2f} %) is '
+  assert (f'the best private row ({names[best]}, {means[best]:.2f} %) is '
           f'{block.ceiling_accuracy - means[best]:.2f} points under') in rule
   entries = fair_report.verdicts(block, results)
   verdicts = [e['verdict'] for e in entries]
   assert (f"Of the paper's {len(entries)} claims here {verdicts.count('holds')} hold, "
           f"{verdicts.count('level')} level, {verdicts.count('contradicted')} contradicted") in rule
   for e in entries:
-    assert (f"{D_NAMES[e['better'].name]} over {D_NAMES[e['worse'].name]} {_signed(e['d'])} "
+    assert (f"{names[e['better'].name]} over {names[e['worse'].name]} {_signed(e['d'])} "
             f"(s = {e['s']:.2f}, {e['verdict']})") in rule, e
+  return block, results, epsilons, means, text, entries
+
+
+def test_results_readme_block_d_bullets_are_its_committed_runs(results_readme):
+  """Block (d)'s bullets: the rule's outcome and every claim's d and s, the drop from each row's
+  hand-tuned twin and the selected lr products, the last rounds' loss and clip, and each search's K
+  and eps, all recomputed from the committed runs and searches."""
+  block, results, epsilons, means, text, _ = _block_that_tests(
+      'd', D_NAMES, results_readme, '**Shakespeare, each method tuned under one budget**')
   hand = _section(text, '- **Under the hand-tuned rows.** ')
   for name, (method, part) in D_HAND_TUNED.items():
     twin = 100 * np.mean(_adapted(method, 'eps=2', part))
@@ -864,23 +874,10 @@ def test_results_readme_block_c_bullets_are_its_committed_runs(readme, results_r
   same CENTAUR study's two searches, DP-FedAvg-fb's divergence, the last rounds' loss, gain and clip,
   and the searches' eps and edges, all recomputed from the committed runs and searches; the
   README's bullets give the same tally."""
-  block, results, epsilons = _block('c')
-  means = {n: 100 * results[n].stats[0] for n in C_NAMES}
-  assert all(results[n].stats[2] == 3 for n in C_NAMES)
-  assert fair_report.regime(block, results, block.ceiling_accuracy) == 'test'
-  text = results_readme.split("**Fashion-MNIST (1000, 5), DP-pFedDSU's rows tuned under one budget**")[1]
-  best = max(means, key=means.get)
-  rule = _section(text, '- **The regime rule says test.** ')
-  assert (f'best private row ({C_NAMES[best]}, {means[best]:.2f} %) is '
-          f'{block.ceiling_accuracy - means[best]:.2f} points under') in rule
-  entries = fair_report.verdicts(block, results)
+  block, results, epsilons, means, text, entries = _block_that_tests(
+      'c', C_NAMES, results_readme,
+      "**Fashion-MNIST (1000, 5), DP-pFedDSU's rows tuned under one budget**")
   verdicts = [e['verdict'] for e in entries]
-  tally = (f"Of the paper's {len(entries)} claims here {verdicts.count('holds')} hold, "
-           f"{verdicts.count('level')} level, {verdicts.count('contradicted')} contradicted")
-  assert tally in rule
-  for e in entries:
-    assert (f"{C_NAMES[e['better'].name]} over {C_NAMES[e['worse'].name]} {_signed(e['d'])} "
-            f"(s = {e['s']:.2f}, {e['verdict']})") in rule, e
   covered = _section(text, '- **The covered form costs ')
   assert covered.startswith(f"{_signed(means['dp_pfeddsu_safe'] - means['dp_pfeddsu'])[1:]} points")
   assert (f"{_mean_std(100 * np.asarray(list(results['dp_pfeddsu_safe'].accuracy.values())))} % "
