@@ -458,18 +458,26 @@ def _final_accuracy(run: str) -> float:
   return 100 * last['test_accuracy']
 
 
-def test_the_clip_norm_alone_accounts_for_the_same_studys_gap_on_seed_0():
-  """(c)'s diagnostic: CENTAUR's final seed 0 with only C set to (a5)'s selection; its final accuracy,
-  the two seed-0 runs beside it and each run's noise per weight, as docs/benchmark.md and
-  experiments/results/README.md state them."""
-  diag = os.path.join(RESULTS, 'fair_c_pfeddsu', 'diagnostics', 'centaur_at_a5_clip_seed0')
-  c_run = _final_seed0('fair_c_pfeddsu', 'centaur')
-  a5_run = _final_seed0('fair_a5_dp2fedsam', 'centaur')
+def _clip_only_diagnostic(folder: str, row: str, a5_row: str):
+  """(diag, (c)'s final seed 0 of `row`, (a5)'s of `a5_row`, (a5)'s C) of a block-(c) diagnostic
+  whose config differs from (c)'s run only in C, set to (a5)'s selection."""
+  diag = os.path.join(RESULTS, 'fair_c_pfeddsu', 'diagnostics', folder)
+  c_run = _final_seed0('fair_c_pfeddsu', row)
+  a5_run = _final_seed0('fair_a5_dp2fedsam', a5_row)
   ran = flat_config(os.path.join(diag, 'config.json'))
   selected = flat_config(os.path.join(c_run, 'config.json'))
   differ = {k for k in ran.keys() | selected.keys() if ran.get(k) != selected.get(k)}
   a5_clip = flat_config(os.path.join(a5_run, 'config.json'))['dp.clip_norm']
   assert differ == {'dp.clip_norm'} and ran['dp.clip_norm'] == a5_clip
+  return diag, c_run, a5_run, a5_clip
+
+
+def test_the_clip_norm_alone_accounts_for_the_same_studys_gap_on_seed_0():
+  """(c)'s diagnostic: CENTAUR's final seed 0 with only C set to (a5)'s selection; its final accuracy,
+  the two seed-0 runs beside it and each run's noise per weight, as docs/benchmark.md and
+  experiments/results/README.md state them."""
+  diag, c_run, a5_run, a5_clip = _clip_only_diagnostic('centaur_at_a5_clip_seed0', 'centaur',
+                                                        'centaur')
   numbers = (f'{a5_clip:.4f} ends at {_final_accuracy(diag):.2f} % (as selected: '
              f'{_final_accuracy(c_run):.2f}; (a5)\'s seed 0: {_final_accuracy(a5_run):.2f}')
   noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
@@ -484,3 +492,36 @@ def test_the_clip_norm_alone_accounts_for_the_same_studys_gap_on_seed_0():
     notes = ' '.join(f.read().split())
   assert (f'{noise[1]:.4f} as (c) selected, {noise[0]:.4f} here, {noise[2]:.4f} for (a5)\'s '
           'selection') in notes
+
+
+def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
+  """(c)'s second diagnostic: DP-FedAvg-fb's final seed 0 with only C set to (a5)'s DP-FedAvg-FT
+  selection (the same DP-FedAvg training); its final accuracy and train loss against the run as
+  selected, and the noise per weight of the three runs, as the docs state them."""
+  diag, c_run, a5_run, a5_clip = _clip_only_diagnostic('dp_fedavg_fb_at_a5_ft_clip_seed0',
+                                                        'dp_fedavg_fb', 'dp_fedavg_ft')
+  runs = (diag, c_run)
+  accuracy = [_final_accuracy(run) for run in runs]
+  loss = []
+  for run in runs:
+    with open(os.path.join(run, 'metrics.jsonl')) as f:
+      loss.append([json.loads(line) for line in f][-1]['train_loss'])
+  assert loss[0] < loss[1] and accuracy[0] > accuracy[1]
+  noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
+  docs = {}
+  for name, path in (('benchmark', os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')),
+                     ('results', os.path.join(RESULTS, 'README.md')),
+                     ('readme', os.path.join(fair_benchmark.ROOT_DIR, 'README.md')),
+                     ('notes', os.path.join(os.path.dirname(diag), 'README.md'))):
+    with open(path) as f:
+      docs[name] = ' '.join(f.read().split())
+  assert (f'({a5_clip}; the same DP-FedAvg training on the same split and ε) ends at '
+          f'{accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), the noise per weight '
+          f'{noise[0]:.4f}') in docs['benchmark']
+  assert (f'ends at {accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), noise per weight '
+          f'{noise[0]:.4f}') in docs['results']
+  assert f"DP-FedAvg-FT selection gives {accuracy[0]:.2f} %" in docs['readme']
+  assert (f'{noise[1]:.4f} as (c) selected, {noise[0]:.4f} here, {noise[2]:.4f} for (a5)\'s '
+          'selection') in docs['notes']
+  assert (f'It ends at {accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), its train loss falling '
+          f'to {loss[0]:.4f} at round 200 (as selected: {loss[1]:.4f})') in docs['notes']
