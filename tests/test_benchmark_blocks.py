@@ -14,6 +14,7 @@ import inspect
 import json
 import os
 
+import numpy as np
 import pytest
 from absl import logging
 from conftest import flat_config, server_noise_per_weight
@@ -525,3 +526,28 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
           'selection') in docs['notes']
   assert (f'It ends at {accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), its train loss falling '
           f'to {loss[0]:.4f} at round 200 (as selected: {loss[1]:.4f})') in docs['notes']
+
+
+def _last_50_rounds_mean(run: str, key: str) -> float:
+  with open(os.path.join(run, 'train_metrics.jsonl')) as f:
+    rounds = [json.loads(line) for line in f]
+  return float(np.mean([r[key] for r in rounds if r['round'] > rounds[-1]['round'] - 50]))
+
+
+def test_the_clip_diagnostics_leave_the_signal_to_noise_ratio_where_it_was():
+  """docs/benchmark.md: in both (c) diagnostics the smaller C moves the measured signal-to-noise
+  ratio of the released mean (last 50 rounds) by at most +5 % of the seeds' mean: the seeds' range
+  as selected against the diagnostic's, and the change."""
+  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
+    doc = ' '.join(f.read().split())
+  for folder, row, who in (('centaur_at_a5_clip_seed0', 'centaur', "(c)'s CENTAUR seeds"),
+                           ('dp_fedavg_fb_at_a5_ft_clip_seed0', 'dp_fedavg_fb',
+                            "DP-FedAvg-fb's seeds")):
+    seeds = [_last_50_rounds_mean(os.path.join(RESULTS, 'fair_c_pfeddsu', 'runs', row, 'final',
+                                               f'seed={s}'), 'signal_to_noise') for s in range(3)]
+    diag = _last_50_rounds_mean(os.path.join(RESULTS, 'fair_c_pfeddsu', 'diagnostics', folder),
+                                'signal_to_noise')
+    change = round(100 * (diag / np.mean(seeds) - 1))
+    assert change <= 5  # "barely changes how clean the direction is"
+    assert (f'{min(seeds):.4f}-{max(seeds):.4f} for {who} against {diag:.4f} for its') in doc, row
+    assert f'({change:+d} %'.replace('-', '−') in doc, row
