@@ -405,10 +405,12 @@ def test_the_sweep_continues_from_the_published_blocks_unless_told_to_start_from
 
 def test_the_last_rounds_table_reads_each_seeds_loss_windows_metric_gain_and_clip():
   """T = 200: loss windows 161-180 and 181-200 (T / 10 each), the metric from round 150 to 200, the
-  clip over rounds 151-200 and only for a private run; the mean over the finished seeds."""
+  clip, the signal-to-noise ratio and the noise on the mean over rounds 151-200 and only for a
+  private run, that noise times each seed's server lr; the mean over the finished seeds."""
   def seed(loss_before, loss_last, gain, clipped, epsilon=1.0):
     rounds = [{'round': t, 'train_loss': loss_before if t <= 180 else loss_last,
-               'clipped_fraction': 0.0 if t <= 150 else clipped, 'mean_update_norm': 2.0}
+               'clipped_fraction': 0.0 if t <= 150 else clipped, 'mean_update_norm': 2.0,
+               'signal_to_noise': 9.0 if t <= 150 else clipped / 100, 'noise_std': 0.01}
               for t in range(141, 201)]
     rounds[-1]['train_loss'] = None  # a round with no finite client is left out, not counted as 0
     evaluations = [{'round': 150, 'test_accuracy': 0.5, 'epsilon': epsilon},
@@ -417,17 +419,20 @@ def test_the_last_rounds_table_reads_each_seeds_loss_windows_metric_gain_and_cli
 
   row = BLOCK.row('dp2fedsam')
   result = fair_report.RowResult(row, None, {0: 0.6, 1: 0.5},
-                                 {0: seed(1.0, 0.8, 0.10, 0.4), 1: seed(2.0, 1.6, 0.0, 0.2)})
+                                 {0: seed(1.0, 0.8, 0.10, 0.4), 1: seed(2.0, 1.6, 0.0, 0.2)},
+                                 {0: 1.0, 1: 0.5})
   end = fair_report.run_ends(result, 'test_accuracy')
   assert (end['width'], end['last']) == (20, 200)
   assert end['loss_before'] == pytest.approx(1.5) and end['loss_last'] == pytest.approx(1.2)
   assert end['metric_gain'] == pytest.approx(0.05) and end['clipped_fraction'] == pytest.approx(0.3)
+  assert end['signal_to_noise'] == pytest.approx(0.003)  # rounds 151-200 only
+  assert end['step_noise'] == pytest.approx(0.0075)  # (1.0 x 0.01 + 0.5 x 0.01) / 2
   empty = lambda r: fair_report.RowResult(r, None, {})
   results = {r.name: empty(r) for r in BLOCK.all_rows()} | {row.name: result}
   results[BLOCK.ceiling.name] = fair_report.RowResult(
       BLOCK.ceiling, None, {0: 0.6}, {0: seed(1.0, 0.8, 0.10, 0.4, epsilon=float('inf'))})
   lines = fair_report.end_lines(BLOCK, results)
-  assert '| dp2fedsam | 2 | 1.5000 → 1.2000 | +5.00 | 0.30 | 2 |' in lines
-  assert f'| {BLOCK.ceiling.name} | 1 | 1.0000 → 0.8000 | +10.00 | – | – |' in lines
+  assert '| dp2fedsam | 2 | 1.5000 → 1.2000 | +5.00 | 0.30 | 2 | 0.0030 | 0.0075 |' in lines
+  assert f'| {BLOCK.ceiling.name} | 1 | 1.0000 → 0.8000 | +10.00 | – | – | – | – |' in lines
   assert not any(line.startswith('| centaur') for line in lines)  # no finished seed: no line
   assert fair_report.end_lines(BLOCK, {r.name: empty(r) for r in BLOCK.all_rows()}) == []

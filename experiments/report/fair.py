@@ -34,6 +34,7 @@ class RowResult:
   accuracy: dict              # {seed: the block's metric at the final round}, finished runs only
   # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (run_ends reads them)
   records: dict = dataclasses.field(default_factory=dict)
+  server_lr: dict = dataclasses.field(default_factory=dict)  # {seed: its config's server lr}
 
   @property
   def stats(self) -> tuple:
@@ -54,20 +55,21 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
   tuning = read_json(path) if os.path.exists(path) else None
   if tuning is not None and tuning.get('status') != 'done':
     tuning = None
-  accuracy, records = {}, {}
+  accuracy, records, server_lr = {}, {}, {}
   finals = os.path.join(directory, 'final')
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
     run = os.path.join(finals, name)
     if not (name.startswith('seed=') and os.path.exists(os.path.join(run, 'config.json'))):
       continue
     evaluations = metric_writers.read_jsonl(os.path.join(run, metric_writers.EVAL_FILE))
-    num_rounds = read_json(os.path.join(run, 'config.json'))['num_rounds']
-    if evaluations and evaluations[-1]['round'] >= num_rounds:
+    config = read_json(os.path.join(run, 'config.json'))
+    if evaluations and evaluations[-1]['round'] >= config['num_rounds']:
       seed = int(name[len('seed='):])
       accuracy[seed] = float(evaluations[-1][metric])
       records[seed] = (evaluations,
                        metric_writers.read_jsonl(os.path.join(run, metric_writers.TRAIN_FILE)))
-  return RowResult(row, tuning, accuracy, records)
+      server_lr[seed] = float(config.get('server_lr', math.nan))  # '–' where a config lacks it
+  return RowResult(row, tuning, accuracy, records, server_lr)
 
 
 def read_block(block_dir: str, block) -> dict:
@@ -138,9 +140,12 @@ def _mean_of(records: list[dict], key: str) -> float:
   return float(np.mean(values)) if values else math.nan
 
 
-def _seed_end(evaluations: list[dict], rounds: list[dict], metric: str) -> dict:
-  """One run's last rounds: loss_before, loss_last, metric_gain (fraction) and the CLIPPING keys
-  (nan for a non-private run)."""
+def _seed_end(evaluations: list[dict], rounds: list[dict], metric: str,
+              server_lr: float = math.nan) -> dict:
+  """One run's last rounds: loss_before, loss_last, metric_gain (fraction), the CLIPPING keys,
+  signal_to_noise (the released mean's, as the round logs it) and step_noise, the noise the server's
+  step puts on each weight (server lr × the logged noise_std of the mean); nan for a non-private
+  run."""
   last = evaluations[-1]['round']
   width = _loss_width(last)
   window = lambda lo, hi: [r for r in rounds if lo < r['round'] <= hi]
@@ -151,13 +156,16 @@ def _seed_end(evaluations: list[dict], rounds: list[dict], metric: str) -> dict:
                          else float(evaluations[-1][metric]) - float(earlier))}
   epsilon = evaluations[-1].get('epsilon') or math.inf
   tail = window(last - CLIP_WINDOW, last) if 0 < epsilon < math.inf else []  # no clip without DP
-  return end | {key: _mean_of(tail, key) for key in CLIPPING}
+  return end | {key: _mean_of(tail, key) for key in CLIPPING} | {
+      'signal_to_noise': _mean_of(tail, 'signal_to_noise'),
+      'step_noise': server_lr * _mean_of(tail, 'noise_std')}
 
 
 def run_ends(result: RowResult, metric: str) -> dict:
   """_seed_end's keys, each the mean over the row's finished seeds (nan where a seed lacks it), and
   'width': the loss windows' length in rounds."""
-  ends = [_seed_end(*result.records[s], metric) for s in sorted(result.records)]
+  ends = [_seed_end(*result.records[s], metric, result.server_lr.get(s, math.nan))
+          for s in sorted(result.records)]
   if not ends:
     return {}
   out = {k: float(np.mean([e[k] for e in ends])) for k in ends[0]}
@@ -181,15 +189,21 @@ def end_lines(block, results: dict) -> list[str]:
       f'and {last - width + 1}-{last}; the change of {block.metric} over the last {METRIC_LOOKBACK} '
       f"rounds ('–': no evaluation at round {last - METRIC_LOOKBACK}); over the last {CLIP_WINDOW} "
       'rounds, the fraction of sampled clients whose update the clip cut and their mean update norm '
-      'before it (the clip norm is in the table above).', '',
+      'before it (the clip norm is in the table above), the signal-to-noise ratio of the released '
+      "mean (norm of the clipped mean / norm of its noise) and the std of the noise the server's "
+      'step puts on each weight (server lr × the noise on the mean): where the clip cuts every '
+      'update, C scales signal and noise alike: the ratio does not depend on C, which sets the size of the '
+      'noisy step (docs/benchmark.md, section 4).', '',
       f'| row | seeds | train loss, {last - 2 * width + 1}-{last - width} → {last - width + 1}-{last} '
       f'| {block.metric} over the last {METRIC_LOOKBACK} rounds (points) | clipped fraction | '
-      'pre-clip update norm |', '|---|---|---|---|---|---|']
+      'pre-clip update norm | signal-to-noise | noise per weight a step |',
+      '|---|---|---|---|---|---|---|---|']
   for name, end in ends.items():
     lines.append(f"| {name} | {len(results[name].records)} | {number(end['loss_before'], '.4f')} → "
                  f"{number(end['loss_last'], '.4f')} | {number(100 * end['metric_gain'], '+.2f')} | "
                  f"{number(end['clipped_fraction'], '.2f')} | "
-                 f"{number(end['mean_update_norm'], '.4g')} |")
+                 f"{number(end['mean_update_norm'], '.4g')} | "
+                 f"{number(end['signal_to_noise'], '.4f')} | {number(end['step_noise'], '.4f')} |")
   return lines + ['']
 
 
