@@ -878,6 +878,11 @@ def test_results_readme_block_c_bullets_are_its_committed_runs(readme, results_r
       'c', C_NAMES, results_readme,
       "**Fashion-MNIST (1000, 5), DP-pFedDSU's rows tuned under one budget**")
   verdicts = [e['verdict'] for e in entries]
+  ceiling = {r['round']: r['test_accuracy'] for r in _records(os.path.join(
+      A5, 'diagnostics', 'ceiling_p_fedsam_at_block_a_values_seed0', 'metrics.jsonl'))}
+  assert 100 * ceiling[200] == pytest.approx(block.ceiling_accuracy, abs=0.005)
+  assert ceiling[200] > ceiling[150]
+  assert 'still rising at T = 200' in _section(text, '- **The regime rule says test.** ')
   covered = _section(text, '- **The covered form costs ')
   assert covered.startswith(f"{_signed(means['dp_pfeddsu_safe'] - means['dp_pfeddsu'])[1:]} points")
   assert (f"{_mean_std(100 * np.asarray(list(results['dp_pfeddsu_safe'].accuracy.values())))} % "
