@@ -24,6 +24,7 @@ from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.privacy import accounting, selection
 from experiments.configs import _fair, _pfeddsu, _topk
 from experiments.configs import fmnist_paper_regime
+from experiments.report.summary import CLIP_WINDOW
 from launch import fair_benchmark, sweep, tune
 
 BLOCKS = {letter: fair_benchmark.load_block(letter) for letter in fair_benchmark.BLOCK_CONFIGS}
@@ -432,8 +433,7 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
              for block_dir in ('fair_a5_dp2fedsam', 'fair_c_pfeddsu')]
   differ = {k for k in configs[0].keys() | configs[1].keys() if configs[0].get(k) != configs[1].get(k)}
   assert differ == set(a5.tuning['selected_values']) == set(c.tuning['selected_values'])
-  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
-    doc = ' '.join(f.read().split())
+  doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
   for row in (a5, c):
     mean, std, seeds = row.stats
     assert seeds == 3 and f'{100 * mean:.2f} ± {100 * std:.2f} %' in doc
@@ -442,21 +442,30 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
             f"{values['local.lr_personal']:.4g}") in doc
   label, d, s = seed_rule(c.stats, a5.stats)
   assert label == 'hurts' and f'd = −{-100 * d:.2f}, s = {100 * s:.2f}' in doc
-  with open(os.path.join(fair_benchmark.ROOT_DIR, 'README.md')) as f:
-    readme = ' '.join(f.read().split())
-  with open(os.path.join(RESULTS, 'README.md')) as f:
-    results_readme = ' '.join(f.read().split())
+  readme = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'README.md'))
+  results_readme = _flat_text(os.path.join(RESULTS, 'README.md'))
   (a5_mean, a5_std, _), (c_mean, c_std, _) = a5.stats, c.stats
   assert f'ended at {100 * c_mean:.2f} % against {100 * a5_mean:.2f} ("hurts"' in readme
   assert (f'ended at {100 * c_mean:.2f} ± {100 * c_std:.2f} % against (a5)\'s {100 * a5_mean:.2f} ± '
           f'{100 * a5_std:.2f} (d = −{-100 * d:.2f}, s = {100 * s:.2f}: "hurts"') in results_readme
 
 
-def _final_accuracy(run: str) -> float:
+def _flat_text(path: str) -> str:
+  """A doc's text with its line breaks undone, as the docs' sentences are matched."""
+  with open(path) as f:
+    return ' '.join(f.read().split())
+
+
+def _last_evaluation(run: str) -> dict:
+  """A finished T = 200 run's last metrics.jsonl record."""
   with open(os.path.join(run, 'metrics.jsonl')) as f:
     last = [json.loads(line) for line in f][-1]
   assert last['round'] == 200
-  return 100 * last['test_accuracy']
+  return last
+
+
+def _final_accuracy(run: str) -> float:
+  return 100 * _last_evaluation(run)['test_accuracy']
 
 
 def _clip_only_diagnostic(folder: str, row: str, a5_row: str):
@@ -482,15 +491,12 @@ def test_the_clip_norm_alone_accounts_for_the_same_studys_gap_on_seed_0():
   numbers = (f'{a5_clip:.4f} ends at {_final_accuracy(diag):.2f} % (as selected: '
              f'{_final_accuracy(c_run):.2f}; (a5)\'s seed 0: {_final_accuracy(a5_run):.2f}')
   noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
-  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
-    doc = ' '.join(f.read().split())
+  doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
   assert numbers in doc
   assert f'(server lr × σC/(qN)) {noise[0]:.4f} instead of {noise[1]:.4f}' in doc
-  with open(os.path.join(RESULTS, 'README.md')) as f:
-    results_readme = ' '.join(f.read().split())
+  results_readme = _flat_text(os.path.join(RESULTS, 'README.md'))
   assert numbers.split(' ', 1)[1] in results_readme  # the same sentence without the value of C
-  with open(os.path.join(os.path.dirname(diag), 'README.md')) as f:
-    notes = ' '.join(f.read().split())
+  notes = _flat_text(os.path.join(os.path.dirname(diag), 'README.md'))
   assert (f'{noise[1]:.4f} as (c) selected, {noise[0]:.4f} here, {noise[2]:.4f} for (a5)\'s '
           'selection') in notes
 
@@ -503,19 +509,13 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
                                                         'dp_fedavg_fb', 'dp_fedavg_ft')
   runs = (diag, c_run)
   accuracy = [_final_accuracy(run) for run in runs]
-  loss = []
-  for run in runs:
-    with open(os.path.join(run, 'metrics.jsonl')) as f:
-      loss.append([json.loads(line) for line in f][-1]['train_loss'])
+  loss = [_last_evaluation(run)['train_loss'] for run in runs]
   assert loss[0] < loss[1] and accuracy[0] > accuracy[1]
   noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
-  docs = {}
-  for name, path in (('benchmark', os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')),
-                     ('results', os.path.join(RESULTS, 'README.md')),
-                     ('readme', os.path.join(fair_benchmark.ROOT_DIR, 'README.md')),
-                     ('notes', os.path.join(os.path.dirname(diag), 'README.md'))):
-    with open(path) as f:
-      docs[name] = ' '.join(f.read().split())
+  docs = {'benchmark': _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')),
+          'results': _flat_text(os.path.join(RESULTS, 'README.md')),
+          'readme': _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'README.md')),
+          'notes': _flat_text(os.path.join(os.path.dirname(diag), 'README.md'))}
   assert (f'({a5_clip}; the same DP-FedAvg training on the same split and ε) ends at '
           f'{accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), the noise per weight '
           f'{noise[0]:.4f}') in docs['benchmark']
@@ -529,17 +529,18 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
 
 
 def _last_50_rounds_mean(run: str, key: str) -> float:
+  """The mean of a train_metrics.jsonl key over the window the fair pages use (CLIP_WINDOW = 50)."""
   with open(os.path.join(run, 'train_metrics.jsonl')) as f:
     rounds = [json.loads(line) for line in f]
-  return float(np.mean([r[key] for r in rounds if r['round'] > rounds[-1]['round'] - 50]))
+  assert CLIP_WINDOW == 50
+  return float(np.mean([r[key] for r in rounds if r['round'] > rounds[-1]['round'] - CLIP_WINDOW]))
 
 
 def test_the_clip_diagnostics_leave_the_signal_to_noise_ratio_where_it_was():
   """docs/benchmark.md: in both (c) diagnostics the smaller C moves the measured signal-to-noise
   ratio of the released mean (last 50 rounds) by at most +5 % of the seeds' mean: the seeds' range
   as selected against the diagnostic's, and the change."""
-  with open(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')) as f:
-    doc = ' '.join(f.read().split())
+  doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
   for folder, row, who in (('centaur_at_a5_clip_seed0', 'centaur', "(c)'s CENTAUR seeds"),
                            ('dp_fedavg_fb_at_a5_ft_clip_seed0', 'dp_fedavg_fb',
                             "DP-FedAvg-fb's seeds")):
