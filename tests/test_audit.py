@@ -7,7 +7,9 @@ the same way, must stay below it -- and come within 0.6 of it.
 
 import dataclasses
 import functools
+import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -369,3 +371,29 @@ def test_banded_white_box_score_uses_the_public_schedule_not_who_was_sampled():
   c = sum(coef * np.eye(rounds, k=-j) for j, coef in enumerate(mechanism.noise.strategy))
   p, s = projections[1, :, 2], scheduled[1, :, 2].astype(float)
   np.testing.assert_allclose(everyone[1, 2], (c @ p) @ (c @ s) / np.linalg.norm(c @ s), rtol=1e-12)
+
+
+def test_the_docs_three_seed_audit_of_the_default_experiment_is_the_committed_records():
+  """docs/privacy.md section 5's three-seed table and the numbers read from it are the committed
+  `experiments.audit` records (experiments/results/audit_default/seed=*.jsonl)."""
+  root = pathlib.Path(__file__).resolve().parent.parent
+  docs = (root / 'docs' / 'privacy.md').read_text()
+  ends, bounds = [], []
+  for seed in range(3):
+    record = json.loads((root / f'experiments/results/audit_default/seed={seed}.jsonl').read_text())
+    end = record['along_run'][-1]
+    assert end['round'] == record['num_rounds'] == 40
+    ends.append(end)
+    bounds += [record['epsilon_clopper_pearson'], end['epsilon_one_run']]
+    row = (f"| {seed} | {end['noise_multiplier']:.3f} [{end['noise_multiplier_low']:.3f}, "
+           f"{end['noise_multiplier_high']:.3f}] | {end['epsilon_noise_estimate']:.2f} "
+           f"[{end['epsilon_noise_estimate_low']:.2f}, {end['epsilon_noise_estimate_high']:.2f}] | "
+           f"{end['epsilon_gaussian_fit']:.2f} | {record['epsilon_clopper_pearson']:.2f} | "
+           f"{end['epsilon_one_run']:.2f} | {record['seconds']:.0f} |")
+    assert row in docs, row
+    assert end['epsilon_accounted'] == pytest.approx(2.0, abs=0.005)
+  sigmas = np.array([e['noise_multiplier'] for e in ends])
+  assert f'σ̂ averages {sigmas.mean():.3f}' in docs
+  assert f"ε estimate {np.mean([e['epsilon_noise_estimate'] for e in ends]):.2f} against" in docs
+  assert f'std over them is {sigmas.std(ddof=1):.3f}' in docs
+  assert f'CP {max(bounds):.2f} at most' in docs and max(bounds) < 2.0
