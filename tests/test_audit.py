@@ -397,3 +397,23 @@ def test_the_docs_three_seed_audit_of_the_default_experiment_is_the_committed_re
   assert f"ε estimate {np.mean([e['epsilon_noise_estimate'] for e in ends]):.2f} against" in docs
   assert f'std over them is {sigmas.std(ddof=1):.3f}' in docs
   assert f'CP {max(bounds):.2f} at most' in docs and max(bounds) < 2.0
+
+
+def test_sigma_hat_spread_on_ideal_scores_is_the_docs():
+  """docs/privacy.md section 5's reference for the three audit seeds: the sigma-hat estimator's
+  spread and its interval's coverage on ideal scores at the default audit's T, k, q and sigma."""
+  sigma, rounds, k, q, seeds = 0.634, 40, 1000, 0.02, 60
+  estimates, covered = [], 0
+  for seed in range(seeds):
+    rng = np.random.default_rng(seed)
+    signs = (rng.random(k) < 0.5).astype(float)  # in: +1, out: 0 (Poisson's add/remove neighbour)
+    sampled = rng.random((rounds, k)) < q
+    projections = np.where(sampled, signs, 0.0) + sigma * rng.normal(size=(rounds, k))
+    e = auditing.noise_multiplier_estimate(projections, sampled, signs, seed=seed)
+    estimates.append(e.noise_multiplier)
+    covered += e.low <= sigma <= e.high
+  std = np.std(estimates, ddof=1)
+  docs = (pathlib.Path(__file__).resolve().parent.parent / 'docs' / 'privacy.md').read_text()
+  coverage = 100 * covered / seeds
+  assert f"σ̂'s std is {std:.3f} and the\nnominal 95 % interval holds σ in {coverage:.0f} %" in docs
+  assert abs(np.mean(estimates) - sigma) < 3 * std / math.sqrt(seeds)  # unbiased on ideal scores
