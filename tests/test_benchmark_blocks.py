@@ -528,6 +528,36 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
           f'to {loss[0]:.4f} at round 200 (as selected: {loss[1]:.4f})') in docs['notes']
 
 
+def test_block_b_swap_tells_the_selected_values_from_sam_on_seed_0():
+  """(b)'s diagnostics: DP-FedSAM's and DP-FedAvg's final seed 0 each at the other's selected values;
+  their configs differ from the partner's run only in the method and ρ, and the diagnostics README's
+  accuracies and its split of seed 0's gap into values and SAM are these runs'."""
+  diagnostics = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics')
+  own = {row: _final_accuracy(_final_seed0('fair_b_topk', row)) for row in ('dp_fedsam', 'dp_fedavg')}
+  swapped, curves = {}, []
+  for method, values_of in (('dp_fedsam', 'dp_fedavg'), ('dp_fedavg', 'dp_fedsam')):
+    diag = os.path.join(diagnostics, f'{method}_at_{values_of}_values_seed0')
+    ran = flat_config(os.path.join(diag, 'config.json'))
+    partner = flat_config(os.path.join(_final_seed0('fair_b_topk', values_of), 'config.json'))
+    differ = {k for k in ran.keys() | partner.keys() if ran.get(k) != partner.get(k)}
+    assert ran['method'] == method and differ == {'method', 'local.sam_rho'}, differ
+    if method == 'dp_fedsam':  # its own ρ, as selected
+      selected = flat_config(os.path.join(_final_seed0('fair_b_topk', method), 'config.json'))
+      assert ran['local.sam_rho'] == selected['local.sam_rho']
+    with open(os.path.join(diag, 'metrics.jsonl')) as f:
+      curves.append(' / '.join(f"{100 * json.loads(line)['test_accuracy']:.2f}" for line in f))
+    swapped[method] = _final_accuracy(diag)
+  values = sorted([own['dp_fedavg'] - swapped['dp_fedavg'], swapped['dp_fedsam'] - own['dp_fedsam']])
+  sam = sorted([swapped['dp_fedsam'] - own['dp_fedavg'], own['dp_fedsam'] - swapped['dp_fedavg']])
+  notes = _flat_text(os.path.join(diagnostics, 'README.md'))
+  assert (f"DP-FedSAM at DP-FedAvg's values {curves[0]} (DP-FedAvg as selected: "
+          f"{own['dp_fedavg']:.2f} at 200); DP-FedAvg at DP-FedSAM's values {curves[1]} (DP-FedSAM as "
+          f"selected: {own['dp_fedsam']:.2f})") in notes
+  assert (f"Of seed 0's {own['dp_fedavg'] - own['dp_fedsam']:.2f} points between the two rows, the "
+          f'selected values account for {values[0]:.2f}-{values[1]:.2f} and SAM for +{sam[0]:.2f} '
+          f"to +{sam[1]:.2f} in DP-FedSAM's favour") in notes
+
+
 def _last_50_rounds_mean(run: str, key: str) -> float:
   """The mean of a train_metrics.jsonl key over the window the fair pages use (CLIP_WINDOW = 50)."""
   with open(os.path.join(run, 'train_metrics.jsonl')) as f:
