@@ -528,34 +528,63 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
           f'to {loss[0]:.4f} at round 200 (as selected: {loss[1]:.4f})') in docs['notes']
 
 
+def _block_b_swap(folder: str, values_of: str) -> tuple[str, float, set]:
+  """(its test accuracy at each evaluation, as the notes write it; its final accuracy; the config
+  fields where it differs from `values_of`'s final seed 0) of a block-(b) diagnostic."""
+  diag = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics', folder)
+  ran = flat_config(os.path.join(diag, 'config.json'))
+  partner = flat_config(os.path.join(_final_seed0('fair_b_topk', values_of), 'config.json'))
+  with open(os.path.join(diag, 'metrics.jsonl')) as f:
+    curve = ' / '.join(f"{100 * json.loads(line)['test_accuracy']:.2f}" for line in f)
+  return curve, _final_accuracy(diag), {k for k in ran | partner if ran.get(k) != partner.get(k)}
+
+
+def _block_b_notes() -> str:
+  return _flat_text(os.path.join(RESULTS, 'fair_b_topk', 'diagnostics', 'README.md'))
+
+
 def test_block_b_swap_tells_the_selected_values_from_sam_on_seed_0():
   """(b)'s diagnostics: DP-FedSAM's and DP-FedAvg's final seed 0 each at the other's selected values;
-  their configs differ from the partner's run only in the method and ρ, and the diagnostics README's
-  accuracies and its split of seed 0's gap into values and SAM are these runs'."""
-  diagnostics = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics')
+  their configs differ from the partner's run only in the method and ρ (DP-FedSAM keeps its own),
+  and the diagnostics README's accuracies and its split of seed 0's gap into values and SAM are
+  these runs'."""
   own = {row: _final_accuracy(_final_seed0('fair_b_topk', row)) for row in ('dp_fedsam', 'dp_fedavg')}
   swapped, curves = {}, []
   for method, values_of in (('dp_fedsam', 'dp_fedavg'), ('dp_fedavg', 'dp_fedsam')):
-    diag = os.path.join(diagnostics, f'{method}_at_{values_of}_values_seed0')
-    ran = flat_config(os.path.join(diag, 'config.json'))
-    partner = flat_config(os.path.join(_final_seed0('fair_b_topk', values_of), 'config.json'))
-    differ = {k for k in ran.keys() | partner.keys() if ran.get(k) != partner.get(k)}
-    assert ran['method'] == method and differ == {'method', 'local.sam_rho'}, differ
-    if method == 'dp_fedsam':  # its own ρ, as selected
-      selected = flat_config(os.path.join(_final_seed0('fair_b_topk', method), 'config.json'))
-      assert ran['local.sam_rho'] == selected['local.sam_rho']
-    with open(os.path.join(diag, 'metrics.jsonl')) as f:
-      curves.append(' / '.join(f"{100 * json.loads(line)['test_accuracy']:.2f}" for line in f))
-    swapped[method] = _final_accuracy(diag)
+    folder = f'{method}_at_{values_of}_values_seed0'
+    curve, swapped[method], differ = _block_b_swap(folder, values_of)
+    assert differ == {'method', 'local.sam_rho'}, differ
+    curves.append(curve)
+  ran = flat_config(os.path.join(RESULTS, 'fair_b_topk', 'diagnostics',
+                                 'dp_fedsam_at_dp_fedavg_values_seed0', 'config.json'))
+  selected = flat_config(os.path.join(_final_seed0('fair_b_topk', 'dp_fedsam'), 'config.json'))
+  assert ran['method'] == 'dp_fedsam' and ran['local.sam_rho'] == selected['local.sam_rho']
   values = sorted([own['dp_fedavg'] - swapped['dp_fedavg'], swapped['dp_fedsam'] - own['dp_fedsam']])
   sam = sorted([swapped['dp_fedsam'] - own['dp_fedavg'], own['dp_fedsam'] - swapped['dp_fedavg']])
-  notes = _flat_text(os.path.join(diagnostics, 'README.md'))
+  notes = _block_b_notes()
   assert (f"DP-FedSAM at DP-FedAvg's values {curves[0]} (DP-FedAvg as selected: "
           f"{own['dp_fedavg']:.2f} at 200); DP-FedAvg at DP-FedSAM's values {curves[1]} (DP-FedSAM as "
           f"selected: {own['dp_fedsam']:.2f})") in notes
   assert (f"Of seed 0's {own['dp_fedavg'] - own['dp_fedsam']:.2f} points between the two rows, the "
           f'selected values account for {values[0]:.2f}-{values[1]:.2f} and SAM for +{sam[0]:.2f} '
           f"to +{sam[1]:.2f} in DP-FedSAM's favour") in notes
+
+
+def test_block_b_covered_topk_at_the_paper_forms_values_on_seed_0():
+  """(b)'s diagnostic: the covered DP-FedSAM-topk run as the paper form's final seed 0 (only the
+  method and the noise placement it sets differ); the notes' accuracies and gaps are these runs'."""
+  curve, reached, differ = _block_b_swap('dp_fedsam_topk_server_at_dp_fedsam_topk_values_seed0',
+                                         'dp_fedsam_topk')
+  assert differ == {'method', 'dp.noise_placement'}, differ
+  paper, covered = (_final_accuracy(_final_seed0('fair_b_topk', row))
+                    for row in ('dp_fedsam_topk', 'dp_fedsam_topk_server'))
+  assert (f"{curve}, against the paper form's {paper:.2f} and the covered form's own selection's "
+          f'{covered:.2f} at 200. At the same values the covered form loses {paper - reached:.2f} '
+          f'points on seed 0; the {paper - covered:.2f} points between') in _block_b_notes()
+  means = [np.mean([_final_accuracy(os.path.join(RESULTS, 'fair_b_topk', 'runs', row, 'final',
+                                                 f'seed={seed}')) for seed in range(3)])
+           for row in ('dp_fedsam_topk', 'dp_fedsam_topk_server')]
+  assert f'end {means[0] - means[1]:.2f} points under the paper form' in _block_b_notes()
 
 
 def _last_50_rounds_mean(run: str, key: str) -> float:
