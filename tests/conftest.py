@@ -134,6 +134,11 @@ def flat_config(path):
           **{f'{k}.{kk}': vv for k, v in config.items() if isinstance(v, dict) for kk, vv in v.items()}}
 
 
+def differing_fields(config: dict, other: dict) -> set:
+  """The fields of two flat configs (flat_config) whose values differ, or that only one has."""
+  return {k for k in config.keys() | other.keys() if config.get(k) != other.get(k)}
+
+
 def noise_per_server_lr_and_clip(config):
   """σ / (qN): the noise std a server step adds to each weight, per unit of server lr × C."""
   assert config['server_optimizer'] == 'sgd'  # no momentum to amplify it

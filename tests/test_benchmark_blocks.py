@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 from absl import logging
-from conftest import flat_config, server_noise_per_weight
+from conftest import differing_fields, flat_config, server_noise_per_weight
 
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax.algorithms import METHODS, pieces
@@ -431,7 +431,7 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
   assert plan(a5) == plan(c) and a5.tuning['plan']['config_name'] != c.tuning['plan']['config_name']
   configs = [flat_config(os.path.join(_final_seed0(block_dir, 'centaur'), 'config.json'))
              for block_dir in ('fair_a5_dp2fedsam', 'fair_c_pfeddsu')]
-  differ = {k for k in configs[0].keys() | configs[1].keys() if configs[0].get(k) != configs[1].get(k)}
+  differ = differing_fields(*configs)
   assert differ == set(a5.tuning['selected_values']) == set(c.tuning['selected_values'])
   doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
   for row in (a5, c):
@@ -476,7 +476,7 @@ def _clip_only_diagnostic(folder: str, row: str, a5_row: str):
   a5_run = _final_seed0('fair_a5_dp2fedsam', a5_row)
   ran = flat_config(os.path.join(diag, 'config.json'))
   selected = flat_config(os.path.join(c_run, 'config.json'))
-  differ = {k for k in ran.keys() | selected.keys() if ran.get(k) != selected.get(k)}
+  differ = differing_fields(ran, selected)
   a5_clip = flat_config(os.path.join(a5_run, 'config.json'))['dp.clip_norm']
   assert differ == {'dp.clip_norm'} and ran['dp.clip_norm'] == a5_clip
   return diag, c_run, a5_run, a5_clip
@@ -528,15 +528,15 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
           f'to {loss[0]:.4f} at round 200 (as selected: {loss[1]:.4f})') in docs['notes']
 
 
-def _block_b_swap(folder: str, values_of: str) -> tuple[str, float, set]:
-  """(its test accuracy at each evaluation, as the notes write it; its final accuracy; the config
-  fields where it differs from `values_of`'s final seed 0) of a block-(b) diagnostic."""
+def _block_b_swap(folder: str, values_of: str) -> tuple[str, float, dict, set]:
+  """(its test accuracy at each evaluation, as the notes write it; its final accuracy; its flat
+  config; the fields where that differs from `values_of`'s final seed 0) of a block-(b) diagnostic."""
   diag = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics', folder)
   ran = flat_config(os.path.join(diag, 'config.json'))
   partner = flat_config(os.path.join(_final_seed0('fair_b_topk', values_of), 'config.json'))
   with open(os.path.join(diag, 'metrics.jsonl')) as f:
     curve = ' / '.join(f"{100 * json.loads(line)['test_accuracy']:.2f}" for line in f)
-  return curve, _final_accuracy(diag), {k for k in ran | partner if ran.get(k) != partner.get(k)}
+  return curve, _final_accuracy(diag), ran, differing_fields(ran, partner)
 
 
 def _block_b_notes() -> str:
@@ -549,16 +549,16 @@ def test_block_b_swap_tells_the_selected_values_from_sam_on_seed_0():
   and the diagnostics README's accuracies and its split of seed 0's gap into values and SAM are
   these runs'."""
   own = {row: _final_accuracy(_final_seed0('fair_b_topk', row)) for row in ('dp_fedsam', 'dp_fedavg')}
+  selected = flat_config(os.path.join(_final_seed0('fair_b_topk', 'dp_fedsam'), 'config.json'))
   swapped, curves = {}, []
   for method, values_of in (('dp_fedsam', 'dp_fedavg'), ('dp_fedavg', 'dp_fedsam')):
     folder = f'{method}_at_{values_of}_values_seed0'
-    curve, swapped[method], differ = _block_b_swap(folder, values_of)
+    curve, swapped[method], ran, differ = _block_b_swap(folder, values_of)
     assert differ == {'method', 'local.sam_rho'}, differ
+    assert ran['method'] == method
+    if method == 'dp_fedsam':  # its own ρ, as selected
+      assert ran['local.sam_rho'] == selected['local.sam_rho']
     curves.append(curve)
-  ran = flat_config(os.path.join(RESULTS, 'fair_b_topk', 'diagnostics',
-                                 'dp_fedsam_at_dp_fedavg_values_seed0', 'config.json'))
-  selected = flat_config(os.path.join(_final_seed0('fair_b_topk', 'dp_fedsam'), 'config.json'))
-  assert ran['method'] == 'dp_fedsam' and ran['local.sam_rho'] == selected['local.sam_rho']
   values = sorted([own['dp_fedavg'] - swapped['dp_fedavg'], swapped['dp_fedsam'] - own['dp_fedsam']])
   sam = sorted([swapped['dp_fedsam'] - own['dp_fedavg'], own['dp_fedsam'] - swapped['dp_fedavg']])
   notes = _block_b_notes()
@@ -573,7 +573,7 @@ def test_block_b_swap_tells_the_selected_values_from_sam_on_seed_0():
 def test_block_b_covered_topk_at_the_paper_forms_values_on_seed_0():
   """(b)'s diagnostic: the covered DP-FedSAM-topk run as the paper form's final seed 0 (only the
   method and the noise placement it sets differ); the notes' accuracies and gaps are these runs'."""
-  curve, reached, differ = _block_b_swap('dp_fedsam_topk_server_at_dp_fedsam_topk_values_seed0',
+  curve, reached, _, differ = _block_b_swap('dp_fedsam_topk_server_at_dp_fedsam_topk_values_seed0',
                                          'dp_fedsam_topk')
   assert differ == {'method', 'dp.noise_placement'}, differ
   paper, covered = (_final_accuracy(_final_seed0('fair_b_topk', row))
@@ -581,10 +581,12 @@ def test_block_b_covered_topk_at_the_paper_forms_values_on_seed_0():
   assert (f"{curve}, against the paper form's {paper:.2f} and the covered form's own selection's "
           f'{covered:.2f} at 200. At the same values the covered form loses {paper - reached:.2f} '
           f'points on seed 0; the {paper - covered:.2f} points between') in _block_b_notes()
-  means = [np.mean([_final_accuracy(os.path.join(RESULTS, 'fair_b_topk', 'runs', row, 'final',
-                                                 f'seed={seed}')) for seed in range(3)])
+  from experiments.report import fair as fair_report  # pylint: disable=import-outside-toplevel
+  _, _, block = BLOCKS['b']
+  runs = os.path.join(fair_benchmark.published_dir(RESULTS, 'b'), 'runs')
+  means = [fair_report.read_row(runs, block.row(row), block.metric).stats[0]
            for row in ('dp_fedsam_topk', 'dp_fedsam_topk_server')]
-  assert f'end {means[0] - means[1]:.2f} points under the paper form' in _block_b_notes()
+  assert f'end {100 * (means[0] - means[1]):.2f} points under the paper form' in _block_b_notes()
 
 
 def _last_50_rounds_mean(run: str, key: str) -> float:

@@ -17,8 +17,8 @@ import re
 
 import numpy as np
 import pytest
-from conftest import (HAND_TUNED_FMNIST, flat_config, noise_per_server_lr_and_clip, readme_table,
-                      server_noise_per_weight)
+from conftest import (HAND_TUNED_FMNIST, differing_fields, flat_config, noise_per_server_lr_and_clip,
+                      readme_table, server_noise_per_weight)
 
 from experiments.configs import _fair, fair_a5_dp2fedsam
 from experiments.report import fair as fair_report
@@ -645,7 +645,7 @@ def test_results_readme_a5_fine_tuned_rows_gap_is_the_committed_runs_and_swaps(r
     swap = os.path.join(A5, 'diagnostics', folder)
     ran, partner = (flat_config(os.path.join(p, 'config.json')) for p in
                     (swap, os.path.join(A5, 'runs', values_of, 'final', 'seed=0')))
-    differ = {k for k in ran.keys() | partner.keys() if ran.get(k) != partner.get(k)}
+    differ = differing_fields(ran, partner)
     assert ran['method'] == method and differ <= {'method', 'local.sam_rho'}, differ
     [last] = _records(os.path.join(swap, 'metrics.jsonl'))[-1:]
     assert last['round'] == 200
@@ -784,7 +784,7 @@ def test_results_readme_a5_ceiling_diagnostic_is_block_a_values_on_a5(readme, re
   final = flat_config(os.path.join(A5, 'runs', 'ceiling_p_fedsam', 'final', 'seed=0', 'config.json'))
   with open(os.path.join(RESULTS, 'fair_a_dp2fedsam', 'runs', 'ceiling_p_fedsam', 'tuning.json')) as f:
     block_a_values = json.load(f)['selected_values']
-  differ = {k for k in ran.keys() | final.keys() if ran.get(k) != final.get(k)}
+  differ = differing_fields(ran, final)
   assert differ == set(block_a_values), differ
   assert all(ran[k] == v for k, v in block_a_values.items())
   [last] = _records(os.path.join(diag, 'metrics.jsonl'))[-1:]
