@@ -428,11 +428,15 @@ def test_the_last_rounds_table_reads_each_seeds_loss_windows_metric_gain_and_cli
   assert end['signal_to_noise'] == pytest.approx(0.003)  # rounds 151-200 only
   assert end['step_noise'] == pytest.approx(0.0075)  # (1.0 x 0.01 + 0.5 x 0.01) / 2
   empty = lambda r: fair_report.RowResult(r, None, {})
-  results = {r.name: empty(r) for r in BLOCK.all_rows()} | {row.name: result}
+  diverged = fair_report.RowResult(BLOCK.row('dp_fedavg'), None, {0: 0.1},
+                                   {0: seed(2.5e30, 1.234567e35, 0.0, 1.0)}, {0: 1.0})
+  results = {r.name: empty(r) for r in BLOCK.all_rows()} | {row.name: result,
+                                                             'dp_fedavg': diverged}
   results[BLOCK.ceiling.name] = fair_report.RowResult(
       BLOCK.ceiling, None, {0: 0.6}, {0: seed(1.0, 0.8, 0.10, 0.4, epsilon=float('inf'))})
   lines = fair_report.end_lines(BLOCK, results)
   assert '| dp2fedsam | 2 | 1.5000 → 1.2000 | +5.00 | 0.30 | 2 | 0.0030 | 0.0075 |' in lines
   assert f'| {BLOCK.ceiling.name} | 1 | 1.0000 → 0.8000 | +10.00 | – | – | – | – |' in lines
+  assert '| dp_fedavg | 1 | 2.5e+30 → 1.235e+35 | +0.00 | 1.00 | 2 | 0.0100 | 0.0100 |' in lines
   assert not any(line.startswith('| centaur') for line in lines)  # no finished seed: no line
   assert fair_report.end_lines(BLOCK, {r.name: empty(r) for r in BLOCK.all_rows()}) == []

@@ -182,6 +182,7 @@ def end_lines(block, results: dict) -> list[str]:
   any_end = next(iter(ends.values()))
   width, last = any_end['width'], any_end['last']
   number = lambda v, fmt: '–' if math.isnan(v) else format(v, fmt)
+  loss = lambda v: number(v, '.4f' if abs(v) < 1e4 else '.4g')  # a diverged run's loss in e-notation
   lines = [
       "### The final seeds' last rounds", '',
       f'Whether a row had stopped learning at T = {last} (the block compares rows there), the mean '
@@ -199,8 +200,8 @@ def end_lines(block, results: dict) -> list[str]:
       'pre-clip update norm | signal-to-noise | noise per weight a step |',
       '|---|---|---|---|---|---|---|---|']
   for name, end in ends.items():
-    lines.append(f"| {name} | {len(results[name].records)} | {number(end['loss_before'], '.4f')} → "
-                 f"{number(end['loss_last'], '.4f')} | {number(100 * end['metric_gain'], '+.2f')} | "
+    lines.append(f"| {name} | {len(results[name].records)} | {loss(end['loss_before'])} → "
+                 f"{loss(end['loss_last'])} | {number(100 * end['metric_gain'], '+.2f')} | "
                  f"{number(end['clipped_fraction'], '.2f')} | "
                  f"{number(end['mean_update_norm'], '.4g')} | "
                  f"{number(end['signal_to_noise'], '.4f')} | {number(end['step_noise'], '.4f')} |")
