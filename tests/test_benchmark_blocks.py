@@ -589,17 +589,19 @@ def test_block_b_covered_topk_at_the_paper_forms_values_on_seed_0():
   assert f'end {100 * (means[0] - means[1]):.2f} points under the paper form' in _block_b_notes()
 
 
-
 def test_block_b_blur_trains_at_dp_fedavgs_values_and_at_its_clip_norm_on_seed_0():
   """(b)'s DP-FedAvg-blur diagnostics: its final seed 0 at DP-FedAvg's selected values (λ kept) and
   with only C set to DP-FedAvg's; what each run differs in, and the notes' divergence rounds,
   accuracies and noise per weight are these runs'."""
-  at_values = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_values_seed0', 'dp_fedavg')
-  at_clip = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_clip_seed0', 'dp_fedavg_blur')
-  assert at_values[3] == {'method', 'blur_lambda'} and at_clip[3] == {'dp.clip_norm'}
+  values_curve, at_values, _, differ = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_values_seed0',
+                                                     'dp_fedavg')
+  assert differ == {'method', 'blur_lambda'}, differ
+  clip_curve, at_clip, _, differ = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_clip_seed0',
+                                                 'dp_fedavg_blur')
+  assert differ == {'dp.clip_norm'}, differ
   final = {row: _final_seed0('fair_b_topk', row) for row in ('dp_fedavg_blur', 'dp_fedavg')}
   own = {row: _final_accuracy(run) for row, run in final.items()}
-  assert at_clip[1] > own['dp_fedavg_blur'] + 0.5  # C alone turns a diverged run into one that trains
+  assert at_clip > own['dp_fedavg_blur'] + 0.5  # C alone turns a diverged run into one that trains
   noise = [server_noise_per_weight(run) for run in (
       final['dp_fedavg_blur'], *(os.path.join(RESULTS, 'fair_b_topk', 'diagnostics', folder)
                                  for folder in ('dp_fedavg_blur_at_dp_fedavg_clip_seed0',
@@ -615,13 +617,14 @@ def test_block_b_blur_trains_at_dp_fedavgs_values_and_at_its_clip_norm_on_seed_0
   notes = _block_b_notes()
   assert (f"passes chance's ln 10 by round {max(passes)} and first exceeds 1e30 in rounds "
           f'{min(explodes)}-{max(explodes)}') in notes
-  assert (f"at DP-FedAvg's values {at_values[0]} (DP-FedAvg as selected: {own['dp_fedavg']:.2f} at "
-          f"200); at DP-FedAvg's C {at_clip[0]} (DP-FedAvg-blur as selected: "
+  assert (f"at DP-FedAvg's values {values_curve} (DP-FedAvg as selected: {own['dp_fedavg']:.2f} at "
+          f"200); at DP-FedAvg's C {clip_curve} (DP-FedAvg-blur as selected: "
           f"{own['dp_fedavg_blur']:.2f})") in notes
   assert (f'is {noise[0]:.4f} as selected, {noise[1]:.4f} at DP-FedAvg\'s C, {noise[2]:.4f} at '
           "DP-FedAvg's values") in notes
-  assert (f"BLUR's penalty changes seed 0's accuracy by {at_values[1] - own['dp_fedavg']:+.2f} "
+  assert (f"BLUR's penalty changes seed 0's accuracy by {at_values - own['dp_fedavg']:+.2f} "
           'points') in notes.replace('−', '-')
+
 
 def _last_50_rounds_mean(run: str, key: str) -> float:
   """The mean of a train_metrics.jsonl key over the window the fair pages use (CLIP_WINDOW = 50)."""
