@@ -375,8 +375,7 @@ def test_block_b_ranges_put_most_draws_where_a_global_model_trained():
   probes = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics')
   first_loss = {}
   for lr in ('0.3', '0.15', '0.1'):
-    with open(os.path.join(probes, f'fedavg_lr{lr}', 'train_metrics.jsonl')) as f:
-      records = [json.loads(line) for line in f]
+    records = _records(os.path.join(probes, f'fedavg_lr{lr}'), 'train_metrics.jsonl')
     ran = flat_config(os.path.join(probes, f'fedavg_lr{lr}', 'config.json'))
     assert ran['method'] == 'fedavg' and ran['local.lr_shared'] == float(lr)
     assert ran['partition'] == config.partition and ran['num_clients'] == config.num_clients
@@ -456,10 +455,15 @@ def _flat_text(path: str) -> str:
     return ' '.join(f.read().split())
 
 
+def _records(run: str, name: str = 'metrics.jsonl') -> list[dict]:
+  """A run's jsonl file (metrics.jsonl: its evaluations; train_metrics.jsonl: its rounds)."""
+  with open(os.path.join(run, name)) as f:
+    return [json.loads(line) for line in f]
+
+
 def _last_evaluation(run: str) -> dict:
   """A finished T = 200 run's last metrics.jsonl record."""
-  with open(os.path.join(run, 'metrics.jsonl')) as f:
-    last = [json.loads(line) for line in f][-1]
+  last = _records(run)[-1]
   assert last['round'] == 200
   return last
 
@@ -534,8 +538,7 @@ def _block_b_swap(folder: str, values_of: str) -> tuple[str, float, dict, set]:
   diag = os.path.join(RESULTS, 'fair_b_topk', 'diagnostics', folder)
   ran = flat_config(os.path.join(diag, 'config.json'))
   partner = flat_config(os.path.join(_final_seed0('fair_b_topk', values_of), 'config.json'))
-  with open(os.path.join(diag, 'metrics.jsonl')) as f:
-    curve = ' / '.join(f"{100 * json.loads(line)['test_accuracy']:.2f}" for line in f)
+  curve = ' / '.join(f"{100 * r['test_accuracy']:.2f}" for r in _records(diag))
   return curve, _final_accuracy(diag), ran, differing_fields(ran, partner)
 
 
@@ -608,10 +611,9 @@ def test_block_b_blur_trains_at_dp_fedavgs_values_and_at_its_clip_norm_on_seed_0
                                                 'dp_fedavg_blur_at_dp_fedavg_values_seed0')))]
   passes, explodes = [], []
   for seed in range(3):
-    with open(os.path.join(RESULTS, 'fair_b_topk', 'runs', 'dp_fedavg_blur', 'final',
-                           f'seed={seed}', 'train_metrics.jsonl')) as f:
-      losses = [(r['round'], r['train_loss']) for r in map(json.loads, f)
-                if r['train_loss'] is not None]
+    rounds = _records(os.path.join(RESULTS, 'fair_b_topk', 'runs', 'dp_fedavg_blur', 'final',
+                                   f'seed={seed}'), 'train_metrics.jsonl')
+    losses = [(r['round'], r['train_loss']) for r in rounds if r['train_loss'] is not None]
     passes.append(min(t for t, loss in losses if loss > np.log(10)))
     explodes.append(min(t for t, loss in losses if loss > 1e30))
   notes = _block_b_notes()
@@ -628,8 +630,7 @@ def test_block_b_blur_trains_at_dp_fedavgs_values_and_at_its_clip_norm_on_seed_0
 
 def _last_50_rounds_mean(run: str, key: str) -> float:
   """The mean of a train_metrics.jsonl key over the window the fair pages use (CLIP_WINDOW = 50)."""
-  with open(os.path.join(run, 'train_metrics.jsonl')) as f:
-    rounds = [json.loads(line) for line in f]
+  rounds = _records(run, 'train_metrics.jsonl')
   assert CLIP_WINDOW == 50
   return float(np.mean([r[key] for r in rounds if r['round'] > rounds[-1]['round'] - CLIP_WINDOW]))
 
