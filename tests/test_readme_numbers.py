@@ -979,7 +979,8 @@ def test_results_readme_block_b_bullets_are_its_committed_runs(readme, results_r
           f'{min(others):.4f}-{max(others):.4f}') in doc
   over = sum(e['worse'].name == 'dp_fedavg_blur' for e in entries)
   assert f'The {over} claims over it measure a diverged model' in blur
-  assert f"best noised validation score is {100 * results['dp_fedavg_blur'].tuning['selected_score']:.2f} %" in blur
+  score = 100 * results['dp_fedavg_blur'].tuning['selected_score']
+  assert f'best noised validation score is {score:.2f} %' in blur
   ends = _section(text, '- **Convergence and clipping at T = 200** ')
   for name in B_NAMES:
     end = fair_report.run_ends(results[name], block.metric)
