@@ -20,6 +20,7 @@ from absl import logging
 from conftest import differing_fields, flat_config, server_noise_per_weight
 
 from dp2fedsam_jax import config as config_lib
+from dp2fedsam_jax import metric_writers
 from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.privacy import accounting, selection
 from experiments.configs import _fair, _pfeddsu, _topk
@@ -455,10 +456,9 @@ def _flat_text(path: str) -> str:
     return ' '.join(f.read().split())
 
 
-def _records(run: str, name: str = 'metrics.jsonl') -> list[dict]:
+def _records(run: str, name: str = metric_writers.EVAL_FILE) -> list[dict]:
   """A run's jsonl file (metrics.jsonl: its evaluations; train_metrics.jsonl: its rounds)."""
-  with open(os.path.join(run, name)) as f:
-    return [json.loads(line) for line in f]
+  return metric_writers.read_jsonl(os.path.join(run, name))
 
 
 def _last_evaluation(run: str) -> dict:

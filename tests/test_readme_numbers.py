@@ -984,8 +984,8 @@ def test_results_readme_block_b_bullets_are_its_committed_runs(readme, results_r
   ends = _section(text, '- **Convergence and clipping at T = 200** ')
   for name in B_NAMES:
     end = fair_report.run_ends(results[name], block.metric)
-    loss = (f"{end['loss_before']:.4f} → {end['loss_last']:.4f}" if end['loss_before'] < 1e4 else
-            f"{end['loss_before']:.4g} → {end['loss_last']:.4g} (diverged)")
+    loss = f"{fair_report.loss_text(end['loss_before'])} → {fair_report.loss_text(end['loss_last'])}"
+    loss += ' (diverged)' if name == 'dp_fedavg_blur' else ''
     assert f'{B_NAMES[name]} {loss}' in ends, name
     assert f"{B_NAMES[name]} {_signed(100 * end['metric_gain'])}" in ends, name
   clipped = {n: fair_report.run_ends(results[n], block.metric)['clipped_fraction'] for n in B_NAMES}

@@ -173,6 +173,11 @@ def run_ends(result: RowResult, metric: str) -> dict:
   return out | {'width': _loss_width(last), 'last': last}
 
 
+def loss_text(loss: float) -> str:
+  """A train loss as the pages print it: 4 decimals, or e-notation for a diverged run's."""
+  return format(loss, '.4f' if abs(loss) < 1e4 else '.4g')
+
+
 def end_lines(block, results: dict) -> list[str]:
   """'The final seeds' last rounds' table: a row per row with finished seeds (the ceiling too)."""
   ends = {r.name: run_ends(results[r.name], block.metric) for r in block.all_rows()}
@@ -182,7 +187,7 @@ def end_lines(block, results: dict) -> list[str]:
   any_end = next(iter(ends.values()))
   width, last = any_end['width'], any_end['last']
   number = lambda v, fmt: '–' if math.isnan(v) else format(v, fmt)
-  loss = lambda v: number(v, '.4f' if abs(v) < 1e4 else '.4g')  # a diverged run's loss in e-notation
+  loss = lambda v: '–' if math.isnan(v) else loss_text(v)
   lines = [
       "### The final seeds' last rounds", '',
       f'Whether a row had stopped learning at T = {last} (the block compares rows there), the mean '
