@@ -55,6 +55,9 @@ def base_config() -> ml_collections.ConfigDict:
   # client slots per chunk; None: mean + 1 std (Poisson), m (fixed).
   c.cohort_capacity = config_dict.placeholder(int)
   c.seed = 0
+  # The keys' root when set (cohorts, noise, init, local shuffles); the data split stays on `seed`.
+  # A tuner sets it per trial from its secret, so trials share neither cohorts nor noise.
+  c.training_seed = config_dict.placeholder(int)
   # True: the run writes only what is a function of the released models and public constants
   # (round, epsilon, clip_norm): train_metrics.jsonl, metrics.jsonl, TensorBoard and the console
   # leave out every metric that voids epsilon for whoever reads it (docs/privacy.md section 4).
@@ -272,7 +275,12 @@ def _check_run_numbers(config) -> None:
     if not _is_number(value) or not 0.0 <= value < 1.0:
       _fail(field, value, 'a decay rate of the server optimizer must lie in [0, 1).')
   _positive(config, 'server_eps')
-  _positive(config, 'seed', integer=True, allow_zero=True)
+  for field in ('seed', 'training_seed'):
+    value = _get(config, field)
+    if value is not None or field == 'seed':
+      _positive(config, field, integer=True, allow_zero=True)
+      if value >= 2**64:
+        _fail(field, value, 'must be below 2**64 (a 64-bit key seed).')
   for field in ('chunk_size', 'cohort_capacity', 'eval_clients', 'local.max_examples'):
     if _get(config, field) is not None:
       _positive(config, field, integer=True)

@@ -40,7 +40,9 @@ FIELD_HELP = {
                 'records the choice) | vmap | sequential | sharded (over all devices)',
     'chunk_size': 'clients trained at once (bounds memory); None: the whole cohort',
     'cohort_capacity': 'client slots per chunk; None: mean + 1 std of the cohort (Poisson), m (fixed)',
-    'seed': 'the root of every random key (data split, init, sampling, noise)',
+    'seed': 'the data split, and the root of every random key unless training_seed is set',
+    'training_seed': 'None, or the root of the keys (init, sampling, noise) apart from the data '
+                     'split: a tuner sets it per trial from its secret (64 bits)',
     'private_metrics_only': 'True: write only round, epsilon and clip_norm (functions of the '
                             'release); every other metric is computed from raw client data and '
                             'voids epsilon for whoever reads it (docs/privacy.md section 4)',

@@ -5,7 +5,7 @@ key that is both split and folded hands the same key to two streams (e.g. a publ
 the noise would then be a function of public data and epsilon void). The rule here: a parent key is
 either *folded* with the distinct constants below, or *split* into a fresh array of keys, never both.
 
-    root = key(seed)                                  folded: round r, INIT, EVAL, SCHEDULE, TREE_NOISE
+    root = root_key(seed | training_seed)             folded: round r, INIT, EVAL, SCHEDULE, TREE_NOISE
       round key = fold_in(root, r)                    folded: SAMPLE, CLIENTS, NOISE, PUBLIC_MASK,
                                                       COUNT_NOISE
         clients key                                   folded with the client id (only ever folded)
@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import numpy as np
 
 # Children of the root key. Rounds use fold_in(root, r) for r < 2**31 - 4; these lie beyond.
 INIT = 2**31 - 1
@@ -76,6 +77,17 @@ class RoundKeys(NamedTuple):
   noise: jax.Array
   public_mask: jax.Array
   count_noise: jax.Array
+
+
+def root_key(seed: int, training_seed: int | None = None) -> jax.Array:
+  """The run's root key: of `training_seed` when set (a tuner's secret seed per trial), else of
+  `seed`, all 64 bits as the threefry key [high 32, low 32]. That equals jax.random.key(seed) below
+  2**32; jax.random.key keeps only the low 32 bits of a larger int, so two secret seeds could
+  collide there. A secret seed of 2**32 or more is never the key of a public seed below 2**32."""
+  value = int(seed if training_seed is None else training_seed)
+  if not 0 <= value < 2**64:
+    raise ValueError(f'a key seed must lie in [0, 2**64): {value}')
+  return jax.random.wrap_key_data(np.array([value >> 32, value & 0xFFFFFFFF], np.uint32))
 
 
 def round_keys(root: jax.Array, round_index) -> RoundKeys:

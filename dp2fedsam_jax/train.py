@@ -75,7 +75,7 @@ class Experiment:
 
   @property
   def root_key(self) -> jax.Array:
-    return jax.random.key(self.config.seed)
+    return keys.root_key(self.config.seed, self.config.get('training_seed'))
 
   @property
   def init_key(self) -> jax.Array:

@@ -81,7 +81,8 @@ DO_NOT_PUBLISH = (
 PRIVATE_METRIC = 'validation_accuracy'
 PROXY_KINDS = ('public_dataset', 'disjoint_clients')
 # Streams of the study's seed (the operator's secret; the public spec seed in older studies).
-_K_STREAM, _CANDIDATE_STREAM, _SCORE_STREAM, _NAME_STREAM = 0, 1, 2, 3
+_K_STREAM, _CANDIDATE_STREAM, _SCORE_STREAM, _NAME_STREAM, _TRIAL_SEED_STREAM = 0, 1, 2, 3, 4
+SECRET_BITS = 64  # below this a --secret_seed can be guessed: warned
 _SPEC_KEYS = {'args', 'fixed', 'space', 'trials', 'seed', 'selected_by', 'score_noise', 'proxy',
               'seconds_per_run'}
 
@@ -166,6 +167,14 @@ def trial_name(secret: int, index: int) -> str:
   return 'trial=' + np.random.default_rng([int(secret), _NAME_STREAM, index]).bytes(6).hex()
 
 
+def trial_seed(secret: int, index: int) -> int:
+  """Trial `index`'s config.training_seed (its cohorts, noise and init), from the secret: in
+  [2**32, 2**64), so no two trials share a stream (Papernot & Steinke's theorems need independent
+  trials) and none is the key of a public seed below 2**32, which final runs use (keys.root_key)."""
+  rng = np.random.default_rng([int(secret), _TRIAL_SEED_STREAM, index])
+  return int(rng.integers(2**32, 2**64, dtype=np.uint64))
+
+
 def score_noise_draw(secret: int, index: int) -> float:
   """z ~ N(0, 1) of trial `index`'s score, from the operator's secret seed (never a public one)."""
   return float(np.random.default_rng([int(secret), _SCORE_STREAM, index]).standard_normal())
@@ -207,9 +216,11 @@ def tuning_dir(root: str, config_path: str, study: str, num_studies: int) -> str
 
 
 def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], directory: str,
-               overrides: list[str], names: list[str] | None = None):
+               overrides: list[str], names: list[str] | None = None,
+               seeds: list[int] | None = None):
   """[(sweep.Run, resolved config)] of the candidates, candidate k in <directory>/<names[k]>
-  (default trial=<k>, the older studies' names)."""
+  (default trial=<k>, the older studies' names) at config.training_seed seeds[k] (default: none,
+  every trial at the config's public seed, as the older studies ran)."""
   proxy = spec['proxy'] or {}
   args = {**spec['args'], **proxy.get('args', {})}
   fixed = {**spec['fixed'], **proxy.get('fixed', {})}
@@ -217,6 +228,8 @@ def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], dir
   out = []
   for index, values in enumerate(candidates):
     texts = [_override(f, v) for f, v in sorted({**fixed, **values}.items())] + list(overrides)
+    if seeds is not None:
+      texts.append(_override('training_seed', seeds[index]))
     config = sweep.apply_overrides(module.get_config(sweep.arg_string(args) or None), texts)
     if not config.get('validation_fraction'):
       raise ValueError(f'trial {index}: validation_fraction is 0, so there is no validation split to '
@@ -355,8 +368,17 @@ def _secret_for(directory: str, plan: dict, secret_seed, plan_only: bool):
     if secret_seed is not None and int(secret_seed) != operator['secret_seed']:
       raise ValueError(f'--secret_seed differs from the one {OPERATOR_FILE} holds: the study '
                        'resumes its own draw; drop the flag or use another --root.')
+    if 'training_seeds' not in operator:
+      raise ValueError(f'{directory} holds a study whose trials ran at the public config.seed '
+                       '(before each trial drew its training seed from the secret): its trials '
+                       'share cohorts and noise, so no selection epsilon covers it; use another '
+                       '--root.')
     return int(operator['secret_seed']), operator['secret_source']
   if secret_seed is not None:
+    if int(secret_seed).bit_length() < SECRET_BITS:
+      _log(f'warning: --secret_seed has {int(secret_seed).bit_length()} bits (< {SECRET_BITS}): a '
+           'guessable secret is a public seed, which voids selection_epsilon; omit the flag for '
+           '128 fresh bits.')
     return int(secret_seed), 'supplied by the operator (--secret_seed)'
   if plan_only:
     return None, None
@@ -397,7 +419,7 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
     run_files.write_json_atomic(operator_path, {
         'DO_NOT_PUBLISH': DO_NOT_PUBLISH, 'status': 'running', 'plan': plan,
         'secret_seed': secret, 'secret_source': source, 'num_trials': k,
-        'candidates': candidates, 'runs': names})
+        'candidates': candidates, 'runs': names, 'training_seeds': _training_seeds(runs)})
     run_files.write_json_atomic(path, {'status': 'running', 'plan': plan})
     results = sweep.execute(config_path, [r for r, _ in runs], parallel,
                             os.path.join(root, '.jax_cache')) if runs else {}
@@ -424,7 +446,11 @@ def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[
   if len(set(names)) < k:
     raise ValueError('two trials drew the same workdir name; start the study again in another '
                      '--root (a new secret).')
-  runs = trial_runs(module, config_path, spec, candidates, directory, overrides, names)
+  seeds = [trial_seed(secret, i) for i in range(k)]
+  if len(set(seeds)) < k:
+    raise ValueError('two trials drew the same training seed; start the study again in another '
+                     '--root (a new secret).')
+  runs = trial_runs(module, config_path, spec, candidates, directory, overrides, names, seeds)
   configs = [c for _, c in runs] or [c for _, c in trial_runs(
       module, config_path, spec, [candidate(spec, secret, 0)], directory, overrides)]
   return k, candidates, runs, configs, privacy_cost(spec, configs, naive_trials=k)
@@ -462,6 +488,7 @@ def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, sou
       'secret_seed': secret, 'secret_source': source, 'num_trials': k,
       'candidates': candidates,
       'runs': [os.path.relpath(r.workdir, directory) for r, _ in runs],
+      'training_seeds': _training_seeds(runs),
       **{key: cost[key] for key in (
           'trial_distribution', 'expected_trials', 'delta', 'per_trial_epsilon',
           'selection_epsilon', 'naive_epsilon', 'naive_trials', 'naive_epsilon_at_mean_k',
@@ -482,6 +509,11 @@ def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, sou
       'trials': [{'run': os.path.relpath(r.workdir, directory), 'values': v, **o}
                  for (r, _), v, o in zip(runs, candidates, outcomes)],
   }
+
+
+def _training_seeds(runs) -> list:
+  """Each trial's config.training_seed (the operator's: a published one gives its noise back)."""
+  return [c.get('training_seed') for _, c in runs]
 
 
 def search_epsilon_bound(record: dict) -> tuple[float | None, int | None]:

@@ -72,6 +72,7 @@ INVALID = {
     'dp.num_bands': NON_POSITIVE_INT,
     'num_rounds': NEGATIVE_INT,
     'seed': NEGATIVE_INT,
+    'training_seed': st.one_of(NEGATIVE_INT, st.integers(min_value=2**64)),
     'dsu.masked_layers': NEGATIVE_INT,
     'local.personal_epochs': NEGATIVE_INT,
     'local.shared_epochs': NEGATIVE_INT,

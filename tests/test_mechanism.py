@@ -11,6 +11,7 @@ import pytest
 
 from conftest import tiny_config
 from dp2fedsam_jax import train
+from dp2fedsam_jax.algorithms import METHODS
 
 # Each sampler with each placement at least once (the placement does not enter the accounted event).
 SETTINGS = [('poisson', 'central'), ('poisson', 'distributed'), ('fixed', 'distributed')]
@@ -190,3 +191,23 @@ def test_a_round_refuses_a_privatizer_of_the_other_kind():
                                                                   mechanism=NonPrivate(**fields)))
   with pytest.raises(ValueError, match='cannot run with a NonPrivate privatizer'):
     exp.make_round_step()
+
+
+COVERED_VARIANTS = sorted(name for name in METHODS if name.endswith('_safe'))
+
+
+@pytest.mark.parametrize('method', COVERED_VARIANTS)
+def test_a_safe_variant_noises_every_coordinate_of_the_shared_update(method):
+  """A `_safe` variant is its paper form with noise on every coordinate, so no coordinate of the
+  release is an exact function of the private masks: after a round in which the clients trained
+  (their masks are real), every shared weight moved. A variant whose noise covered only the
+  union of its clients' masks would leave the coordinates no mask kept exactly unchanged."""
+  assert COVERED_VARIANTS, 'no _safe method registered'
+  exp = train.build_experiment(tiny_config(method=method, num_clients=10, sampling_rate=0.3,
+                                           **{'dp.noise_placement': 'central', 'dp.clip_norm': 0.5}))
+  state = exp.init_state()
+  new, metrics = jax.jit(exp.make_round_step())(state, exp.data, exp.root_key)
+  assert int(metrics['cohort_size']) > 0
+  for i, (a, b) in enumerate(zip(jax.tree.leaves(new.shared), jax.tree.leaves(state.shared))):
+    unchanged = int(np.sum(np.asarray(a) == np.asarray(b)))
+    assert unchanged == 0, f'{method}: array {i} has {unchanged} coordinates without noise'

@@ -425,6 +425,36 @@ def _un_noised_metric_published(mp):
   mp.setattr(tune, 'published_record', published_record)
 
 
+TRIAL_SEEDS = Killer(
+    'test_tune.py::test_each_trial_draws_its_own_secret_training_seed_and_shares_no_stream_with_'
+    'another', _in_tmp_dir(
+        test_tune.test_each_trial_draws_its_own_secret_training_seed_and_shares_no_stream_with_another))
+KILLERS[TRIAL_SEEDS.name] = TRIAL_SEEDS.run
+
+
+@mutant('tuning: every trial at one seed', TRIAL_SEEDS)
+def _every_trial_at_one_seed(mp):
+  real = tune.trial_runs  # the first design's bug: every trial at config.seed's cohorts and noise
+
+  def at_the_public_seed(module, config_path, spec, candidates, directory, overrides, names=None,
+                         seeds=None):
+    return real(module, config_path, spec, candidates, directory, overrides, names)
+  mp.setattr(tune, 'trial_runs', at_the_public_seed)
+
+
+import dataclasses  # noqa: E402
+
+SAFE_COVERAGE = _killer(test_mechanism.test_a_safe_variant_noises_every_coordinate_of_the_shared_update,
+                        'dp_pfeddsu_safe')
+KILLERS[SAFE_COVERAGE.name] = SAFE_COVERAGE.run
+
+
+@mutant("dp_pfeddsu_safe: noise only where its clients' private masks are 1", SAFE_COVERAGE)
+def _safe_variant_noised_on_its_masks(mp):
+  safe = specs.METHODS['dp_pfeddsu_safe']
+  mp.setitem(specs.METHODS, 'dp_pfeddsu_safe', dataclasses.replace(safe, noise_on_mask=True))
+
+
 _PASSED_HERE = set()
 
 

@@ -11,11 +11,13 @@ import subprocess
 import sys
 
 import dp_accounting
+import jax
 import numpy as np
 import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
 
+from dp2fedsam_jax import keys
 from experiments import report
 from launch import sweep, tune
 
@@ -76,6 +78,9 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
     assert trial['score'] == pytest.approx(scores[-1]) and trial['noise_draw'] == pytest.approx(z)
     assert record['validation_clients'] == 6
   assert result['selected_run'] == operator['trials'][int(np.argmax(scores))]['run']
+  ran_at = [json.load(open(os.path.join(directory, run, 'config.json')))['training_seed']
+            for run in operator['runs']]
+  assert ran_at == operator['training_seeds'] == [tune.trial_seed(SECRET_K2, i) for i in range(2)]
   assert config['local']['lr_shared'] == result['selected_values']['local.lr_shared']
   assert config['dp']['clip_norm'] == result['selected_values']['dp.clip_norm']
 
@@ -97,6 +102,9 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
   records = [json.loads(l) for l in open(copied / result['selected_run'] / 'metrics.jsonl')]
   assert records and not [k for r in records for k in r if k.startswith('validation_')]
   assert records[-1]['test_accuracy'] == accuracy
+  for name in ('config.json', 'sweep.json'):  # the selected trial's noise seed stays the operator's
+    text = (copied / result['selected_run'] / name).read_text()
+    assert 'training_seed' not in text and str(config['training_seed']) not in text, name
 
   # Stopped before the second trial: the tuner resumes from the operator file to the same secret,
   # K and candidates, reruns only that trial (the first is skipped: finished) and selects the same.
@@ -416,3 +424,40 @@ def test_a_study_is_resumed_only_with_its_operator_file(tmp_path, monkeypatch):
                                                                             'candidates': []}}))
   with pytest.raises(ValueError, match='drawn from its public seed'):
     tune.tune(CONFIG, str(tmp_path / 'legacy'), 'tiny')
+
+
+def test_each_trial_draws_its_own_secret_training_seed_and_shares_no_stream_with_another(
+    tmp_path, monkeypatch):
+  """Papernot & Steinke's bound assumes independent trials: two trials (or a trial and a final run
+  at a public seed) on one key stream would release updates whose difference cancels the noise.
+  Each trial runs at config.training_seed drawn from the secret; the round keys of the trials and of
+  the final runs' public seeds 0-4 give pairwise different cohorts' and noise draws in every round."""
+  _fake_execute(monkeypatch)
+  tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=SECRET_LARGE_K2)
+  directory = tmp_path / 'tune_tiny' / 'tiny'
+  operator = _operator(directory)
+  seeds = operator['training_seeds']
+  assert operator['num_trials'] == len(seeds) == 2 and len(set(seeds)) == 2
+  assert all(2**32 <= s < 2**64 for s in seeds)
+  module, _, _, spec = tune.load_study(CONFIG, 'tiny')
+  runs = tune.trial_runs(module, CONFIG, spec, operator['candidates'], str(directory), [],
+                         operator['runs'], seeds)
+  assert [c.training_seed for _, c in runs] == seeds and len({c.seed for _, c in runs}) == 1
+  roots = [keys.root_key(c.seed, c.training_seed) for _, c in runs] + [
+      keys.root_key(s) for s in range(5)]
+  for r in range(3):
+    for stream in ('sample', 'noise'):
+      draws = [np.asarray(jax.random.normal(getattr(keys.round_keys(root, r), stream), (4,)))
+               for root in roots]
+      for i in range(len(draws)):
+        for j in range(i):
+          assert not np.allclose(draws[i], draws[j]), (r, stream, i, j)
+  assert str(seeds[0]) not in (directory / 'tuning.json').read_text()
+
+
+def test_a_secret_seed_under_64_bits_is_warned(tmp_path, monkeypatch, capsys):
+  _fake_execute(monkeypatch)
+  tune.tune(CONFIG, str(tmp_path / 'low'), 'tiny', secret_seed=SECRET_K2)
+  assert 'bits (< 64)' in capsys.readouterr().err
+  tune.tune(CONFIG, str(tmp_path / 'high'), 'tiny', secret_seed=2**64 + SECRET_K2)
+  assert 'bits (< 64)' not in capsys.readouterr().err

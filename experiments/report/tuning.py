@@ -102,6 +102,20 @@ def trial_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
   return lines
 
 
+TRAINING_SEED = 'training_seed'
+
+
+def without_training_seed(record: dict) -> dict:
+  """A trial's config.json or sweep.json without its config.training_seed: the secret seed of its
+  noise, which published gives the noise, and so the un-noised update, back."""
+  flag = f'--config.{TRAINING_SEED}='
+  out = {k: v for k, v in record.items() if k != TRAINING_SEED}
+  for key in ('overrides', 'command'):
+    if isinstance(out.get(key), list):
+      out[key] = [t for t in out[key] if not str(t).startswith(flag)]
+  return out
+
+
 def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> None:
   """tuning.json and the small files of the trials it lists to <out>/runs/ (the report rebuilds
   from them): every trial of an older tuning.json (which listed them), the selected run only of one
@@ -121,7 +135,10 @@ def copy_tuning_files(tunings: list[tuple[str, dict]], root: str, out: str) -> N
         source, copy = os.path.join(directory, run, name), os.path.join(target, run, name)
         if not os.path.exists(source):
           continue
-        if secret_draw and name == metric_writers.EVAL_FILE:
+        if secret_draw and name in ('config.json', 'sweep.json'):
+          with open(source) as f, open(copy, 'w') as g:
+            json.dump(without_training_seed(json.load(f)), g, indent=2)
+        elif secret_draw and name == metric_writers.EVAL_FILE:
           # The selected run's un-noised validation metrics would give its score's noise back.
           records = [{k: v for k, v in r.items() if not k.startswith('validation_')}
                      for r in metric_writers.read_jsonl(source)]
