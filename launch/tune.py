@@ -3,6 +3,9 @@ r"""Hyperparameter tuning that counts its privacy cost: K random candidates, the
   python -m launch.tune --config=experiments/configs/tune_tiny.py --root=runs
   python -m launch.tune --config=experiments/configs/fmnist_paper_regime.py --study=dp2fedsam \
       --root=$HOME/tuning --plan      # the law of K, the candidates' law and the planned cost
+  python -m launch.tune --config=experiments/configs/default.py --root=runs/tune \
+      --space=local.lr_shared=log_uniform:0.01:0.3 --space=dp.clip_norm=log_uniform:0.05:1 \
+      --trials=logarithmic:16 --score_noise=10   # a study from the command line alone
 
 The config declares `tuning_space()`: {study name: spec}, each spec a dict of
   args          the config arguments every trial runs with (its get_config(arg)), e.g. method, eps
@@ -56,7 +59,9 @@ nothing, which tuning.json says without telling K = 0 from every trial failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import secrets
@@ -91,13 +96,25 @@ def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def load_study(config_path: str, study: str | None):
-  """(module, study name, spec) of the config's tuning_space()."""
+def load_study(config_path: str, study: str | None, search: dict | None = None):
+  """(module, study name, number of studies, spec) of the config's tuning_space(), or of the
+  command line's `search` (parse_search_flags: a space, a law of K, a score noise), which replaces
+  those entries of the config's study or, for a config without tuning_space(), is the study."""
   module = sweep.load_config_module(config_path)
-  if not hasattr(module, 'tuning_space'):
+  studies = module.tuning_space() if hasattr(module, 'tuning_space') else {}
+  if search:
+    if not studies:
+      missing = [f'--{k}' for k in ('space', 'trials', 'score_noise') if search.get(k) is None]
+      if missing:
+        raise ValueError(f'--config={config_path} has no tuning_space(): give the study on the '
+                         f'command line ({", ".join(missing)} missing; see --helpfull).')
+      studies = {COMMAND_LINE_STUDY: {'fixed': {'validation_fraction': 0.1}}}
+    study = study or (COMMAND_LINE_STUDY if COMMAND_LINE_STUDY in studies else None)
+    studies = {name: {**spec, **{k: v for k, v in search.items() if v is not None}}
+               for name, spec in studies.items()}
+  if not studies:
     raise ValueError(f'--config={config_path}: no tuning_space() (a function beside sweep_grid() '
-                     'returning {study name: spec}); see launch/tune.py.')
-  studies = module.tuning_space()
+                     'returning {study name: spec}; see launch/tune.py), and no --space.')
   if study is None:
     if len(studies) != 1:
       raise ValueError(f'--config={config_path} declares {len(studies)} studies: choose one with '
@@ -110,6 +127,57 @@ def load_study(config_path: str, study: str | None):
   if unknown:
     raise ValueError(f'study {study!r}: unknown keys {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}')
   return module, study, len(studies), _check_spec(study, spec, _is_private(module, spec))
+
+
+COMMAND_LINE_STUDY = 'cli'  # the study a config without tuning_space() gets from the flags
+_LAWS = ('log_uniform', 'uniform', 'choice')
+
+
+def _number(text: str):
+  value = float(text)
+  return int(value) if value.is_integer() and '.' not in text and 'e' not in text.lower() else value
+
+
+def parse_space_flag(text: str) -> tuple[str, tuple]:
+  """'local.lr_shared=log_uniform:0.01:0.3' | 'dp.clip_norm=uniform:0.1:1' |
+  'local.personal_epochs=choice:1,2,5' -> (field, law), the law as a config's space holds it."""
+  field, _, law = text.partition('=')
+  kind, _, rest = law.partition(':')
+  try:
+    if kind == 'choice' and rest:
+      return field, ('choice', [_number(v) for v in rest.split(',')])
+    lo, hi = rest.split(':')
+    if kind in _LAWS[:2] and field:
+      return field, (kind, float(lo), float(hi))
+  except ValueError:
+    pass
+  raise ValueError(f'--space={text!r}: write FIELD=log_uniform:LO:HI, FIELD=uniform:LO:HI or '
+                   'FIELD=choice:V1,V2,...')
+
+
+def parse_trials_flag(text: str) -> dict:
+  """'poisson:MU' | 'logarithmic:MEAN' | 'geometric:MEAN' | 'tnb:ETA:MEAN' -> the law of K."""
+  parts = text.split(':')
+  try:
+    if parts[0] == 'poisson' and len(parts) == 2:
+      return {'name': 'poisson', 'mu': float(parts[1])}
+    shapes = {'logarithmic': 0.0, 'geometric': 1.0}
+    if parts[0] in shapes and len(parts) == 2:
+      eta, mean = shapes[parts[0]], float(parts[1])
+    elif parts[0] == 'tnb' and len(parts) == 3:
+      eta, mean = float(parts[1]), float(parts[2])
+    else:
+      raise ValueError
+  except ValueError:
+    raise ValueError(f'--trials={text!r}: write poisson:MU, logarithmic:MEAN, geometric:MEAN or '
+                     'tnb:ETA:MEAN (truncated negative binomial).') from None
+  return {'name': 'truncated_negative_binomial', 'eta': eta, 'mean': mean}
+
+
+def parse_search_flags(space: list[str], trials: str | None, score_noise: float | None) -> dict:
+  """The command line's search: {'space', 'trials', 'score_noise'} (None where not given)."""
+  return {'space': dict(parse_space_flag(t) for t in space) if space else None,
+          'trials': parse_trials_flag(trials) if trials else None, 'score_noise': score_noise}
 
 
 def _is_private(module, spec: dict) -> bool:
@@ -389,11 +457,46 @@ def _secret_for(directory: str, plan: dict, secret_seed, plan_only: bool):
 
 
 def tune(config_path: str, root: str, study: str | None = None, overrides=(), plan_only=False,
-         parallel: int = 1, secret_seed: int | None = None) -> dict:
+         parallel: int = 1, secret_seed: int | None = None, search: dict | None = None) -> dict:
   """Runs (or resumes, or with plan_only describes) a study; returns tuning.json's content (the
-  operator's record is in OPERATOR_FILE beside it)."""
+  operator's record is in OPERATOR_FILE beside it). `search`: parse_search_flags's command-line
+  space, law of K and score noise."""
+  with _accountant_warnings_counted() as excluded:
+    result = _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed, search)
+  if excluded:
+    _log(f'dp_accounting: {len(excluded)} RDP orders did not converge and were left out of the '
+         'epsilon (it is computed over the others, an upper bound still).')
+  return result
+
+
+class _CountAccountantWarnings(logging.Filter):
+  """Drops dp_accounting's warnings (one per RDP order that did not converge), counting them."""
+
+  def __init__(self):
+    super().__init__()
+    self.dropped = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if 'dp_accounting' in record.pathname and record.levelno == logging.WARNING:
+      self.dropped.append(record.getMessage())
+      return False
+    return True
+
+
+@contextlib.contextmanager
+def _accountant_warnings_counted():
+  counter = _CountAccountantWarnings()
+  logger = logging.getLogger('absl')
+  logger.addFilter(counter)
+  try:
+    yield counter.dropped
+  finally:
+    logger.removeFilter(counter)
+
+
+def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed, search) -> dict:
   from dp2fedsam_jax import run_files  # pylint: disable=import-outside-toplevel
-  module, study, num_studies, spec = load_study(config_path, study)
+  module, study, num_studies, spec = load_study(config_path, study, search)
   directory = tuning_dir(root, config_path, study, num_studies)
   plan = public_plan(spec, study, config_path, overrides)
   path = os.path.join(directory, TUNING_FILE)
@@ -434,9 +537,20 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
     run_files.write_json_atomic(operator_path, record)
     result = published_record(record)
     run_files.write_json_atomic(path, result)
-  _log(f'tuning: {path}: selected {result["selected_run"]}; {_cost_text(cost, public=True)}; '
-       f'K and every trial in {operator_path} (never publish it)')
+  _log(f'tuning: {path}; {_cost_text(cost, public=True)}; K and every trial in {operator_path} '
+       '(never publish it)')
+  print(selection_text(result), flush=True)
   return result
+
+
+def selection_text(result: dict) -> str:
+  """What the study selected, in one line: the run, its values and noised score."""
+  if result.get('selected_run') is None:
+    return 'selected: nothing (the procedure outputs nothing)'
+  values = ', '.join(f'{f}={v}' for f, v in sorted(result['selected_values'].items()))
+  epsilon = result.get('selection_epsilon')
+  cost = f', selection eps {epsilon:.3f}' if epsilon is not None else ''
+  return f"selected: {result['selected_run']}: {values} (score {result['selected_score']:.4f}{cost})"
 
 
 def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[str], secret: int):
@@ -621,6 +735,13 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                        'noise), if the operator keeps one; default: drawn from the OS when the '
                        'study starts. Written only to ' + OPERATOR_FILE + '; never publish it.',
                        **fv)
+  flags.DEFINE_multi_string('space', [], 'A searched field and its law, FIELD=log_uniform:LO:HI | '
+                            'FIELD=uniform:LO:HI | FIELD=choice:V1,V2 (repeat per field): replaces '
+                            "the study's space.", **fv)
+  flags.DEFINE_string('trials', None, "The law of K: poisson:MU | logarithmic:MEAN | "
+                      "geometric:MEAN | tnb:ETA:MEAN; replaces the study's.", **fv)
+  flags.DEFINE_float('score_noise', None, "The score's noise s on the sum over clients (private "
+                     "methods: > 0); replaces the study's.", **fv)
 
 
 _overrides: list[str] = []
@@ -634,8 +755,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  search = parse_search_flags(FLAGS.space, FLAGS.trials, FLAGS.score_noise)
   tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
-       FLAGS.secret_seed)
+       FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None)
 
 
 if __name__ == '__main__':

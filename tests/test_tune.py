@@ -461,3 +461,45 @@ def test_a_secret_seed_under_64_bits_is_warned(tmp_path, monkeypatch, capsys):
   assert 'bits (< 64)' in capsys.readouterr().err
   tune.tune(CONFIG, str(tmp_path / 'high'), 'tiny', secret_seed=2**64 + SECRET_K2)
   assert 'bits (< 64)' not in capsys.readouterr().err
+
+
+def test_a_search_space_from_the_command_line_replaces_the_studys_and_prints_a_clean_plan(tmp_path):
+  """--space / --trials / --score_noise: a study without editing a config (default.py has no
+  tuning_space()); the plan prints the laws, and dp_accounting's per-order warnings are counted in
+  one line, not printed one by one."""
+  out = subprocess.run([sys.executable, '-m', 'launch.tune', f'--config={CONFIG}', '--study=tiny',
+                        f'--root={tmp_path}', '--plan', '--space=local.lr_shared=uniform:0.02:0.04',
+                        '--space=local.personal_epochs=choice:1,2', '--trials=logarithmic:16'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "local.lr_shared: ['uniform', 0.02, 0.04]" in out.stdout
+  assert "local.personal_epochs: ['choice', [1, 2]]" in out.stdout
+  assert 'dp.clip_norm' not in out.stdout and '(E[K] = 16.00)' in out.stdout
+  assert 'failed to converge' not in out.stdout + out.stderr
+  default = os.path.join(ROOT, 'experiments', 'configs', 'default.py')
+  _, study, _, spec = tune.load_study(default, None, tune.parse_search_flags(
+      ['local.lr_shared=log_uniform:0.01:0.3'], 'poisson:4', 10.0))
+  assert study == tune.COMMAND_LINE_STUDY and spec['fixed'] == {'validation_fraction': 0.1}
+  assert spec['space'] == {'local.lr_shared': ('log_uniform', 0.01, 0.3)}
+  assert spec['distribution'].mean == 4.0 and spec['score_noise'] == 10.0
+  with pytest.raises(ValueError, match='--score_noise missing'):
+    tune.load_study(default, None, tune.parse_search_flags(['local.lr_shared=uniform:0.1:1'],
+                                                           'poisson:4', None))
+
+
+@pytest.mark.parametrize('flag,parse', [('lr=log_uniform:0.1', tune.parse_space_flag),
+                                        ('lr=normal:0:1', tune.parse_space_flag),
+                                        ('poisson', tune.parse_trials_flag),
+                                        ('tnb:1', tune.parse_trials_flag)])
+def test_a_malformed_search_flag_names_the_form_to_write(flag, parse):
+  with pytest.raises(ValueError, match='write'):
+    parse(flag)
+
+
+def test_the_tuner_prints_the_selected_values(tmp_path, monkeypatch, capsys):
+  _fake_execute(monkeypatch)
+  result = tune.tune(CONFIG, str(tmp_path), 'tiny', secret_seed=SECRET_LARGE_K2)
+  line = [l for l in capsys.readouterr().out.splitlines() if l.startswith('selected: ')]
+  assert line == [tune.selection_text(result)]
+  for field, value in result['selected_values'].items():
+    assert f'{field}={value}' in line[0]
