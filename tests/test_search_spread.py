@@ -1,0 +1,62 @@
+"""experiments/studies/search_spread.py against brute force: the tuning curve by enumerating every
+k-tuple of a small pool, the simulated search against its closed form where K is fixed, the rule."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from dp2fedsam_jax.privacy.selection import TrialDistribution
+from experiments.studies import search_spread as ss
+
+POOL = ss.Pool.of(validation=[0.5, 0.9, 0.7, 0.1], test=[0.52, 0.80, 0.75, 0.10])
+
+
+@pytest.mark.parametrize('k', [1, 2, 3])
+def test_expected_best_is_the_mean_over_every_k_tuple_of_the_validation_best_test_accuracy(k):
+  tuples = list(itertools.product(range(len(POOL)), repeat=k))
+  brute = np.mean([POOL.test[max(t, key=lambda i: POOL.validation[i])] for t in tuples])
+  assert ss.expected_best(POOL, k) == pytest.approx(brute, abs=1e-12)
+
+
+def test_the_tuning_curve_rises_to_the_pools_validation_best_and_its_band_holds_the_mean():
+  curve = ss.tuning_curve(POOL, 40, np.random.default_rng(0), resamples=300)
+  assert curve.mean[0] == pytest.approx(POOL.test.mean())
+  assert np.all(np.diff(curve.mean) >= -1e-12) and curve.mean[-1] == pytest.approx(0.80, abs=1e-4)
+  assert np.all(curve.low <= curve.mean + 1e-12) and np.all(curve.mean <= curve.high + 1e-12)
+  assert list(curve.to_dict()['k'][:3]) == [1.0, 2.0, 3.0]
+
+
+def test_a_noiseless_search_with_one_trial_is_a_uniform_draw_from_the_pool():
+  one = TrialDistribution.from_dict({'name': 'truncated_negative_binomial', 'eta': 1.0,
+                                     'mean': 1.0 + 1e-9})
+  chosen = ss.simulated_searches(POOL, one, 0.0, np.random.default_rng(1), resamples=4000)
+  assert set(np.round(chosen, 6)) <= set(np.round(POOL.test, 6))
+  assert chosen.mean() == pytest.approx(POOL.test.mean(), abs=0.02)
+  assert ss.search_sd(POOL, one, 0.0, np.random.default_rng(2), 4000) == pytest.approx(
+      POOL.test.std(), abs=0.02)
+
+
+def test_more_trials_or_less_score_noise_narrow_the_search():
+  rng = lambda: np.random.default_rng(3)  # noqa: E731
+  small = TrialDistribution.from_dict({'name': 'poisson', 'mu': 2.0})
+  large = TrialDistribution.from_dict({'name': 'poisson', 'mu': 16.0})
+  assert ss.search_sd(POOL, large, 0.0, rng()) < ss.search_sd(POOL, small, 0.0, rng())
+  assert ss.search_sd(POOL, large, 0.0, rng()) < ss.search_sd(POOL, large, 1.0, rng())
+
+
+def test_the_rule_adds_the_searches_spread_to_the_seeds():
+  a, b = [0.80, 0.81, 0.82, 0.80, 0.81], [0.78, 0.79, 0.80, 0.78, 0.79]
+  label, d, s = ss.paired_rule(a, b, 0.0, 0.0)
+  assert (label, d, s) == ('helps', pytest.approx(0.02), pytest.approx(0.0))
+  label, d, s = ss.paired_rule(a, b, 0.01, 0.01)
+  assert label == 'level' and s == pytest.approx(math.sqrt(2) * 0.01)
+  assert ss.paired_rule(b, a, 0.0, 0.0)[0] == 'hurts'
+  with pytest.raises(ValueError, match='the same seeds'):
+    ss.paired_rule(a, b[:4], 0.0, 0.0)
+
+
+def test_rank_stability_is_spearmans_rho():
+  assert ss.rank_stability([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+  assert ss.rank_stability([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
