@@ -23,7 +23,7 @@ from dp2fedsam_jax import cli
 from dp2fedsam_jax import train
 from dp2fedsam_jax import canaries
 from dp2fedsam_jax.config_help import describe_config
-from launch import sweep
+from experiments import config_files
 
 FLAGS = flags.FLAGS
 
@@ -47,8 +47,8 @@ def configs_to_audit(f: flags.FlagValues = FLAGS) -> list:
   if not f.table:
     return [f.config]
   path = config_flags.get_config_filename(f['config'])
-  module = sweep.load_config_module(path)
-  return [module.get_config(sweep.arg_string(e)) for e in module.audit_grid()]
+  module = config_files.load_config_module(path)
+  return [module.get_config(config_files.arg_string(e)) for e in module.audit_grid()]
 
 
 def audit_one(config) -> canaries.AuditResult:

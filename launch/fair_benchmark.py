@@ -39,7 +39,8 @@ from dp2fedsam_jax import cli, local, metric_writers
 from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import selection
-from experiments import report
+from experiments import config_files, report
+from experiments.config_files import config_name
 from experiments.report import fair as fair_report
 from launch import sweep, tune
 
@@ -96,12 +97,8 @@ def load_block(letter: str):
   if letter not in BLOCK_CONFIGS:
     raise ValueError(f'--blocks: unknown block {letter!r}; choose from {sorted(BLOCK_CONFIGS)}')
   path = BLOCK_CONFIGS[letter]
-  module = sweep.load_config_module(os.path.join(ROOT_DIR, path))
+  module = config_files.load_config_module(os.path.join(ROOT_DIR, path))
   return path, module, module.BLOCK
-
-
-def config_name(path: str) -> str:
-  return os.path.splitext(os.path.basename(path))[0]
 
 
 def row_dir(root: str, path: str, row) -> str:
@@ -111,12 +108,12 @@ def row_dir(root: str, path: str, row) -> str:
 def final_runs(root: str, path: str, module, block, row, selected: dict) -> list:
   """[(sweep.Run, config)] of the row's final seeds at the selected values, full training split."""
   values = {**block.final_fixed_for(row), **selected}
-  texts = tuple(f'--config.{f}={"None" if v is None else sweep.format_value(v)}'
+  texts = tuple(f'--config.{f}={"None" if v is None else config_files.format_value(v)}'
                 for f, v in sorted(values.items()))
   out = []
   for seed in block.final_seeds(row):
     args = {**block.study(row)['args'], 'seed': seed}
-    config = sweep.apply_overrides(module.get_config(sweep.arg_string(args)), list(texts))
+    config = config_files.apply_overrides(module.get_config(config_files.arg_string(args)), list(texts))
     run = sweep.Run(args, os.path.join(row_dir(root, path, row), 'final', f'seed={seed}'),
                     int(config.num_rounds), config.method, config_name(path), texts,
                     sweep.missing_data(config))
@@ -145,14 +142,14 @@ ANCHOR_ROUNDS = 200  # the anchors' runs
 
 def row_config(module, block, row):
   """The row's config as its trials start from (the block's settings, before the search's values)."""
-  return module.get_config(sweep.arg_string(block.study(row)['args']))
+  return module.get_config(config_files.arg_string(block.study(row)['args']))
 
 
 def _search_accounting(path: str, module, block, row) -> tuple:
   """(the study's spec, a trial's config as the search runs it) of the row."""
   _, _, _, spec = tune.load_study(os.path.join(ROOT_DIR, path), row.name)
-  fixed = [f'--config.{f}={sweep.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
-  return spec, sweep.apply_overrides(row_config(module, block, row), fixed)
+  fixed = [f'--config.{f}={config_files.format_value(v)}' for f, v in sorted(spec['fixed'].items())]
+  return spec, config_files.apply_overrides(row_config(module, block, row), fixed)
 
 
 def selection_epsilons(path: str, module, block, row) -> tuple:

@@ -36,7 +36,6 @@ sweep then skips it. Nothing is overwritten; with --plan too (the copy is what t
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import importlib.util
@@ -53,73 +52,16 @@ from absl import app
 from absl import flags
 
 from dp2fedsam_jax import cli, config_help, metric_writers, stopping
+from experiments import studies
+from experiments.config_files import (OVERRIDE_PREFIX, apply_overrides, arg_string, config_name,
+                                      format_value, load_config_module, parse_literal)
 
 FLAGS = flags.FLAGS
 
-_OVERRIDE_PREFIX = '--config.'
 _overrides: list[str] = []  # the --config.x=y flags, taken out before absl parses the rest
 # Overrides a finished or unfinished run may change and still be the same run (see experiments.train).
 _RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.checkpoint_every=',
                         '--config.dp.target_epsilon=')
-
-
-def format_value(value) -> str:
-  """Config-argument text of a value: 1.0 -> '1', 0.05 -> '0.05', inf -> 'inf'."""
-  if isinstance(value, float):
-    return f'{value:g}'
-  return str(value)
-
-
-def arg_string(args: dict) -> str:
-  """{'method': 'centaur', 'eps': 1.0} -> 'eps=1,method=centaur' (sorted, so stable)."""
-  return ','.join(f'{k}={format_value(v)}' for k, v in sorted(args.items()))
-
-
-def load_config_module(path: str):
-  name = os.path.splitext(os.path.basename(path))[0]
-  spec = importlib.util.spec_from_file_location(f'_sweep_config_{name}', path)
-  if spec is None or spec.loader is None:
-    raise ValueError(f'--config={path}: not a Python file')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def _parse_literal(text: str):
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
-
-
-def apply_overrides(config, overrides: list[str]):
-  """Applies '--config.a.b=value' texts (typed like the field) to a copy of the config."""
-  config = config.copy_and_resolve_references()
-  for item in overrides:
-    path, _, text = item[len(_OVERRIDE_PREFIX):].partition('=')
-    *parents, leaf = path.split('.')
-    node = config
-    for p in parents:
-      node = node[p] if p in node else None
-      if not hasattr(node, 'keys'):
-        break
-    if not hasattr(node, 'keys') or leaf not in node:
-      raise ValueError(cli.unknown_field_message('config', path, cli.field_paths(config)))
-    old = node[leaf]
-    if text in ('None', 'none'):
-      value = None
-    elif isinstance(old, bool):
-      value = text.lower() in ('1', 'true', 'yes')
-    elif isinstance(old, int) and float(text).is_integer():
-      value = int(float(text))
-    elif isinstance(old, (int, float)):
-      value = float(text)
-    elif isinstance(old, str):
-      value = text
-    else:
-      value = _parse_literal(text)
-    node[leaf] = value
-  return config
 
 
 @dataclasses.dataclass
@@ -269,19 +211,19 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
     base = [{**e, **fixed_args} for e in base]
   for item in only:
     key, _, values = item.partition('=')
-    wanted = {format_value(_parse_literal(v)) for v in values.split(',')}
+    wanted = {format_value(parse_literal(v)) for v in values.split(',')}
     base = [e for e in base if key in e and format_value(e[key]) in wanted]
     if not base:
       raise ValueError(f'--only={item}: no grid entry of {path} has it')
-  config_name = os.path.splitext(os.path.basename(path))[0]
+  name = config_name(path)
   runs, configs, missing = [], [], {}
   for args in expand_grid(base, axes):
     config = apply_overrides(module.get_config(arg_string(args) or None), overrides)
     key = (config.dataset, config.get('data_dir'))
     if key not in missing:
       missing[key] = missing_data(config)
-    runs.append(Run(args, workdir_for(root, config_name, config, args), int(config.num_rounds),
-                    config.method, config_name, tuple(overrides), missing[key]))
+    runs.append(Run(args, workdir_for(root, name, config, args), int(config.num_rounds),
+                    config.method, name, tuple(overrides), missing[key]))
     configs.append(config)
   validate_runs(runs, configs)
   return runs
@@ -344,14 +286,15 @@ def plan_summary(runs: list[Run]) -> str:
 
 
 def planned_cost(config_path: str, runs: list[Run]) -> str | None:
-  """'planned cost: ...' from the config's planned_hours(args) (hours of one run, its docstring's
-  measured estimate), summed over the runs not finished; None when the config has no estimate."""
-  module = load_config_module(config_path.partition(':')[0])
-  if not hasattr(module, 'planned_hours'):
+  """'planned cost: ...' from the config's study (experiments/studies/<config name>.py): its
+  planned_hours(args) (hours of one run, its docstring's measured estimate) summed over the runs not
+  finished; None when the config has no study or its study no estimate."""
+  study = studies.of_config(config_name(config_path))
+  if not hasattr(study, 'planned_hours'):
     return None
   left = [r for r in runs if r.status != 'done']
-  hours = sum(float(module.planned_hours(r.args)) for r in left)
-  machine = getattr(module, 'PLANNED_ON', 'the config\'s estimate')
+  hours = sum(float(study.planned_hours(r.args)) for r in left)
+  machine = getattr(study, 'PLANNED_ON', "the study's estimate")
   return f'planned cost: ~{hours:.1f} h for the {len(left)} runs left ({machine})'
 
 
@@ -548,8 +491,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl does not know --config.x=y: keep them aside for the runs, parse the rest."""
-  _overrides.extend(a for a in argv[1:] if a.startswith(_OVERRIDE_PREFIX))
-  return FLAGS([a for a in argv if not a.startswith(_OVERRIDE_PREFIX)])
+  _overrides.extend(a for a in argv[1:] if a.startswith(OVERRIDE_PREFIX))
+  return FLAGS([a for a in argv if not a.startswith(OVERRIDE_PREFIX)])
 
 
 def _axes(f: flags.FlagValues = FLAGS) -> list[tuple[str, list]]:
@@ -564,7 +507,7 @@ def _axes(f: flags.FlagValues = FLAGS) -> list[tuple[str, list]]:
     key, _, values = item.partition('=')
     if not values:
       raise app.UsageError(f'--grid={item}: expected key=v1,v2,...')
-    axes.append((key, [_parse_literal(v) for v in values.split(',')]))
+    axes.append((key, [parse_literal(v) for v in values.split(',')]))
   return axes
 
 

@@ -1,6 +1,5 @@
 """Every paper config loads, and every entry of its sweep grid is a valid config, without loading data."""
 
-import ast
 import glob
 import importlib
 import json
@@ -12,6 +11,7 @@ import pytest
 
 from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax.algorithms import METHODS
+from experiments import studies
 from experiments.configs import _common
 from experiments.studies import shakespeare_field as field_study
 from launch import fair_benchmark, sweep
@@ -500,20 +500,20 @@ def test_shakespeare_field_privacy_block_clips_every_method_at_one_fixed_c():
     assert method in METHODS and parts
 
 
-def test_shakespeare_field_config_is_settings_and_its_study_holds_the_logic():
-  """The config imports no launcher and no report (launch.tune loads it by path: no cycle); the
-  cost model launch.sweep reads through it is the study module's, with the config's defaults."""
-  path = os.path.join(ROOT, 'experiments', 'configs', 'shakespeare_field.py')
-  with open(path) as f:
-    tree = ast.parse(f.read())
-  imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
-      a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-  assert not {m for m in imported if m.startswith(('launch', 'experiments.report'))}, imported
-  module = _module('shakespeare_field')
-  assert module.planned_hours({'method': 'p_fedsam', 'seed': 0}) == pytest.approx(
+def test_shakespeare_field_plan_costs_come_from_its_study_with_the_configs_defaults(tmp_path):
+  """launch.sweep's plan finds the cost model in the study module named like the config (the config
+  imports no study: tests/test_layers.py), missing arguments at the config's defaults."""
+  assert studies.of_config('shakespeare_field') is field_study
+  assert studies.of_config('dp2fedsam_table2') is None
+  assert field_study.planned_hours({'method': 'p_fedsam', 'seed': 0}) == pytest.approx(
       field_study.RUN_HOURS['p_fedsam'] + field_study.TEN_HEAD_EPOCHS_HOURS)  # 10 head epochs
-  assert module.planned_hours({'method': 'fedrep', 'personal_epochs': 1, 'model': 'char_lstm'}) == (
+  assert field_study.planned_hours({'method': 'fedrep', 'personal_epochs': 1, 'model': 'char_lstm'}) == (
       pytest.approx(field_study.RUN_HOURS['fedrep'] * field_study.LARGE_MODEL_FACTOR))
+  path = os.path.join(ROOT, 'experiments', 'configs', 'shakespeare_field.py')
+  runs = sweep.plan(path, str(tmp_path), [], [])
+  hours = sum(field_study.planned_hours(r.args) for r in runs)
+  assert sweep.planned_cost(path, runs) == (
+      f'planned cost: ~{hours:.1f} h for the {len(runs)} runs left ({field_study.PLANNED_ON})')
 
 
 def test_shakespeare_field_tunes_non_private_fedavg_on_a_validation_split(tmp_path):

@@ -5,11 +5,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 
 import pytest
 
 from dp2fedsam_jax import train
+from experiments import config_files
 from launch import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -280,11 +282,16 @@ def test_a_committed_sweep_json_with_renamed_override_fields_is_the_same_run(tin
   assert 'overrides differ' in run.conflict()
 
 
-def test_plan_sums_the_configs_planned_hours_over_the_runs_left(tiny_config_path, tmp_path):
+def test_plan_sums_the_studys_planned_hours_over_the_runs_left(tiny_config_path, tmp_path,
+                                                                monkeypatch):
+  """The cost model is the config's study's (experiments/studies/<config name>.py), not the
+  config's: a config declares, its study estimates."""
   runs = sweep.plan(tiny_config_path, str(tmp_path), [('method', ['centaur', 'fedrep'])], [])
-  assert sweep.planned_cost(tiny_config_path, runs) is None  # no estimate: nothing printed
-  with open(tiny_config_path, 'a') as f:
-    f.write("\nPLANNED_ON = 'test hours'\n"
-            "def planned_hours(args):\n  return {'centaur': 1.5, 'fedrep': 0.5}[args['method']]\n")
+  assert sweep.planned_cost(tiny_config_path, runs) is None  # no study: nothing printed
+  study = types.ModuleType('tiny_study')
+  study.PLANNED_ON = 'test hours'
+  study.planned_hours = lambda args: {'centaur': 1.5, 'fedrep': 0.5}[args['method']]
+  name = config_files.config_name(tiny_config_path)
+  monkeypatch.setitem(sys.modules, f'experiments.studies.{name}', study)
   assert sweep.planned_cost(tiny_config_path, runs) == (
       'planned cost: ~4.0 h for the 4 runs left (test hours)')  # 2 seeds each

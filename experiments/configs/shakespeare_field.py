@@ -2,7 +2,7 @@
 
 The settings and the grid only. The study's rules, verdicts, privacy accounting, cost model and the
 re-evaluations a run still needs are in experiments/studies/shakespeare_field.py (it imports this
-file; this file imports no launcher and no report); each choice's history is in
+file; this file imports no study, no launcher and no report); each choice's history is in
 experiments/results/README.md. Replaces shakespeare.py, under whose protocol FedAvg ended at 33.8 %
 where the field reports 53-57 %. Data: 1,063 roles of 38 plays, rows of 80 ids (docs/datasets.md).
 Every number compared is `test_accuracy_pooled` (docs/evaluation.md), at round T = 1,000.
@@ -41,7 +41,8 @@ tuning searches from probes at eps 2.
 Grid (`sweep_grid()`), 42 runs (18 until PROTOCOL_DECIDED): the protocol block's primary pair
 (FedAvg, FedRep with 10 head epochs) at seeds 0-2 first, then its other rows seed by seed, then the
 privacy block seed by seed, eps 2 first. `--grid=model=char_lstm` runs it with the 2x256 LSTM.
-planned_hours: the study's cost model (~60 CPU hours in all on the 2 cores, executor sharded).
+The cost model is the study module's planned_hours (launch.sweep's plan sums it): ~60 CPU hours in
+all on the 2 cores, executor sharded.
 
   python3 -m launch.tune --config=experiments/configs/shakespeare_field.py --study=fedavg \
       --root=$HOME/sweeps --plan
@@ -143,15 +144,6 @@ def get_config(arg: str | None = None):
     else:
       c.dp.target_epsilon = args['eps']
   return c
-
-
-PLANNED_ON = 'CPU hours, 2 cores as 2 devices (executor sharded), char_lstm_small; a GPU ~12-18x less'
-
-
-def planned_hours(args: dict) -> float:
-  """launch.sweep's plan: hours of one run by the study's cost model (RUN_HOURS there)."""
-  from experiments.studies import shakespeare_field as study  # pylint: disable=import-outside-toplevel
-  return study.planned_hours({**DEFAULTS, **args})
 
 
 # The decision rule's primary comparison, run first at every seed: FedAvg (re-evaluated with the head

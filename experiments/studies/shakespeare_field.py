@@ -87,9 +87,9 @@ from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.privacy import accounting
 from dp2fedsam_jax.privacy.mechanism import DPMechanism
 from experiments import report
+from experiments.config_files import arg_string
 from experiments.configs import _common
 from experiments.configs import shakespeare_field as config
-from launch import sweep, tune
 
 # Hours of one 1,000-round run, one at a time, executor sharded on the 2 cores: the sum of the rounds'
 # seconds (train_metrics.jsonl) of the runs that ran so, plus their evaluations (2026-11-27): FedRep
@@ -102,10 +102,18 @@ RUN_HOURS = {'fedavg': 0.13, 'dp_fedavg': 0.13, 'fedrep': 0.21, 'centaur': 0.21,
 TEN_HEAD_EPOCHS_HOURS = 0.1  # FedRep / P-FedSAM with 10 head epochs a visit - with 1
 LARGE_MODEL_FACTOR = 5.0  # char_lstm's SGD step of 10 rows against char_lstm_small's: 0.097 / 0.019 s
                           # (the centralized smoke checks, docs/evaluation.md section 5)
+PLANNED_ON = 'CPU hours, 2 cores as 2 devices (executor sharded), char_lstm_small; a GPU ~12-18x less'
+# The private tuning whose selection is the config's PRIVATE_POINT, and its committed record.
+PRIVATE_TUNING = 'dp_fedavg_eps2'
+PRIVATE_TUNING_RECORD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                     'results', 'shakespeare_field', 'tuning', PRIVATE_TUNING,
+                                     'tuning.json')
 
 
 def planned_hours(args: dict) -> float:
-  """Hours of one run; args as the config's get_config reads them, defaults filled in."""
+  """Hours of one run (launch.sweep's plan sums them); args as the config's get_config reads them,
+  missing ones at the config's DEFAULTS."""
+  args = {**config.DEFAULTS, **args}
   hours = RUN_HOURS[args['method']]
   if METHODS[args['method']].personal_phase and args['personal_epochs'] >= 10:  # a head each visit
     hours += TEN_HEAD_EPOCHS_HOURS
@@ -119,19 +127,29 @@ def fixed_clip_sigma(eps: float, q: float, rounds: int) -> float:
   return accounting.calibrate_noise_multiplier(eps, q, rounds, 1 / config.NUM_CLIENTS, accountant='pld')
 
 
-def epsilon_with_tuning(eps: float) -> float:
+def _dp_event(run_config):
+  """The dp_event of a private run over its rounds, as the engine's mechanism accounts it."""
+  mechanism = DPMechanism.from_config(run_config, config.NUM_CLIENTS, METHODS[run_config.method])
+  return mechanism.dp_event(int(run_config.num_rounds))
+
+
+def epsilon_with_tuning(eps: float, tuning_record: str = PRIVATE_TUNING_RECORD) -> float:
   """The eps (delta 1/N, PLD) of one privacy-block run at target `eps` composed with the private
   tuning as declared (study dp_fedavg_eps2): its K drawn trials, each with its score's Gaussian, K
-  public (seed 0). It assumes secret score noise and only the selection released, which the
-  committed tuning does not meet (docstring (c)): it bounds the declared design, not that release."""
-  path = config.__file__
-  module, _, _, spec = tune.load_study(path, 'dp_fedavg_eps2')
-  _, candidates = tune.draw_plan(spec)
-  trials = tune.trial_runs(module, path, spec, candidates, '', [])  # configs only, no workdir
-  events = [tune.scored_event(tune.trial_event(trial)[0], spec['score_noise']) for _, trial in trials]
-  run = config.get_config(sweep.arg_string({'method': config.PRIVATE[0], 'eps': eps, 'tuning': True}))
-  events.append(DPMechanism.from_config(run, config.NUM_CLIENTS, METHODS[run.method])
-                .dp_event(run.num_rounds))
+  public (seed 0: the candidates its tuning.json's plan records). It assumes secret score noise and
+  only the selection released, which the committed tuning does not meet (docstring (c)): it bounds
+  the declared design, not that release."""
+  with open(tuning_record) as f:
+    candidates = json.load(f)['plan']['candidates']
+  spec = config.tuning_space()[PRIVATE_TUNING]
+  score = dp_accounting.GaussianDpEvent(spec['score_noise'])
+  events = []
+  for values in candidates:  # each trial as launch.tune builds it: the study's args, fixed, values
+    trial = config.get_config(arg_string(spec['args']))
+    _common.set_fields(trial, {**spec['fixed'], **values})
+    events.append(dp_accounting.ComposedDpEvent([_dp_event(trial), score]))
+  run = config.get_config(arg_string({'method': config.PRIVATE[0], 'eps': eps, 'tuning': True}))
+  events.append(_dp_event(run))
   accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
   for event in events:
     accountant.compose(event)
