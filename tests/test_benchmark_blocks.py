@@ -23,7 +23,8 @@ from dp2fedsam_jax import config as config_lib
 from dp2fedsam_jax import metric_writers
 from dp2fedsam_jax.algorithms import METHODS, pieces
 from dp2fedsam_jax.privacy import accounting, selection
-from experiments.configs import _fair, _pfeddsu, _topk
+from experiments.configs import _pfeddsu, _topk
+from experiments.studies import fair as _fair
 from experiments.configs import fmnist_paper_regime
 from experiments.report.summary import CLIP_WINDOW
 from launch import fair_benchmark, sweep, tune

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from experiments.configs import _fair
+from experiments.studies import fair as _fair
 from experiments.report import fair as fair_report
 from launch import fair_benchmark
 

@@ -20,7 +20,8 @@ import pytest
 from conftest import (HAND_TUNED_FMNIST, differing_fields, flat_config, noise_per_server_lr_and_clip,
                       readme_table, server_noise_per_weight)
 
-from experiments.configs import _fair, fair_a5_dp2fedsam
+from experiments.configs import fair_a5_dp2fedsam
+from experiments.studies import fair as _fair
 from experiments.report import fair as fair_report
 from launch import fair_benchmark
 

@@ -2,10 +2,11 @@
 
 Rows (dp2-fedsam.txt Tables 2 and 3): DP2-FedSAM, CENTAUR, DP-FedSAM-FT, DP-FedAvg-FT, DP-FedSAM,
 DP-FedAvg. Regime: fmnist_paper_regime's (Fashion-MNIST, pathological (N, S) = (1000, 2), emnist_cnn,
-T = 200, Poisson q = 0.05, delta = 1/N, PLD), every other setting searched per row as _fair.py
-says, at eps = 0.25 per trial and per final run: at eps >= 1 every personal-head method sat within
-0.5-1.2 points of the non-private P-FedSAM (96.7 %), at eps = 0.25 the hand-tuned rows spread over
-86.5-92.4 % (experiments/results/fmnist_paper_regime), so the ceiling rule below can hold.
+T = 200, Poisson q = 0.05, delta = 1/N, PLD), every other setting searched per row as
+experiments/studies/fair.py says, at eps = 0.25 per trial and per final run: at eps >= 1 every
+personal-head method sat within 0.5-1.2 points of the non-private P-FedSAM (96.7 %), at eps = 0.25
+the hand-tuned rows spread over 86.5-92.4 % (experiments/results/fmnist_paper_regime), so the
+ceiling rule below can hold.
 
 Trial law: K geometric (truncated negative binomial, eta = 1) with E[K] = 3, every row: K >= 1, so
 no row is left without a selection (Poisson(3) draws K = 0 with 5 %), and its tail is light
@@ -28,8 +29,9 @@ Arguments: `:method=dp2fedsam,eps=0.25,seed=0,S=2` (S=5: the (1000, 5) block if 
 
 from __future__ import annotations
 
-from experiments.configs import _common, _fair
+from experiments.configs import _common
 from experiments.configs import fmnist_paper_regime as regime
+from experiments.studies import fair
 
 DEFAULTS = dict(method='dp2fedsam', eps=0.25, seed=0, S=2)
 EPS = 0.25
@@ -46,30 +48,30 @@ RANGES = {
     'local.finetune_epochs': ('choice', [1, 2, 5]),
 }
 ROWS = (
-    _fair.Row('dp2fedsam', 'dp2fedsam', seed=101, paper_row='DP2-FedSAM'),
-    _fair.Row('centaur', 'centaur', seed=102, paper_row='CENTAUR'),
-    _fair.Row('dp_fedsam_ft', 'dp_fedsam_ft', seed=103, paper_row='DP-FedSAM-FT'),
-    _fair.Row('dp_fedavg_ft', 'dp_fedavg_ft', seed=104, paper_row='DP-FedAvg-FT'),
-    _fair.Row('dp_fedsam', 'dp_fedsam', seed=105, paper_row='DP-FedSAM'),
-    _fair.Row('dp_fedavg', 'dp_fedavg', seed=106, paper_row='DP-FedAvg'),
+    fair.Row('dp2fedsam', 'dp2fedsam', seed=101, paper_row='DP2-FedSAM'),
+    fair.Row('centaur', 'centaur', seed=102, paper_row='CENTAUR'),
+    fair.Row('dp_fedsam_ft', 'dp_fedsam_ft', seed=103, paper_row='DP-FedSAM-FT'),
+    fair.Row('dp_fedavg_ft', 'dp_fedavg_ft', seed=104, paper_row='DP-FedAvg-FT'),
+    fair.Row('dp_fedsam', 'dp_fedsam', seed=105, paper_row='DP-FedSAM'),
+    fair.Row('dp_fedavg', 'dp_fedavg', seed=106, paper_row='DP-FedAvg'),
 )
 # The orders dp2-fedsam.txt claims (section 5.2.1 over Tables 2 and 3; CIFAR-10 (1000, 2): 84.1 >
 # 81.5 > 80.0 > 79.2 > 58.0 > 54.8).
 CLAIMS = (
-    _fair.claims('DP2-FedSAM', ('CENTAUR', 'DP-FedSAM-FT', 'DP-FedAvg-FT', 'DP-FedSAM', 'DP-FedAvg'),
+    fair.claims('DP2-FedSAM', ('CENTAUR', 'DP-FedSAM-FT', 'DP-FedAvg-FT', 'DP-FedSAM', 'DP-FedAvg'),
                  'Table 2: "DP2-FedSAM outperforms other baselines"')
-    + _fair.claims('CENTAUR', ('DP-FedSAM-FT', 'DP-FedAvg-FT'),
+    + fair.claims('CENTAUR', ('DP-FedSAM-FT', 'DP-FedAvg-FT'),
                    '5.2.1: "partial model sharing methods ... outperform fine-tuned methods"')
-    + (_fair.Claim('DP-FedAvg-FT', 'DP-FedAvg', '5.2.1: "fine-tuned variants ... show improved '
+    + (fair.Claim('DP-FedAvg-FT', 'DP-FedAvg', '5.2.1: "fine-tuned variants ... show improved '
                    'performance over their non-fine-tuned counterparts"'),
-       _fair.Claim('DP-FedSAM-FT', 'DP-FedSAM', '5.2.1: the same, with SAM'),
-       _fair.Claim('DP-FedSAM', 'DP-FedAvg', '5.2.1: "the SAM optimizer further improves the '
+       fair.Claim('DP-FedSAM-FT', 'DP-FedSAM', '5.2.1: the same, with SAM'),
+       fair.Claim('DP-FedSAM', 'DP-FedAvg', '5.2.1: "the SAM optimizer further improves the '
                    'performance"'),
-       _fair.Claim('DP-FedSAM-FT', 'DP-FedAvg-FT', '5.2.1: the same, fine-tuned'))
+       fair.Claim('DP-FedSAM-FT', 'DP-FedAvg-FT', '5.2.1: the same, fine-tuned'))
 )
-BLOCK = _fair.Block(
+BLOCK = fair.Block(
     name='a', paper='dp2-fedsam.txt Tables 2/3', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=10.0,
-    ranges=RANGES, ceiling=_fair.Row('ceiling_p_fedsam', 'p_fedsam', seed=100),
+    ranges=RANGES, ceiling=fair.Row('ceiling_p_fedsam', 'p_fedsam', seed=100),
     ceiling_reference='non-private P-FedSAM, searched under the same law, 1 seed',
     if_rule_fails='(1000, 5) at the same eps and law',
     trial_fixed=(('eval_every', 200),), final_fixed=(('eval_every', 50),), claims=CLAIMS)

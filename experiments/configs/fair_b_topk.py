@@ -24,7 +24,7 @@ reads the ceiling as the regime's room: an under-tuned ceiling withholds the ver
 best private row, ends the block with no further step). Under the rows' law P[K = 1] = 1/3, and
 block (a5)'s ceiling search under it selected a trial whose validation score was 6.3 %: every
 trial it ran scored under chance (10 %). If half of the space trains, every draw misses it with
-probability 0.25 under the rows' law and 0.018 under Poisson(8) (`_fair.every_draw_misses`); ~5
+probability 0.25 under the rows' law and 0.018 under Poisson(8) (`fair.every_draw_misses`); ~5
 more FedAvg trials, ~0.8 CPU hours.
 
 Regime rule (declared before any run): the block tests the paper's order only if the ceiling's
@@ -57,7 +57,8 @@ import math
 
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.config import base_config
-from experiments.configs import _common, _fair
+from experiments.configs import _common
+from experiments.studies import fair
 
 DEFAULTS = dict(method='dp_fedsam', eps=1.0, seed=0, alpha=0.3)
 EPS = 1.0
@@ -78,17 +79,17 @@ RANGES = {
 }
 LEAKS = 'paper form: eps does not cover the release (docs/privacy.md section 4)'
 ROWS = (
-    _fair.Row('dp_fedsam_topk', 'dp_fedsam_topk', seed=201, mark=LEAKS, paper_row='DP-FedSAM-topk'),
-    _fair.Row('dp_fedsam_topk_server', 'dp_fedsam_topk_server', seed=202,
+    fair.Row('dp_fedsam_topk', 'dp_fedsam_topk', seed=201, mark=LEAKS, paper_row='DP-FedSAM-topk'),
+    fair.Row('dp_fedsam_topk_server', 'dp_fedsam_topk_server', seed=202,
               mark='covered form: top-k of the noised sum', paper_row='DP-FedSAM-topk'),
-    _fair.Row('dp_fedsam', 'dp_fedsam', seed=203, paper_row='DP-FedSAM'),
-    _fair.Row('dp_fedavg', 'dp_fedavg', seed=204, paper_row='DP-FedAvg'),
-    _fair.Row('fed_smp_topk', 'fed_smp_topk', seed=205, mark=LEAKS, paper_row='Fed-SMP-topk'),
-    _fair.Row('fed_smp_topk_safe', 'fed_smp_topk_safe', seed=206,
+    fair.Row('dp_fedsam', 'dp_fedsam', seed=203, paper_row='DP-FedSAM'),
+    fair.Row('dp_fedavg', 'dp_fedavg', seed=204, paper_row='DP-FedAvg'),
+    fair.Row('fed_smp_topk', 'fed_smp_topk', seed=205, mark=LEAKS, paper_row='Fed-SMP-topk'),
+    fair.Row('fed_smp_topk_safe', 'fed_smp_topk_safe', seed=206,
               mark='covered form: noise on every coordinate', paper_row='Fed-SMP-topk'),
-    _fair.Row('fed_smp_randk', 'fed_smp_randk', seed=207, paper_row='Fed-SMP-randk'),
-    _fair.Row('dp_fedavg_blur', 'dp_fedavg_blur', seed=208, paper_row='DP-FedAvg-blur'),
-    _fair.Row('dp_fedavg_blurs', 'dp_fedavg_blurs', seed=209, paper_row='DP-FedAvg-blurs'),
+    fair.Row('fed_smp_randk', 'fed_smp_randk', seed=207, paper_row='Fed-SMP-randk'),
+    fair.Row('dp_fedavg_blur', 'dp_fedavg_blur', seed=208, paper_row='DP-FedAvg-blur'),
+    fair.Row('dp_fedavg_blurs', 'dp_fedavg_blurs', seed=209, paper_row='DP-FedAvg-blurs'),
 )
 # The orders dp-fedsam-topk.txt claims (section 6.2: "our proposed algorithms consistently outperform
 # other baselines"; Table 1's Dirichlet 0.3 columns, EMNIST and CIFAR-10, for the baselines' order).
@@ -96,15 +97,15 @@ BASELINES = ('DP-FedAvg-blurs', 'Fed-SMP-topk', 'Fed-SMP-randk', 'DP-FedAvg-blur
 PROPOSED = '6.2: "our proposed algorithms consistently outperform other baselines"'
 TABLE_ORDER = 'Table 1, Dirichlet 0.3, both datasets'
 CLAIMS = (
-    (_fair.Claim('DP-FedSAM-topk', 'DP-FedSAM', f'{TABLE_ORDER} (77.27 > 76.81, 54.85 > 53.92)'),)
-    + _fair.claims('DP-FedSAM-topk', BASELINES, PROPOSED)
-    + _fair.claims('DP-FedSAM', BASELINES, PROPOSED)
-    + _fair.claims('Fed-SMP-topk', BASELINES[2:], TABLE_ORDER)
-    + _fair.claims('DP-FedAvg-blurs', BASELINES[2:], TABLE_ORDER)
+    (fair.Claim('DP-FedSAM-topk', 'DP-FedSAM', f'{TABLE_ORDER} (77.27 > 76.81, 54.85 > 53.92)'),)
+    + fair.claims('DP-FedSAM-topk', BASELINES, PROPOSED)
+    + fair.claims('DP-FedSAM', BASELINES, PROPOSED)
+    + fair.claims('Fed-SMP-topk', BASELINES[2:], TABLE_ORDER)
+    + fair.claims('DP-FedAvg-blurs', BASELINES[2:], TABLE_ORDER)
 )
-BLOCK = _fair.Block(
+BLOCK = fair.Block(
     name='b', paper='dp-fedsam-topk.txt Table 1', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=5.0,
-    ranges=RANGES, ceiling=_fair.Row('ceiling_fedavg', 'fedavg', seed=200),
+    ranges=RANGES, ceiling=fair.Row('ceiling_fedavg', 'fedavg', seed=200),
     ceiling_reference='non-private FedAvg, searched with K ~ Poisson(8), 1 seed',
     ceiling_trials=CEILING_TRIALS,
     if_rule_fails="the block again at eps = 0.25 with new tuner seeds and C's range x 0.333",

@@ -34,8 +34,9 @@ Arguments: `:method=dp_pfeddsu,eps=0.25,seed=0,S=5`.
 
 from __future__ import annotations
 
-from experiments.configs import _common, _fair
+from experiments.configs import _common
 from experiments.configs import fair_a_dp2fedsam as block_a
+from experiments.studies import fair
 
 DEFAULTS = dict(method='dp_pfeddsu', eps=0.25, seed=0, S=5)
 EPS = block_a.EPS
@@ -49,24 +50,24 @@ RANGES = {
 }
 MASK_LEAKS = 'paper form: noise only on the private mask; eps does not cover the mask'
 ROWS = (
-    _fair.Row('dp_pfeddsu', 'dp_pfeddsu', seed=301, mark=MASK_LEAKS, paper_row='DP-pFedDSU'),
-    _fair.Row('dp_pfeddsu_safe', 'dp_pfeddsu_safe', seed=302,
+    fair.Row('dp_pfeddsu', 'dp_pfeddsu', seed=301, mark=MASK_LEAKS, paper_row='DP-pFedDSU'),
+    fair.Row('dp_pfeddsu_safe', 'dp_pfeddsu_safe', seed=302,
               mark='covered form: noise on every coordinate', paper_row='DP-pFedDSU'),
-    _fair.Row('centaur', 'centaur', seed=303, paper_row='CENTAUR'),
-    _fair.Row('ppsgd', 'ppsgd', seed=304, paper_row='PPSGD'),
-    _fair.Row('pmtl_ft', 'pmtl_ft', seed=305, paper_row='PMTL-FT'),
-    _fair.Row('dp_fedavg_fb', 'dp_fedavg_fb', seed=306, paper_row='DP-FedAvg-fb'),
+    fair.Row('centaur', 'centaur', seed=303, paper_row='CENTAUR'),
+    fair.Row('ppsgd', 'ppsgd', seed=304, paper_row='PPSGD'),
+    fair.Row('pmtl_ft', 'pmtl_ft', seed=305, paper_row='PMTL-FT'),
+    fair.Row('dp_fedavg_fb', 'dp_fedavg_fb', seed=306, paper_row='DP-FedAvg-fb'),
 )
 # The orders dp-pfeddsu.txt claims (Table II, CIFAR-10 s = 2: 86.29 > 85.11 > 84.35 > 83.70 > 83.34;
 # CENTAUR and PPSGD swap between columns, as DP-FedAvg-fb and PMTL-FT do: no claim between them).
 CLAIMS = (
-    _fair.claims('DP-pFedDSU', ('CENTAUR', 'PPSGD', 'DP-FedAvg-fb', 'PMTL-FT'),
+    fair.claims('DP-pFedDSU', ('CENTAUR', 'PPSGD', 'DP-FedAvg-fb', 'PMTL-FT'),
                  'Table II: DP-pFedDSU above every baseline')
-    + _fair.claims('CENTAUR', ('DP-FedAvg-fb', 'PMTL-FT'), 'Table II, every column')
-    + _fair.claims('PPSGD', ('DP-FedAvg-fb', 'PMTL-FT'), 'Table II, every column but EMNIST')
+    + fair.claims('CENTAUR', ('DP-FedAvg-fb', 'PMTL-FT'), 'Table II, every column')
+    + fair.claims('PPSGD', ('DP-FedAvg-fb', 'PMTL-FT'), 'Table II, every column but EMNIST')
 )
 CEILING_RUN = 'experiments/results/fair_a5_dp2fedsam/diagnostics/ceiling_p_fedsam_at_block_a_values_seed0'
-BLOCK = _fair.Block(
+BLOCK = fair.Block(
     name='c', paper='dp-pfeddsu.txt Table II', rows=ROWS, trials=TRIALS, eps=EPS, score_noise=10.0,
     ranges=RANGES, ceiling=None,
     ceiling_reference=("non-private P-FedSAM at block (a)'s ceiling's selected values on (1000, 5), "

@@ -8,7 +8,7 @@ and head epochs for the personal heads, SAM rho for DP2-FedSAM) and the test-tim
 (the head re-fit or the whole model) and lr, 10 epochs of it for every row (shakespeare_field's ADAPT).
 The committed runs searched only DP-FedAvg's two lrs, at C = 0.5, and gave them to every row.
 The variant is searched only where DP2-FedSAM's own search picks the head re-fit: where it picks the
-whole model its row already is the symmetric one, and the variant runs nothing (_fair's
+whole model its row already is the symmetric one, and the variant runs nothing (experiments/studies/fair.py's
 Block.is_subsumed; declared on 2026-11-30 after DP2-FedSAM's search had selected 'full', before any
 variant trial: the only thing read was that value).
 
@@ -33,8 +33,9 @@ Arguments: `:method=dp2fedsam,eps=2,seed=0`.
 
 from __future__ import annotations
 
-from experiments.configs import _common, _fair
+from experiments.configs import _common
 from experiments.configs import shakespeare_field as field
+from experiments.studies import fair
 
 DEFAULTS = dict(method='dp2fedsam', eps=2.0, seed=0)
 EPS = 2.0
@@ -52,21 +53,21 @@ RANGES = {
     'eval.adapt_lr': ('log_uniform', 0.05, 2.0),
 }
 ROWS = (
-    _fair.Row('dp2fedsam', 'dp2fedsam', seed=401, paper_row='DP2-FedSAM'),
-    _fair.Row('centaur', 'centaur', seed=402, paper_row='CENTAUR'),
-    _fair.Row('dp_fedavg', 'dp_fedavg', seed=403, paper_row='DP-FedAvg'),
-    _fair.Row('dp2fedsam_full_ft', 'dp2fedsam', seed=404, paper_row='DP2-FedSAM',
+    fair.Row('dp2fedsam', 'dp2fedsam', seed=401, paper_row='DP2-FedSAM'),
+    fair.Row('centaur', 'centaur', seed=402, paper_row='CENTAUR'),
+    fair.Row('dp_fedavg', 'dp_fedavg', seed=403, paper_row='DP-FedAvg'),
+    fair.Row('dp2fedsam_full_ft', 'dp2fedsam', seed=404, paper_row='DP2-FedSAM',
               mark='variant: the whole-model fine-tune pinned', pinned=(('eval.adapt_part', 'full'),),
               why_pinned='the adaptation made symmetric with DP-FedAvg-FT, whatever the search picks'),
 )
 # dp2-fedsam.txt's orders among these rows (Table 2 and section 5.2.1), the ones the README's
 # Shakespeare verdicts judged; the variant row meets both baselines too.
 CLAIMS = (
-    _fair.claims('DP2-FedSAM', ('CENTAUR', 'DP-FedAvg'), 'Table 2: "DP2-FedSAM outperforms other baselines"')
-    + (_fair.Claim('CENTAUR', 'DP-FedAvg', '5.2.1: "personalized methods outperform traditional FL '
+    fair.claims('DP2-FedSAM', ('CENTAUR', 'DP-FedAvg'), 'Table 2: "DP2-FedSAM outperforms other baselines"')
+    + (fair.Claim('CENTAUR', 'DP-FedAvg', '5.2.1: "personalized methods outperform traditional FL '
                    'methods"'),)
 )
-BLOCK = _fair.Block(
+BLOCK = fair.Block(
     name='d', paper='dp2-fedsam.txt Table 2 methods on Shakespeare', rows=ROWS, trials=TRIALS,
     eps=EPS, score_noise=field.PRIVATE_SCORE_NOISE, ranges=RANGES, ceiling=None,
     ceiling_reference='committed FedAvg + head fine-tune at the operating point (study fedavg), '

@@ -29,7 +29,7 @@ MIN_GAP, MIN_SEEDS = 0.01, 3  # the rule's one point and three seeds (experiment
 @dataclasses.dataclass(frozen=True)
 class RowResult:
   """One row of a block as its files say: the search's outcome and the final seeds' accuracy."""
-  row: object                 # experiments.configs._fair.Row
+  row: object                 # experiments.studies.fair.Row
   tuning: dict | None         # the published tuning.json (None before the search finished)
   accuracy: dict              # {seed: the block's metric at the final round}, finished runs only
   # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (run_ends reads them)

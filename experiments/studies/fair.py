@@ -1,4 +1,5 @@
-"""The fair-comparison protocol of the benchmark blocks (docs/benchmark.md), for configs/fair_*.py.
+"""The fair-comparison protocol of the benchmark blocks (docs/benchmark.md): the types the block configs
+(experiments/configs/fair_*.py) declare their rows, claims and blocks in, and its rules.
 
 Within a block every row is searched by launch.tune under one trial law (the same K distribution and
 mean, each row its own tuner seed), at one eps per trial, selected by the noised validation score,
@@ -18,7 +19,8 @@ the block's law, or under its own where the block declares one: its K costs no e
 maps to fails here (KNOBS_OF_PIECE must name every piece class of algorithms/pieces.py), so a new
 piece cannot silently go untuned.
 
-This module holds the rules; the blocks hold the values (ranges, law, eps, regime rule).
+This module holds the rules; the blocks hold the values (ranges, law, eps, regime rule). It imports
+no config but _common (FINAL_SEEDS), so the block configs can import it.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ def own_knobs(method: str) -> tuple[str, ...]:
   for field in PIECE_FIELDS:
     piece = type(getattr(spec, field)).__name__
     if piece not in KNOBS_OF_PIECE:
-      raise ValueError(f'method {method!r}: piece {piece} ({field}) is not in _fair.KNOBS_OF_PIECE; '
-                       'say there which config fields it adds to a search.')
+      raise ValueError(f'method {method!r}: piece {piece} ({field}) is not in KNOBS_OF_PIECE of '
+                       'experiments/studies/fair.py; say there which config fields it adds to a '
+                       'search.')
     knobs.update(KNOBS_OF_PIECE[piece])
   return tuple(sorted(knobs))
 
