@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The speed benchmarks of a GPU or TPU machine in one command (benchmarks/README.md, "GPU run pending"):
+# The speed benchmarks of a GPU or TPU machine in one command (benchmarks/README.md; on a lent
+# machine without network, benchmarks/device/README.md):
 #
 #   bash benchmarks/accelerator.sh [OUT_DIR]
 #

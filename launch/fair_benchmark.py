@@ -6,7 +6,7 @@ then its selection at 3 seeds on the full training split, then the block's non-p
   python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --rows=centaur --parallel=2
   python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=a --publish=experiments/results
   python3 -m launch.fair_benchmark --root=$HOME/fair --blocks=d --smoke   # 2 rounds of every row
-  bash launch/fair_benchmark_device.sh OUT_DIR                    # a whole block on a lent GPU
+  bash benchmarks/device/fair_benchmark.sh OUT_DIR    # a whole block on a lent GPU
 
 One sweep root; resumable: a row whose tuning.json is done is not tuned again (launch.tune resumes
 its trials otherwise), a finished final run is skipped, a stopped one resumes from its checkpoint.
@@ -585,7 +585,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_integer('parallel', 1, 'Runs at a time within a row (trials, then final seeds).',
                        **fv)
   flags.DEFINE_list('rows', None, 'Only these rows of the one block --blocks names (a GPU runs '
-                    'several rows at once, one process each: launch/fair_benchmark_device.sh).', **fv)
+                    'several rows at once, one process each: benchmarks/device/fair_benchmark.sh).', **fv)
   flags.DEFINE_string('publish', None, 'Run nothing: copy what the blocks finished under --root '
                       '(each row\'s published search, its finished final runs) to '
                       '<publish>/<block config>/runs and write results.md there, for committing.',

@@ -1,11 +1,11 @@
-"""The scripts a lent GPU machine runs (launch/device_*.sh), checked on the CPU: a lease is rare and
+"""The scripts a lent GPU machine runs (benchmarks/device/*.sh), checked on the CPU: a lease is rare and
 short, so they must work the first time.
 
-- device_setup.sh unpacks the carried Fashion-MNIST to the bytes the loader reads, and leaves a copy
+- setup.sh unpacks the carried Fashion-MNIST to the bytes the loader reads, and leaves a copy
   already there alone;
-- device_first_call.sh runs end to end at smoke sizes (slow: the accelerator's smoke and 2 notebook
+- first_call.sh runs end to end at smoke sizes (slow: the accelerator's smoke and 2 notebook
   rounds, ~3.5 minutes) and brings back at most the tool's 8 files;
-- device_tree.sh slim leaves the earlier studies' runs out of what a call sends, keeps the fair
+- tree.sh slim leaves the earlier studies' runs out of what a call sends, keeps the fair
   blocks and the uncommitted edits, and restore gives back the branch as it was.
 """
 
@@ -17,13 +17,14 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ('device_setup.sh', 'device_payload.sh', 'device_first_call.sh', 'fair_benchmark_device.sh',
-           'shakespeare_field_device.sh', 'device_tree.sh', 'small_files.sh')
+DEVICE = os.path.join(ROOT, 'benchmarks', 'device')
+SCRIPTS = ('setup.sh', 'payload.sh', 'first_call.sh', 'fair_benchmark.sh', 'shakespeare_field.sh',
+           'tree.sh', 'small_files.sh')
 
 
 @pytest.mark.parametrize('script', SCRIPTS)
 def test_each_device_script_parses(script):
-  out = subprocess.run(['bash', '-n', os.path.join(ROOT, 'launch', script)], capture_output=True,
+  out = subprocess.run(['bash', '-n', os.path.join(DEVICE, script)], capture_output=True,
                        text=True, check=False)
   assert out.returncode == 0, out.stderr
 
@@ -31,11 +32,11 @@ def test_each_device_script_parses(script):
 def test_setup_unpacks_the_carried_data_where_the_loader_looks_and_keeps_what_is_there(tmp_path):
   checkout, target = tmp_path / 'checkout', tmp_path / 'datasets' / 'fashion-mnist'
   (checkout / '.device_data' / 'fashion-mnist').mkdir(parents=True)
-  shutil.copytree(os.path.join(ROOT, 'launch'), checkout / 'launch')
+  shutil.copytree(DEVICE, checkout / 'benchmarks' / 'device')
   idx = {'train-labels-idx1-ubyte': bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 1, 9])}
   for name, data in idx.items():
     (checkout / '.device_data' / 'fashion-mnist' / f'{name}.xz').write_bytes(lzma.compress(data))
-  source = f'FASHION_MNIST_DIR={target}; source launch/device_setup.sh'
+  source = f'FASHION_MNIST_DIR={target}; source benchmarks/device/setup.sh'
   out = subprocess.run(['bash', '-c', source], cwd=checkout, capture_output=True, text=True,
                        check=False)
   assert out.returncode == 0, out.stderr[-2000:]
@@ -51,7 +52,7 @@ def test_setup_unpacks_the_carried_data_where_the_loader_looks_and_keeps_what_is
                     reason='.whl holds the device\'s Python 3.12 wheels, which do not install here')
 def test_the_first_call_runs_end_to_end_at_smoke_sizes(tmp_path):
   out_dir = tmp_path / 'out'
-  out = subprocess.run(['bash', os.path.join(ROOT, 'launch', 'device_first_call.sh'), str(out_dir)],
+  out = subprocess.run(['bash', os.path.join(DEVICE, 'first_call.sh'), str(out_dir)],
                        cwd=ROOT, env={**os.environ, 'SMOKE': '1'}, capture_output=True, text=True,
                        check=False)
   assert out.returncode == 0, out.stdout[-3000:]
@@ -69,11 +70,12 @@ def _git(checkout, *args):
 
 def _clone_on_branch_work(tmp_path):
   """A shared clone of this repository on a branch 'work' (a CI clone may sit on a detached
-  HEAD), holding this checkout's device_tree.sh."""
+  HEAD), holding this checkout's tree.sh."""
   checkout = tmp_path / 'clone'
   subprocess.run(['git', 'clone', '-q', '--shared', ROOT, str(checkout)], check=True)
   _git(checkout, 'switch', '-q', '-c', 'work')
-  shutil.copy(os.path.join(ROOT, 'launch', 'device_tree.sh'), checkout / 'launch')
+  (checkout / 'benchmarks' / 'device').mkdir(parents=True, exist_ok=True)
+  shutil.copy(os.path.join(DEVICE, 'tree.sh'), checkout / 'benchmarks' / 'device')
   return checkout
 
 
@@ -82,7 +84,7 @@ def test_a_slim_tree_leaves_the_earlier_studies_behind_and_restore_gives_all_bac
   head = _git(checkout, 'rev-parse', 'HEAD')
   with open(checkout / 'README.md', 'a', encoding='utf-8') as f:
     f.write('an uncommitted edit\n')
-  tree = ['bash', 'launch/device_tree.sh']
+  tree = ['bash', 'benchmarks/device/tree.sh']
   size = lambda: int(subprocess.run(tree + ['size'], cwd=checkout, capture_output=True, text=True,
                                     check=True).stdout)
   before = size()
@@ -103,18 +105,19 @@ def test_a_slim_tree_leaves_the_earlier_studies_behind_and_restore_gives_all_bac
   assert _git(checkout, 'rev-parse', 'HEAD') == head
   assert size() == before
   status = {line.strip() for line in _git(checkout, 'status', '--porcelain').splitlines()}
-  assert status - {'?? launch/device_tree.sh', 'M launch/device_tree.sh'} == {'M README.md'}
+  this_tree_sh = {'?? benchmarks/device/', '?? benchmarks/device/tree.sh', 'M benchmarks/device/tree.sh'}
+  assert status - this_tree_sh == {'M README.md'}
   assert 'device-slim' not in _git(checkout, 'branch', '--list')
 
 
 def test_restore_refuses_while_the_slim_branch_holds_a_commit_of_its_own(tmp_path):
   checkout = _clone_on_branch_work(tmp_path)
-  subprocess.run(['bash', 'launch/device_tree.sh', 'slim'], cwd=checkout, capture_output=True,
+  subprocess.run(['bash', 'benchmarks/device/tree.sh', 'slim'], cwd=checkout, capture_output=True,
                  check=True)
   (checkout / 'published.txt').write_text('a run published on the wrong branch\n', encoding='utf-8')
   _git(checkout, 'add', 'published.txt')
   _git(checkout, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'oops')
-  out = subprocess.run(['bash', 'launch/device_tree.sh', 'restore'], cwd=checkout,
+  out = subprocess.run(['bash', 'benchmarks/device/tree.sh', 'restore'], cwd=checkout,
                        capture_output=True, text=True, check=False)
   assert out.returncode == 1 and 'git cherry-pick' in out.stderr
   assert _git(checkout, 'symbolic-ref', '--short', 'HEAD') == 'device-slim'
@@ -122,7 +125,7 @@ def test_restore_refuses_while_the_slim_branch_holds_a_commit_of_its_own(tmp_pat
 
 def test_stage_copies_a_cpu_roots_block_with_its_secrets_but_no_checkpoints_and_waits_for_its_sweep(
     tmp_path):
-  """device_tree.sh stage: a block's small files and each search's operator file (so that a search
+  """tree.sh stage: a block's small files and each search's operator file (so that a search
   under way continues on the device with its K, not a second draw) go to DEST; checkpoints,
   TensorBoard events and absl logs stay; refused while a sweep of that root runs."""
   cpu_root, dest = tmp_path / 'fair', tmp_path / 'dest'
@@ -132,7 +135,7 @@ def test_stage_copies_a_cpu_roots_block_with_its_secrets_but_no_checkpoints_and_
                '../tuning_operator_private.json', '../tuning.json'):
     (trial / path).parent.mkdir(parents=True, exist_ok=True)
     (trial / path).write_text(path)
-  stage = ['bash', os.path.join(ROOT, 'launch', 'device_tree.sh'), 'stage', 'd', str(cpu_root)]
+  stage = ['bash', os.path.join(DEVICE, 'tree.sh'), 'stage', 'd', str(cpu_root)]
   env = {**os.environ, 'DEST': str(dest)}
   out = subprocess.run(stage, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
   assert out.returncode == 0, out.stderr

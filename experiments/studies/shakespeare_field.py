@@ -68,7 +68,7 @@ Cost (RUN_HOURS below, 2026-11-27): one 1,000-round run at a time, executor shar
 cores as 2 devices (0.40 s a FedAvg round against 0.72 s sequential; 2 sequential runs at a time
 0.55 s a run-round), from the runs' train_metrics.jsonl plus their evaluations. Re-evaluations: the
 10-epoch head re-fit of all 1,063 roles ~78 s, the full fine-tune ~6 min. GPU, measured (one H200,
-launch/shakespeare_field_device.sh): the 12 personal-head privacy runs 6 at a time, each with its
+benchmarks/device/shakespeare_field.sh): the 12 personal-head privacy runs 6 at a time, each with its
 ADAPT re-evaluation, DP2-FedSAM 269-299 s a run, CENTAUR 215-250 s (benchmarks/README.md); their
 ~50 MB of personal heads cannot come back from a device call, so they finish and re-evaluate there.
 """

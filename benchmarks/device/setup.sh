@@ -1,8 +1,8 @@
 # Sourced first in every command on a lent GPU machine, from the repository root:
 #
-#   source launch/device_setup.sh || exit 1
+#   source benchmarks/device/setup.sh || exit 1
 #
-# installs the carried wheels (.whl/, launch/device_payload.sh) into /tmp/site and puts it first on
+# installs the carried wheels (.whl/, benchmarks/device/payload.sh) into /tmp/site and puts it first on
 # PYTHONPATH; unpacks the carried Fashion-MNIST (.device_data/fashion-mnist/*.xz) into
 # /usr/share/datasets/fashion-mnist, where the project looks by default, unless it is there; prints
 # the GPU and what JAX sees. The machine has no network: what is not carried is not there.

@@ -2,15 +2,15 @@
 # One block of the fair benchmark (launch/fair_benchmark.py, docs/benchmark.md) in one bounded call
 # on a lent GPU machine:
 #
-#   BLOCK=d bash launch/fair_benchmark_device.sh OUT_DIR
+#   BLOCK=d bash benchmarks/device/fair_benchmark.sh OUT_DIR
 #
-# 1. launch/device_setup.sh: the carried wheels (.whl/) into /tmp/site and the carried
-#    Fashion-MNIST (.device_data/) into place, without the network (launch/device_payload.sh builds
-#    both here: PAYLOAD=shakespeare for block (d), the default for (a), (b), (c));
+# 1. benchmarks/device/setup.sh: the carried wheels (.whl/) into /tmp/site and the carried
+#    Fashion-MNIST (.device_data/) into place, without the network (benchmarks/device/payload.sh
+#    builds both here: PAYLOAD=shakespeare for block (d), the default for (a), (b), (c));
 # 2. starts every row of BLOCK as its own process (launch.fair_benchmark --rows=<row>), each
 #    PER_ROW runs at a time: ~10 on the one GPU (XLA's preallocation off so that they share it);
 #    what experiments/results holds of the block is not run again (--seed_from's default), and
-#    a CPU root's searches under way continue with their secret where `launch/device_tree.sh
+#    a CPU root's searches under way continue with their secret where `benchmarks/device/tree.sh
 #    stage` put them into ROOT (carry it; stop the CPU sweep first, restart it after unpacking);
 # 3. at SECONDS_LEFT - STOP_MARGIN sends each SIGTERM: its runs stop at a round boundary with their
 #    checkpoints, and a second call on the same warm machine resumes them from ROOT (inside the
@@ -23,8 +23,8 @@
 # (default 540), STOP_MARGIN (default 45), PER_ROW (default 3 for d's 4 rows, else 2), ROOT
 # (default .device_sweeps/fair).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:?usage: BLOCK=d launch/fair_benchmark_device.sh OUT_DIR}
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: BLOCK=d benchmarks/device/fair_benchmark.sh OUT_DIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
 BLOCK=${BLOCK:-d}
@@ -34,7 +34,7 @@ ROOT=${ROOT:-.device_sweeps/fair}
 if [ "$BLOCK" = d ]; then PER_ROW=${PER_ROW:-3}; else PER_ROW=${PER_ROW:-2}; fi
 mkdir -p "$ROOT"
 
-source launch/device_setup.sh || exit 1  # the carried wheels and data (launch/device_payload.sh)
+source benchmarks/device/setup.sh || exit 1  # the carried wheels and data (benchmarks/device/payload.sh)
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1  # the rows share the one GPU
 
 ROWS=$(python3 -c 'import sys; from launch import fair_benchmark as f
@@ -55,7 +55,7 @@ for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done  # each forwards
 wait
 echo "rows ended after $(( $(date +%s) - START )) s"
 
-source launch/small_files.sh
+source benchmarks/device/small_files.sh
 (cd "$ROOT" && small_files . | tar czf "$OUT/small_files.tar.gz" --null -T -)
 python3 -m launch.fair_benchmark --root="$ROOT" --blocks="$BLOCK" --plan > "$OUT/plan.txt" 2>&1
 echo "done after $(( $(date +%s) - START )) s"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What a device call sends, and a slimmer tree when that is over the tool's 64 MiB (issue 59):
+# What a device call sends, and a slimmer tree when that is over the tool's 64 MiB:
 #
-#   bash launch/device_tree.sh size [PATH...]   # MiB sent: tracked + untracked-not-ignored + PATHs
-#   bash launch/device_tree.sh slim             # before the device calls
-#   bash launch/device_tree.sh restore          # after them, before any commit
-#   bash launch/device_tree.sh stage BLOCK [CPU_ROOT]  # a CPU root's block into .device_sweeps/fair
+#   bash benchmarks/device/tree.sh size [PATH...]   # MiB sent: tracked + untracked-not-ignored + PATHs
+#   bash benchmarks/device/tree.sh slim             # before the device calls
+#   bash benchmarks/device/tree.sh restore          # after them, before any commit
+#   bash benchmarks/device/tree.sh stage BLOCK [CPU_ROOT]  # a CPU root's block into
+#                                                          # .device_sweeps/fair
 #
 # A call sends every tracked file, and every committed run adds to them (31 MiB on 2026-11-29, 15 of
 # them the Shakespeare study's round logs), so Fashion-MNIST (26 MB xz) and the wheels (5 MB) stop
@@ -15,7 +16,7 @@
 # `restore` switches back to the branch slim started from and deletes device-slim; it refuses while
 # device-slim holds commits of its own (commit on the real branch, never on this one).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SLIM=device-slim
 FROM_FILE="$(git rev-parse --git-dir)/device-slim-from"
 
@@ -48,7 +49,7 @@ case "${1:-}" in
     echo "$from" > "$FROM_FILE"
     git rm -r -q -- "${drop[@]}"  # tracked on $from: restore brings them back
     git -c user.name=device-slim -c user.email=device-slim@localhost commit -q --no-verify \
-        -m "device-slim: leave ${drop[*]} behind for a device call (launch/device_tree.sh)" \
+        -m "device-slim: leave ${drop[*]} behind for a device call (benchmarks/device/tree.sh)" \
         -- "${drop[@]}"  # only the removal: staged edits stay staged
     echo "on $SLIM (from $from): left behind ${drop[*]};" \
          "a call now sends $(( $(sent_bytes) / 1024 / 1024 )) MiB (was $(( before / 1024 / 1024 )))"
@@ -65,12 +66,12 @@ case "${1:-}" in
     echo "back on $from"
     ;;
   stage)
-    # A block's state under a CPU root (default $HOME/fair) for launch/fair_benchmark_device.sh: its
-    # runs' small files and each search's operator file (launch/small_files.sh), so that a search
+    # A block's state under a CPU root (default $HOME/fair) for benchmarks/device/fair_benchmark.sh: its
+    # runs' small files and each search's operator file (benchmarks/device/small_files.sh), so that a search
     # under way continues on the device with its secret instead of drawing a second K. Carry DEST.
     # An unfinished run starts again from round 0 there (no checkpoint travels). Refused while a
     # sweep of that root runs: the two machines would train the same runs.
-    block=${2:?usage: bash launch/device_tree.sh stage BLOCK [CPU_ROOT]}
+    block=${2:?usage: bash benchmarks/device/tree.sh stage BLOCK [CPU_ROOT]}
     cpu_root=${3:-$HOME/fair}
     dest=${DEST:-.device_sweeps/fair}
     configs=(experiments/configs/fair_"$block"_*.py)
@@ -81,14 +82,14 @@ case "${1:-}" in
       exit 1
     fi
     [ -d "$cpu_root/$name" ] || { echo "nothing of block $block under $cpu_root" >&2; exit 1; }
-    # shellcheck source=launch/small_files.sh
-    source launch/small_files.sh
+    # shellcheck source=benchmarks/device/small_files.sh
+    source benchmarks/device/small_files.sh
     mkdir -p "$dest"
     (cd "$cpu_root" && small_files "$name" | tar cf - --null -T -) | tar xf - -C "$dest"
     echo "staged $cpu_root/$name into $dest: $(( $(du -sb "$dest" | cut -f1) / 1024 )) KiB to carry"
     ;;
   *)
-    echo "usage: bash launch/device_tree.sh size [PATH...] | slim | restore | stage BLOCK [CPU_ROOT]" >&2
+    echo "usage: bash benchmarks/device/tree.sh size [PATH...] | slim | restore | stage BLOCK [CPU_ROOT]" >&2
     exit 2
     ;;
 esac

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The first command on a lent GPU machine (issue 59), prepared so that device time only runs:
+# The first command on a lent GPU machine, prepared so that device time only runs:
 #
-#   bash launch/device_payload.sh                   # here: .whl and .device_data (checks the 64 MiB)
-#   bash launch/device_tree.sh slim                 # here, only if device_payload.sh says over 64 MiB
+#   bash benchmarks/device/payload.sh     # here: .whl and .device_data (checks the 64 MiB)
+#   bash benchmarks/device/tree.sh slim   # here, only if payload.sh says over 64 MiB
 #   device run, carry [.whl, .device_data], timeout_s 600:
-#     bash launch/device_first_call.sh $OUT
+#     bash benchmarks/device/first_call.sh $OUT
 #
-# 1. launch/device_setup.sh: the carried wheels and Fashion-MNIST;
+# 1. benchmarks/device/setup.sh: the carried wheels and Fashion-MNIST;
 # 2. benchmarks/accelerator.sh with SKIP_INSTALL=1 (the image's JAX sees the GPU): the conv sweep,
 #    pfl-research's CIFAR-10 setup, the executors' agreement, the 200-round paper regime, the cohort
 #    scaling and the top-k masks if time is left (~6 minutes; its own budget skips the last steps on
@@ -19,8 +19,8 @@
 # A step that fails is logged and the next one runs; the exit status is the first failure's.
 # SMOKE=1 (a CPU check of this script): the accelerator's toy sizes and 2 rounds of the notebook.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:?usage: bash launch/device_first_call.sh OUT_DIR}
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: bash benchmarks/device/first_call.sh OUT_DIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/first_call.log") 2>&1
 START=$(date +%s)
@@ -29,7 +29,7 @@ step() { echo "== $1 after $(( $(date +%s) - START )) s"; }
 failed() { local rc=$?; [ "$status" != 0 ] || status=$rc; }  # keeps the first failure's status
 
 step setup
-source launch/device_setup.sh || exit 1
+source benchmarks/device/setup.sh || exit 1
 export PYTHONUNBUFFERED=1
 
 step accelerator

