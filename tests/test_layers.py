@@ -1,4 +1,9 @@
-"""The package's import layers: no module imports a layer above its own, and no import cycles.
+"""Import layers: the package's, and experiments/ below launch/; no import cycles in either.
+
+In dp2fedsam_jax no module imports a layer above its own. Above the package, launch/ (the sweep,
+the tuner, the fair benchmark) may import experiments/ (configs, studies, the report, the
+programs), never the reverse; a config imports no report and no study but the fair protocol
+(experiments/studies/fair.py), which imports no config but _common.
 
 The imports are read from the source with `ast` -- every import, also those inside functions (a lazy
 import is still a dependency) -- so the check is exact and starts no JAX. One runtime check on top:
@@ -40,10 +45,10 @@ LAYERS = (
 KNOWN_VIOLATIONS: dict[str, str] = {}
 
 
-def _modules() -> dict[str, str]:
-  """{dotted module name: path} of every module of the package (a package as its __init__)."""
+def _modules(package: str = PACKAGE) -> dict[str, str]:
+  """{dotted module name: path} of every module of `package` (a package as its __init__)."""
   out = {}
-  for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, PACKAGE)):
+  for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, package)):
     dirnames[:] = sorted(d for d in dirnames if not d.startswith(('.', '__')))
     parts = os.path.relpath(dirpath, ROOT).split(os.sep)
     for name in sorted(filenames):
@@ -54,6 +59,9 @@ def _modules() -> dict[str, str]:
 
 
 MODULES = _modules()
+# The programs above the package: launch/ may import experiments/, never the reverse.
+PROGRAMS = {**_modules('experiments'), **_modules('launch')}
+FAIR_PROTOCOL = 'experiments.studies.fair'  # the one study module a config may import
 
 
 def _unit(module: str) -> str:
@@ -71,22 +79,23 @@ def _layer(unit: str) -> int:
   raise AssertionError(f'{PACKAGE}.{unit} is in no layer: add it to LAYERS in {__file__}')
 
 
-def _resolve(name: str) -> str | None:
-  """The package module an imported name lands in (longest known prefix), or None if external."""
+def _resolve(name: str, modules: dict[str, str] = MODULES) -> str | None:
+  """The module of `modules` an imported name lands in (longest known prefix), or None if outside."""
   parts = name.split('.')
   while parts:
-    if '.'.join(parts) in MODULES:
+    if '.'.join(parts) in modules:
       return '.'.join(parts)
     parts.pop()
   return None
 
 
-def _imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
-  """(line, imported package module) for every import statement of `module`, at any depth."""
+def _imports(module: str, source: str | None = None,
+             modules: dict[str, str] = MODULES) -> list[tuple[int, str]]:
+  """(line, imported module of `modules`) for every import statement of `module`, at any depth."""
   if source is None:
-    with open(MODULES[module]) as f:
+    with open(modules[module]) as f:
       source = f.read()
-  is_package = MODULES[module].endswith('__init__.py')
+  is_package = modules[module].endswith('__init__.py')
   out = []
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Import):
@@ -98,12 +107,12 @@ def _imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
         anchor = anchor[:len(anchor) - node.level + (1 if is_package else 0)]
         base = '.'.join(anchor + ([base] if base else []))
       # `from pkg import name`: the submodule pkg.name if there is one, else pkg itself.
-      names = [f'{base}.{alias.name}' if f'{base}.{alias.name}' in MODULES else base
+      names = [f'{base}.{alias.name}' if f'{base}.{alias.name}' in modules else base
                for alias in node.names]
     else:
       continue
     for name in names:
-      target = _resolve(name)
+      target = _resolve(name, modules)
       if target is not None and target != module:
         out.append((node.lineno, target))
   return out
@@ -198,6 +207,45 @@ def test_cycle_finder():
 
 def test_no_import_cycles():
   graph = {m: sorted({t for _, t in _imports(m)}) for m in MODULES}
+  cycle = _cycle(graph)
+  assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+
+
+def _program_imports(prefix: str) -> list[tuple[str, int, str]]:
+  """(module, line, imported module) of every import of the programs' modules under `prefix`."""
+  return [(m, line, target) for m in sorted(PROGRAMS) if m.startswith(prefix)
+          for line, target in _imports(m, modules=PROGRAMS)]
+
+
+def test_the_program_tree_is_read():
+  assert {'experiments.config_files', 'experiments.studies.fair', 'experiments.report',
+          'launch.sweep'} <= set(PROGRAMS)
+  # the old violation, as experiments/audit.py once had it, and a config's lazy import of a study
+  found = _imports('experiments.audit', 'from launch import sweep', PROGRAMS)
+  assert found == [(1, 'launch.sweep')], found
+  found = _imports('experiments.configs.shakespeare_field', 'def f():\n  from experiments.studies '
+                   'import shakespeare_field', PROGRAMS)
+  assert found == [(2, 'experiments.studies.shakespeare_field')], found
+
+
+def test_experiments_never_import_launch():
+  bad = [f'{PROGRAMS[m]}:{line} imports {t}' for m, line, t in _program_imports('experiments.')
+         if t.split('.')[0] == 'launch']
+  assert not bad, '\n'.join(bad)
+
+
+def test_configs_import_no_report_and_no_study_but_the_fair_protocol():
+  """A config declares (get_config, its grid, its search space); the logic over it lives in a
+  study, which imports the config, and in the report."""
+  bad = [f'{PROGRAMS[m]}:{line} imports {t}' for m, line, t in _program_imports('experiments.configs.')
+         if t.startswith(('experiments.report', 'experiments.studies')) and t != FAIR_PROTOCOL]
+  assert not bad, '\n'.join(bad)
+  fair = {t for _, _, t in _program_imports(FAIR_PROTOCOL) if t.startswith('experiments.')}
+  assert fair <= {'experiments.configs._common'}, fair
+
+
+def test_no_import_cycles_among_the_programs():
+  graph = {m: sorted({t for _, t in _imports(m, modules=PROGRAMS)}) for m in PROGRAMS}
   cycle = _cycle(graph)
   assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
 
