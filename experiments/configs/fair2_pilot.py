@@ -19,6 +19,8 @@ fair_a_dp2fedsam: DP2-FedSAM for the SAM family, DP-FedAvg for the global-model 
 for the ceiling), seed 0 (the data split and keys; the block's final seeds are 0-4, its trials'
 seeds are secret), T = 200 as the block.
 
+Grid: 7 runs at seed 0 (sweep_grid, in priority order).
+
   python3 -m launch.sweep --config=experiments/configs/fair2_pilot.py --root=$HOME/fair2 --plan
 
 Arguments: `:method=dp2fedsam,eps=0.25,S=5,seed=0`.
