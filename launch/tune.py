@@ -72,6 +72,7 @@ from absl import app
 from absl import flags
 
 from dp2fedsam_jax import cli, metric_writers
+from experiments import config_files
 from dp2fedsam_jax.privacy import selection
 from launch import sweep
 
@@ -100,7 +101,7 @@ def load_study(config_path: str, study: str | None, search: dict | None = None):
   """(module, study name, number of studies, spec) of the config's tuning_space(), or of the
   command line's `search` (parse_search_flags: a space, a law of K, a score noise), which replaces
   those entries of the config's study or, for a config without tuning_space(), is the study."""
-  module = sweep.load_config_module(config_path)
+  module = config_files.load_config_module(config_path)
   studies = module.tuning_space() if hasattr(module, 'tuning_space') else {}
   if search:
     if not studies:
@@ -184,7 +185,7 @@ def _is_private(module, spec: dict) -> bool:
   """Whether the study's method is private (its trials' args, with the proxy's)."""
   from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
   args = {**spec.get('args', {}), **(spec.get('proxy') or {}).get('args', {})}
-  return METHODS[module.get_config(sweep.arg_string(args) or None).method].private
+  return METHODS[module.get_config(config_files.arg_string(args) or None).method].private
 
 
 def _check_spec(study: str, spec: dict, private: bool = True) -> dict:
@@ -275,7 +276,7 @@ def candidate(spec: dict, seed: int, index: int) -> dict:
 
 
 def _override(field: str, value) -> str:
-  return f'--config.{field}={"None" if value is None else sweep.format_value(value)}'
+  return f'--config.{field}={"None" if value is None else config_files.format_value(value)}'
 
 
 def tuning_dir(root: str, config_path: str, study: str, num_studies: int) -> str:
@@ -298,7 +299,7 @@ def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], dir
     texts = [_override(f, v) for f, v in sorted({**fixed, **values}.items())] + list(overrides)
     if seeds is not None:
       texts.append(_override('training_seed', seeds[index]))
-    config = sweep.apply_overrides(module.get_config(sweep.arg_string(args) or None), texts)
+    config = config_files.apply_overrides(module.get_config(config_files.arg_string(args) or None), texts)
     if not config.get('validation_fraction'):
       raise ValueError(f'trial {index}: validation_fraction is 0, so there is no validation split to '
                        f"select by; set it in the study's fixed fields (e.g. 0.1).")
