@@ -491,18 +491,13 @@ def _copy_if_there(source: str, target: str) -> None:
 
 
 def results_text(letter: str, out_root: str) -> str:
-  """The block's results.md, from its published files alone (so that a test can rebuild it)."""
-  path, module, block = load_block(letter)
-  results = fair_report.read_block(os.path.join(published_dir(out_root, letter), 'runs'), block)
-  epsilons = row_epsilons(path, module, block, results)
-  ceiling = ceiling_accuracy(letter, out_root)
-  return '\n'.join([
-      f'# Fair benchmark, block ({letter}) (docs/benchmark.md)', '',
-      f'Written by `python3 -m launch.fair_benchmark --blocks={letter} --publish=...` from the '
-      'files under runs/ (a row appears as its search and seeds finish).', '',
-      *fair_report.block_lines(block, config_name(path), results, epsilons, ceiling),
-      "### The README's table", '',
-      *fair_report.readme_lines(block, results, epsilons, ceiling), ''])
+  """The block's results.md, from its published files alone (experiments.report writes the same)."""
+  from experiments.report import fair_pages  # pylint: disable=import-outside-toplevel
+  path, _, block = load_block(letter)
+  directory = published_dir(out_root, letter)
+  this = fair_pages.Published(letter, config_name(path), block,
+                              fair_report.read_block(os.path.join(directory, 'runs'), block), directory)
+  return fair_pages.page_text(this, (this, *fair_pages.published_blocks(out_root)))
 
 
 # ------------------------------------------------------------------ the smoke run

@@ -3,9 +3,11 @@ final seeds and the privacy of a run and of its search, the block's regime rule 
 verdict on each order its paper claims (seed_rule: holds / level / contradicted).
 
 Reads a block's directory as launch/fair_benchmark.py lays it out (a sweep root's, or its published
-copy under experiments/results/fair_*/runs): <row>/tuning.json (the search, as published) and
-<row>/final/seed=<s>/{config.json, metrics.jsonl} (the selection at each seed). A final run counts
-once it reached its num_rounds; a row's accuracy is the block's metric at that last round.
+copy under experiments/results/fair_*/runs): <row>/tuning.json (the search, as published),
+<row>/<selected trial>/config.json and <row>/final/seed=<s>/{config.json, metrics.jsonl} (the
+selection at each seed). A final run counts once it reached its num_rounds; a row's accuracy is the
+block's metric at that last round. The eps of a search is recomputed from these files
+(search_epsilons), so a page needs nothing but them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import os
 
 import numpy as np
 
+import ml_collections
+
 from dp2fedsam_jax import metric_writers
+from dp2fedsam_jax.privacy import selection
 from experiments.report.rules import seed_rule
 from experiments.report.summary import CLIP_WINDOW, CLIPPING, mean_std
 from experiments.report.workdirs import TUNING_FILE, format_value, read_json
@@ -35,6 +40,12 @@ class RowResult:
   # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (run_ends reads them)
   records: dict = dataclasses.field(default_factory=dict)
   server_lr: dict = dataclasses.field(default_factory=dict)  # {seed: its config's server lr}
+  configs: dict = dataclasses.field(default_factory=dict)  # {seed: its config.json}
+  # The final runs' epsilon_caveat ('' when eps covers the release; a paper form's leak otherwise).
+  caveat: str = ''
+  # The selected trial ran at a seed a final run reuses: the search shared its public seed (the
+  # first design of the committed blocks), so trials and final runs share cohorts and noise.
+  shared_seed: bool = False
 
   @property
   def stats(self) -> tuple:
@@ -55,7 +66,7 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
   tuning = read_json(path) if os.path.exists(path) else None
   if tuning is not None and tuning.get('status') != 'done':
     tuning = None
-  accuracy, records, server_lr = {}, {}, {}
+  accuracy, records, server_lr, configs, caveat = {}, {}, {}, {}, ''
   finals = os.path.join(directory, 'final')
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
     run = os.path.join(finals, name)
@@ -69,7 +80,58 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
       records[seed] = (evaluations,
                        metric_writers.read_jsonl(os.path.join(run, metric_writers.TRAIN_FILE)))
       server_lr[seed] = float(config.get('server_lr', math.nan))  # '–' where a config lacks it
-  return RowResult(row, tuning, accuracy, records, server_lr)
+      configs[seed] = config
+      caveat = caveat or evaluations[-1].get('epsilon_caveat', '')
+  return RowResult(row, tuning, accuracy, records, server_lr, configs, caveat,
+                   _trial_seed(directory, tuning) in configs)
+
+
+def _trial_seed(directory: str, tuning: dict | None) -> int | None:
+  """The config seed the selected trial ran at (None without a published selected trial)."""
+  path = os.path.join(directory, (tuning or {}).get('selected_run') or '', 'config.json')
+  if not (tuning and tuning.get('selected_run') and os.path.exists(path)):
+    return None
+  return read_json(path).get('seed')
+
+
+def _run_event(config: dict) -> tuple:
+  """(dp_event, neighbouring relation, delta) of a run from its config.json, its sigma as resolved."""
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
+  config = ml_collections.ConfigDict(config)
+  config.dp.target_epsilon = None  # the resolved sigma is in the file: no calibration, no warning
+  mechanism = DPMechanism.from_config(config, config.num_clients, METHODS[config.method])
+  relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if mechanism.sampling == 'fixed'
+              else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+  return mechanism.dp_event(int(config.num_rounds)), relation, float(mechanism.delta)
+
+
+def search_epsilons(result: RowResult) -> tuple | None:
+  """(eps of the search, eps of the search and one final run composed, K or None) from the row's
+  tuning.json and a final run's config.json (RDP; launch.tune's accounting): K secret, the
+  selection's eps; K published (its naive composition is the bound once K is known), that bound and
+  K trials composed with the run. None for a row without a private search or a finished seed."""
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  tuning = result.tuning
+  if not tuning or tuning.get('selection_epsilon') is None or not result.configs:
+    return None
+  event, relation, delta = _run_event(result.configs[min(result.configs)])
+  scored = (dp_accounting.ComposedDpEvent([event, dp_accounting.GaussianDpEvent(tuning['score_noise'])])
+            if tuning.get('score_noise') else event)
+  law = selection.TrialDistribution.from_dict(tuning['trial_distribution'])
+  with_run = selection.selection_then_run_epsilon([scored], law, event, delta, relation)
+  k = tuning.get('num_trials')
+  if k is None:
+    return tuning['selection_epsilon'], with_run, None
+  naive = selection.trials_then_run_epsilon([scored], k, event, delta, relation)
+  return tuning['epsilon_bound'], max(with_run, naive), k
+
+
+def block_epsilons(block, results: dict) -> dict:
+  """{private row: search_epsilons} of the block's rows that have one."""
+  out = {r.name: search_epsilons(results[r.name]) for r in block.rows}
+  return {name: value for name, value in out.items() if value is not None}
 
 
 def read_block(block_dir: str, block) -> dict:
@@ -246,15 +308,42 @@ def _values_text(selected: dict | None, ranges: dict) -> str:
                    for k, v in sorted(selected.items()))
 
 
+NOT_COVERED = 'not covered'  # a paper form's search eps: its eps does not cover the release
+SHARED_SEED = '‡'
+SHARED_SEED_NOTE = (f'{SHARED_SEED} searched with a shared public seed (the first design): every trial '
+                    'ran at config.seed 0 and the final run at seed 0 reused it, so they share '
+                    'cohorts and noise; the ε of a search assumes independent trials and does not '
+                    'hold as stated (docs/privacy.md section 9).')
+COMPOSE_NOTE = ("Each row's ε is that row's alone: every row of the block trains on the same clients, "
+                'so the ε of several rows compose.')
+
+
 def _epsilon_text(value: float, k: int | None, digits: int) -> str:
   """An eps of a search; '(K = k)' where k's naive composition is the bound (K then published)."""
   return f'{value:.{digits}f}' + (f' (K = {k})' if k is not None else '')
 
 
+def search_texts(result: RowResult, epsilons: tuple | None, digits: int) -> tuple[str, str]:
+  """(eps of the search, eps of search + run) as a table prints them: 'not covered' for a paper
+  form, '–' without a search, a SHARED_SEED mark where the search shared its public seed."""
+  if result.caveat:
+    return NOT_COVERED, NOT_COVERED
+  if epsilons is None:
+    return '–', '–'
+  search, with_run, k = epsilons
+  mark = SHARED_SEED if result.shared_seed else ''
+  return _epsilon_text(search, k, digits) + mark, _epsilon_text(with_run, k, digits) + mark
+
+
+def _shared_seed_notes(block, results: dict) -> list[str]:
+  return ['', SHARED_SEED_NOTE] if any(results[r.name].shared_seed and not results[r.name].caveat
+                                       for r in block.rows) else []
+
+
 def row_lines(block, results: dict, epsilons: dict) -> list[str]:
   """The block's table: a row per method (the ceiling last) with its accuracy over the final seeds,
-  the eps of one run, of its search, and of both (`epsilons`: launch.fair_benchmark.row_epsilons),
-  and the selected values."""
+  the eps of one run, of its search, and of both (`epsilons`: block_epsilons), and the selected
+  values."""
   lines = [f'| row | paper row | {block.metric} (mean ± seed std) | seeds | ε of a run | ε of the '
            'search | ε of search + run | selected values |', '|---|---|---|---|---|---|---|---|']
   skipped = subsumed(block, results)
@@ -269,11 +358,10 @@ def row_lines(block, results: dict, epsilons: dict) -> list[str]:
     if is_ceiling:
       privacy = ('non-private', '–', '–')
     else:
-      search, with_run, k = epsilons[r.name]
-      privacy = (format_value(block.eps), _epsilon_text(search, k, 3), _epsilon_text(with_run, k, 3))
+      privacy = (format_value(block.eps), *search_texts(result, epsilons.get(r.name), 3))
     lines.append(f"| {name} | {r.paper_row or ('ceiling' if is_ceiling else '–')} | {accuracy} | "
                  f"{seeds} | {' | '.join(privacy)} | {_values_text(result.selected, block.ranges)} |")
-  return lines
+  return lines + _shared_seed_notes(block, results)
 
 
 def verdict_lines(entries: list[dict]) -> list[str]:
@@ -317,7 +405,8 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
       'noised score (RDP, Papernot & Steinke; docs/privacy.md section 9); *(K = k)*: a row whose K '
       "trials' naive composition exceeds it, the bound once K is known (a search's wall time tells "
       'it roughly), and then published with it. *ε of search + run*: that '
-      'selection and one final run composed (RDP): what one model trained this way costs. Not '
+      f'selection and one final run composed (RDP): what one model trained this way costs. '
+      f'*{NOT_COVERED}*: a paper form, whose ε does not cover what it releases. {COMPOSE_NOTE} Not '
       'covered by any ε: the test accuracies on this page, the other two final seeds (the seed '
       'spread is a measurement, not a release), and the choice of ranges and settings. *(edge)*: '
       f'a selected value within {EDGE:.0%} of an end of its range (log scale for a log-uniform '
@@ -346,9 +435,9 @@ def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) ->
     undecided = mine.count('undecided')
     tally += f' ({undecided} undecided)' if undecided else ''
     name = f'{r.paper_row or r.name}' + (f' ({r.mark})' if r.mark else '')
-    _, with_run, k = epsilons[r.name]
-    lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | '
-                 f'{_epsilon_text(with_run, k, 2)} | {tally} |')
+    with_run = search_texts(results[r.name], epsilons.get(r.name), 2)[1]
+    lines.append(f'| {name} | {accuracy} | {format_value(block.eps)} | {with_run} | {tally} |')
   ceiling_text = '–' if ceiling is None else f'{ceiling:.2f}'
   notes = [f'{name}: {subsumed_text(block.row(name), base)}.' for name, base in skipped.items()]
-  return lines + ['', *notes, f'Non-private ceiling {ceiling_text} %; the regime rule: **{outcome}**.']
+  return lines + _shared_seed_notes(block, results) + [
+      '', *notes, f'Non-private ceiling {ceiling_text} %; the regime rule: **{outcome}**.']

@@ -4,6 +4,7 @@ against eps where settings differ only in eps. Matplotlib comes with the `[repor
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import re
@@ -14,11 +15,22 @@ from experiments.report.summary import mean_std
 from experiments.report.workdirs import RunResult, format_value, setting_label
 
 
+# 20 colours (matplotlib's tab20, dark and light of each hue, the dark ones first) and 11 markers:
+# a method's (colour, marker) pair is its own for up to 220 methods, and the first 10 methods differ
+# in hue alone.
+_COLOURS = [f'tab:{hue}' for hue in ('blue', 'orange', 'green', 'red', 'purple', 'brown', 'pink',
+                                     'gray', 'olive', 'cyan')]
+_LIGHT = ['#aec7e8', '#ffbb78', '#98df8a', '#ff9896', '#c5b0d5', '#c49c94', '#f7b6d2', '#c7c7c7',
+          '#dbdb8d', '#9edae5']
+_MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '<', '>', 'h', '*')
+
+
 def method_styles(methods: list[str]) -> dict:
-  """One look per method across every plot; past 10 methods the colours repeat, so the line style
-  and marker change with them and no two methods look alike."""
-  return {m: {'color': f'C{i % 10}', 'linestyle': ('-', '--', ':')[i // 10 % 3],
-              'marker': ('o', 's', '^')[i // 10 % 3]} for i, m in enumerate(methods)}
+  """One look per method across every plot: a colour of 20 and a marker of 11, so that no two of
+  up to 220 methods look alike; past 10 methods the line style changes with the lighter colours."""
+  colours = _COLOURS + _LIGHT
+  return {m: {'color': colours[i % 20], 'linestyle': ('-', '--')[i // 10 % 2],
+              'marker': _MARKERS[i % len(_MARKERS)]} for i, m in enumerate(methods)}
 
 
 def _new_axes():
@@ -71,6 +83,7 @@ def _off_scale_limit(values: np.ndarray) -> float | None:
 
 def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, colors: dict,
                  scale=1.0, per_round: bool = False, off_scale: bool = False) -> None:
+  """One line per method with its seed band; the legend in the order of the final values."""
   fig, ax = _new_axes()
   curves = {m: _curves(g, key, per_round) for m, g in sorted(by_method.items())}
   means = np.concatenate([c[1] for c in curves.values()] or [np.zeros(0)])
@@ -80,7 +93,10 @@ def _plot_curves(by_method: dict, key: str, ylabel: str, title: str, path: str, 
   log = bool(len(shown)) and shown.min() > 0 and shown.max() / shown.min() > 100
   if log:
     ax.set_yscale('log')
-  for method, group in sorted(by_method.items()):
+  # The legend lists the methods from the highest final value down, as the lines end.
+  ranked = sorted(by_method, key=lambda m: (-curves[m][1][-1] if len(curves[m][0]) else 0.0, m))
+  for method in ranked:
+    group = by_method[method]
     rounds, mean, std = curves[method]
     if not len(rounds):
       continue
@@ -169,7 +185,18 @@ def _plot_vs_eps(points: dict, title: str, path: str, colors: dict) -> None:
 
 
 def write_plots(runs: list[RunResult], out: str) -> list[str]:
+  """Draws every plot of plot_plan; returns their paths."""
   paths = []
+  for path, draw in plot_plan(runs, out):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    draw(path)
+    paths.append(path)
+  return paths
+
+
+def plot_plan(runs: list[RunResult], out: str) -> list[tuple]:
+  """[(path, draw)]: each plot's path and the function that draws it there (nothing drawn yet)."""
+  plan = []
   # One colour per method across every plot.
   colors = method_styles(sorted({r.method for r in runs}))
   groups = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -177,22 +204,19 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
     groups[(run.config_name, setting_label(run.setting))][run.method].append(run)
   for (config_name, setting), by_method in sorted(groups.items()):
     directory = os.path.join(out, _safe(config_name))
-    os.makedirs(directory, exist_ok=True)
     title = f'{config_name}: {setting} (mean ± std over seeds)'
-    path = os.path.join(directory, f'{_safe(setting)}_accuracy.png')
-    _plot_curves(by_method, 'test_accuracy', 'test accuracy (%)', title, path, colors,
-                 scale=100.0)
-    paths.append(path)
-    path = os.path.join(directory, f'{_safe(setting)}_update_norm.png')
+    plan.append((os.path.join(directory, f'{_safe(setting)}_accuracy.png'), functools.partial(
+        _plot_curves, by_method, 'test_accuracy', 'test accuracy (%)', title, colors=colors,
+        scale=100.0)))
     # Every round where every run has its per-round file (runs that predate it: evaluated rounds).
     per_round = all(r.rounds for group in by_method.values() for r in group)
-    _plot_curves(by_method, 'mean_update_norm', 'mean update norm before clipping', title, path,
-                 colors, per_round=per_round, off_scale=True)
-    paths.append(path)
+    plan.append((os.path.join(directory, f'{_safe(setting)}_update_norm.png'), functools.partial(
+        _plot_curves, by_method, 'mean_update_norm', 'mean update norm before clipping', title,
+        colors=colors, per_round=per_round, off_scale=True)))
     if all(r.rounds and 'clip_norm' in r.rounds[0] for g in by_method.values() for r in g):
-      path = os.path.join(directory, f'{_safe(setting)}_clip_norm.png')  # adaptive clipping's C_t
-      _plot_curves(by_method, 'clip_norm', 'clip norm C', title, path, colors, per_round=True)
-      paths.append(path)
+      plan.append((os.path.join(directory, f'{_safe(setting)}_clip_norm.png'), functools.partial(
+          _plot_curves, by_method, 'clip_norm', 'clip norm C', title, colors=colors,
+          per_round=True)))  # adaptive clipping's C_t
 
   # Accuracy vs epsilon: settings that differ only in eps.
   by_rest = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -204,13 +228,11 @@ def write_plots(runs: list[RunResult], out: str) -> list[str]:
                   if math.isfinite(p[0]) and p[0] > 0}
     if len(eps_values) < 2:
       continue
-    directory = os.path.join(out, _safe(config_name))
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f'{_safe(rest)}_accuracy_vs_eps.png')
-    _plot_vs_eps(points, f'{config_name}: final accuracy vs ε ({rest}; mean ± std over seeds)', path,
-                 colors)
-    paths.append(path)
-  return paths
+    path = os.path.join(out, _safe(config_name), f'{_safe(rest)}_accuracy_vs_eps.png')
+    plan.append((path, functools.partial(
+        _plot_vs_eps, points, f'{config_name}: final accuracy vs ε ({rest}; mean ± std over seeds)',
+        colors=colors)))
+  return plan
 
 
 def _group_final(runs: list[RunResult]) -> dict:

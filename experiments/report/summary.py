@@ -94,8 +94,11 @@ POOLED_GAIN, GAIN_WINDOW = 'pooled_gain_per_100_rounds', 200
 
 def pooled_gain_per_100_rounds(records: list[dict]) -> float:
   """Least-squares slope of test_accuracy_pooled against the round over the last GAIN_WINDOW
-  rounds, per 100 rounds (nan with fewer than 2 evaluations there)."""
+  rounds, per 100 rounds (nan for a run shorter than the window, or with fewer than 2 evaluations
+  there: a rate over 2 rounds says nothing of the next 100)."""
   last = records[-1]['round'] if records else 0
+  if last < GAIN_WINDOW:
+    return float('nan')
   points = [(r['round'], r['test_accuracy_pooled']) for r in records
             if r['round'] >= last - GAIN_WINDOW and r.get('test_accuracy_pooled') is not None]
   if len(points) < 2:

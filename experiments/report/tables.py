@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 
@@ -36,11 +37,21 @@ def _gap_cell(gap: float, units: float, ref: Row, other: Row) -> str:
 
 def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tuple[str, str]:
   csv_path, md_path = os.path.join(out, 'results.csv'), os.path.join(out, 'results.md')
+  markdown, table = tables_text(rows, reference)
+  with open(csv_path, 'w', newline='') as f:
+    f.write(table)
+  with open(md_path, 'w') as f:
+    f.write(markdown)
+  return md_path, csv_path
+
+
+def tables_text(rows: list[Row], reference: str = 'dp2fedsam') -> tuple[str, str]:
+  """(results.md, results.csv) as text."""
   # The spread columns only where some run records it (runs that predate it keep their tables).
   spread_columns = list(SPREAD) if any(r.has_spread for r in rows) else []
   spread_columns += list(POOLED) if any(r.has_pooled for r in rows) else []
   clip_columns = list(CLIPPING) if any(r.has_clipping for r in rows) else []
-  with open(csv_path, 'w', newline='') as f:
+  with io.StringIO(newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['config', 'setting', 'method', 'epsilon', 'num_seeds', 'final_round',
                      'final_acc_mean', 'final_acc_std', 'best_round_acc_mean',
@@ -56,6 +67,7 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
                        r.participated_acc[1], r.participation]
                       + [v for k in spread_columns for v in {**r.spread, **r.pooled}[k]]
                       + [v for k in clip_columns for v in r.clipping.get(k, (math.nan,) * 2)])
+    table = f.getvalue()
   lines = ['# Results', '',
            'Test accuracy (%) at the final round: mean ± sample std over seeds of the mean over '
            'clients of each client\'s test accuracy (with the model the method evaluates: own head, '
@@ -95,9 +107,7 @@ def write_tables(rows: list[Row], out: str, reference: str = 'dp2fedsam') -> tup
     lines += _reference_table(rows, config_name, reference)
     lines += _variant_table(rows, config_name)
     lines.append('')
-  with open(md_path, 'w') as f:
-    f.write('\n'.join(lines))
-  return md_path, csv_path
+  return '\n'.join(lines), table
 
 
 def _final_round_table(rows: list[Row], config_name: str, kind: str) -> list[str]:

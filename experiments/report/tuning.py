@@ -10,6 +10,10 @@ import shutil
 from dp2fedsam_jax import metric_writers
 from experiments.report.workdirs import TUNING_FILE, format_value, read_json
 
+# tuning.json's 'covered_by' where no finite eps covers a tuning: an older study whose tuner's seed,
+# and with it K, the candidates and the score noise, is public (its eps fields are null).
+NO_FINITE_EPSILON = 'no finite epsilon'
+
 
 def load_tunings(root: str) -> list[tuple[str, dict]]:
   """(directory, tuning.json) of every finished tuning under root (launch/tune.py)."""
@@ -54,6 +58,11 @@ def tuning_lines(tunings: list[tuple[str, dict]], root: str) -> list[str]:
       lines.append(f"| {os.path.relpath(directory, root) or '.'} | {k_text} ({law['name']} "
                    f"{law_text}) | {t['selected_run'] or 'none'} | {accuracy} | – | – | – | – | none: "
                    'a non-private method (its models are released unprotected) |')
+      continue
+    if t.get('covered_by') == NO_FINITE_EPSILON:
+      lines.append(f"| {os.path.relpath(directory, root) or '.'} | {k_text} ({law['name']} "
+                   f"{law_text}) | {t['selected_run']} | {accuracy} | – | – | – | {t['delta']:.3g} | "
+                   'no finite ε: a public seed (its notes) |')
       continue
     bound = t.get('epsilon_bound') or t['selection_epsilon']  # older files: no bound recorded
     if proxy:

@@ -97,8 +97,8 @@ def load_runs(root: str) -> list[RunResult]:
     if sweep:
       config_name = sweep['config_name']
       setting = {k: v for k, v in sweep['args'].items() if k not in ('method', 'seed')}
-    else:
-      config_name = os.path.relpath(directory, root).split(os.sep)[0]
+    else:  # hand-started runs (runs/<method>, ...): one comparison under the root's name
+      config_name = os.path.basename(os.path.normpath(os.path.abspath(root)))
       setting = _setting_from_config(config)
     args = sweep['args'] if sweep else {}
     seed_dir = os.path.basename(directory)

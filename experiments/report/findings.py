@@ -1,0 +1,128 @@
+"""The READMEs' generated tables: the methods of the registry, the findings of each published fair
+block (setting, verdict, one number, its limits) and each block's tables for
+experiments/results/README.md."""
+
+from __future__ import annotations
+
+import os
+
+from dp2fedsam_jax import metric_writers
+from experiments.report import fair, fair_pages
+from experiments.report.workdirs import format_value
+
+# The field's number for the same task, where one is in print: block -> (what, number, where, what
+# of ours it stands beside).
+FIELD = {'d': ('non-private FedAvg on Shakespeare with a 2×256 LSTM', '53.1–56.9 %',
+               'FedML, LEAF split; Reddi et al. 2021, TFF split', 'ceiling')}
+
+
+def methods_lines() -> list[str]:
+  """One row per registered method: private or not, whether ε covers its release, its source."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  lines = ['| method | private | ε covers the release | what it is |', '|---|---|---|---|']
+  for name, spec in METHODS.items():
+    covers = ('no (paper form)' if spec.privacy_caveat() else 'yes') if spec.private else '–'
+    lines.append(f"| `{name}` | {'yes' if spec.private else 'no'} | {covers} | {spec.paper} |")
+  return lines
+
+
+def _page(published) -> str:
+  return f'experiments/results/{published.config_name}/results.md'
+
+
+def setting_text(published) -> str:
+  """'fashion_mnist, pathological S = 2, N = 1000, T = 200, ε = 0.25 a run' from a final run."""
+  config = next((c for r in published.results.values() for c in r.configs.values()), None)
+  if config is None:
+    return '–'
+  split = {'pathological': f"pathological S = {config.get('classes_per_client')}",
+           'dirichlet': f"Dirichlet α = {format_value(config.get('dirichlet_alpha'))}"}.get(
+               config.get('partition'), config.get('partition', ''))
+  return (f"{config['dataset']}, {split}, N = {config['num_clients']}, T = {config['num_rounds']}, "
+          f'ε = {format_value(published.block.eps)} a run')
+
+
+def verdict_text(published, blocks: tuple) -> str:
+  block, results = published.block, published.results
+  outcome = fair.regime(block, results, fair_pages.ceiling(published, blocks))
+  if outcome != 'test':
+    return outcome
+  verdicts = [e['verdict'] for e in fair.verdicts(block, results)]
+  return ('the paper\'s claims: ' + ', '.join(f'{verdicts.count(v)} {v}'
+                                              for v in ('holds', 'level', 'contradicted')))
+
+
+def _accuracy(result) -> str:
+  mean, std, seeds = result.stats
+  return f'{100 * mean:.2f} ± {100 * std:.2f} %' if seeds > 1 else f'{100 * mean:.2f} %'
+
+
+def number_text(published, blocks: tuple) -> str:
+  """The paper's method (the block's first row), the best private row, and the ceiling."""
+  block, results = published.block, published.results
+  skipped = fair.subsumed(block, results)
+  rows = [r for r in block.rows if r.name not in skipped and results[r.name].accuracy]
+  if not rows:
+    return '–'
+  first = rows[0]
+  best = max(rows, key=lambda r: results[r.name].stats[0])
+  text = f'{first.paper_row or first.name} {_accuracy(results[first.name])}'
+  if best is not first:
+    text += f'; best {best.paper_row or best.name} {_accuracy(results[best.name])}'
+  top = fair_pages.ceiling(published, blocks)
+  return text + ('' if top is None else f'; ceiling {top:.2f} %')
+
+
+def findings_lines(published: tuple) -> list[str]:
+  """The README's findings: one row per block, then where the field has a number, then limits."""
+  lines = ['| block | setting | verdict | one number (final round, mean ± seed std) |',
+           '|---|---|---|---|']
+  for p in published:
+    lines.append(f'| [({p.letter})]({_page(p)}) {p.block.paper} | {setting_text(p)} | '
+                 f'{verdict_text(p, published)} | {number_text(p, published)} |')
+  field = []
+  for p in published:
+    if p.letter in FIELD:
+      what, number, where, ours = FIELD[p.letter]
+      top = fair_pages.ceiling(p, published)
+      field.append(f'- ({p.letter}): our {ours} {top:.2f} % beside the field\'s {what}: {number} '
+                   f'({where}).')
+  seeds = sorted({s for p in published for r in p.results.values() for s in r.accuracy})
+  shared = any(r.shared_seed for p in published for r in p.results.values())
+  limits = [
+      '', 'Limits:', '',
+      '- Each block is one split, one ε and one T.',
+      f'- Each row is {len(seeds)} final seeds; the ceiling, one.',
+      '- No ε covers the test accuracies, the seeds after the first, or the choice of ranges.',
+      "- Each row's ε is its own: the rows of a block use the same clients.",
+      '- A paper form\'s ε does not cover its release ("not covered").']
+  if shared:
+    limits.append(f'- {fair.SHARED_SEED} The committed searches shared one public seed: their search '
+                  'ε does not hold as stated.')
+  no_field = [p.letter for p in published if p.letter not in FIELD]
+  if no_field:
+    limits.append(f"- No number of the same setup is in print for ({'), ('.join(no_field)}).")
+  return lines + ([''] + field if field else []) + limits
+
+
+def fair_block_lines(published: tuple) -> list[str]:
+  """Per block: its setting, page, plot, the README's table and the paper's claims judged."""
+  lines = []
+  for p in published:
+    block, results = p.block, p.results
+    epsilons = fair.block_epsilons(block, results)
+    top = fair_pages.ceiling(p, published)
+    plot = f'{p.config_name}/{fair_pages.PLOT_FILE}'
+    lines += [f'### Block ({p.letter}): {block.paper}', '',
+              f'{setting_text(p)}; metric {block.metric}. [Its page]({p.config_name}/results.md).', '',
+              f'![block ({p.letter})]({plot})', '',
+              *fair.readme_lines(block, results, epsilons, top), '',
+              *fair.verdict_lines(fair.verdicts(block, results)), '']
+  return lines[:-1]
+
+
+def selected_accuracy(directory: str, tuning: dict) -> str:
+  """The selected run's final test accuracy (%), '–' where its metrics are not committed."""
+  records = metric_writers.read_jsonl(os.path.join(directory, tuning.get('selected_run') or '',
+                                                   metric_writers.EVAL_FILE))
+  return f"{100 * records[-1]['test_accuracy']:.2f}" if records else '–'
