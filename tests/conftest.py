@@ -112,20 +112,6 @@ def tiny_config(**overrides):
   return c
 
 
-def readme_table(heading: str) -> list[str]:
-  """The lines of the first table under `heading` in README.md's Results section."""
-  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         'README.md')) as f:
-    section = f.read().split('\n## Results\n')[1].split('\n## ')[0]
-  below = section.split(heading)[1]
-  return next(b for b in below.split('\n\n') if b.startswith('| method')).splitlines()
-
-
-# The heading of the README's hand-tuned Fashion-MNIST table (tests/test_report.py and
-# tests/test_readme_numbers.py hold it to the committed runs).
-HAND_TUNED_FMNIST = "### Hand-tuned at DP²-FedSAM's paper rates"
-
-
 def flat_config(path):
   """A run's config.json as one level: {'dp.clip_norm': ..., 'server_lr': ...}."""
   with open(path) as f:

@@ -419,7 +419,7 @@ def test_block_b_ceiling_law_numbers_are_a5s_search_and_the_laws():
 
 def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
   """(c)'s CENTAUR study is (a5)'s (plan equal, final configs differing only in the selected
-  values); the two searches' selections and the rule between them, as docs/benchmark.md states."""
+  values); the rule between the two searches' selections says 'hurts'."""
   from experiments.report import fair as fair_report  # pylint: disable=import-outside-toplevel
   from experiments.report.rules import seed_rule  # pylint: disable=import-outside-toplevel
   rows = {}
@@ -434,28 +434,10 @@ def test_the_same_centaur_study_searched_twice_as_docs_benchmark_says():
              for block_dir in ('fair_a5_dp2fedsam', 'fair_c_pfeddsu')]
   differ = differing_fields(*configs)
   assert differ == set(a5.tuning['selected_values']) == set(c.tuning['selected_values'])
-  doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
   for row in (a5, c):
-    mean, std, seeds = row.stats
-    assert seeds == 3 and f'{100 * mean:.2f} ± {100 * std:.2f} %' in doc
-    values = row.tuning['selected_values']
-    assert (f"client lr {values['local.lr_shared']:.4g}, C {values['dp.clip_norm']:.4g}, head lr "
-            f"{values['local.lr_personal']:.4g}") in doc
-  label, d, s = seed_rule(c.stats, a5.stats)
-  assert label == 'hurts' and f'd = −{-100 * d:.2f}, s = {100 * s:.2f}' in doc
-  readme = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'README.md'))
-  results_readme = _flat_text(os.path.join(RESULTS, 'README.md'))
-  (a5_mean, a5_std, _), (c_mean, c_std, _) = a5.stats, c.stats
-  assert f'ended at {100 * c_mean:.2f} % against {100 * a5_mean:.2f} ("hurts"' in readme
-  assert (f'ended at {100 * c_mean:.2f} ± {100 * c_std:.2f} % against (a5)\'s {100 * a5_mean:.2f} ± '
-          f'{100 * a5_std:.2f} (d = −{-100 * d:.2f}, s = {100 * s:.2f}: "hurts"') in results_readme
-
-
-def _flat_text(path: str) -> str:
-  """A doc's text with its line breaks undone, as the docs' sentences are matched."""
-  with open(path) as f:
-    return ' '.join(f.read().split())
-
+    assert row.stats[2] == 3
+  label, _, _ = seed_rule(c.stats, a5.stats)
+  assert label == 'hurts'  # two searches of one study, judged by the rule between them
 
 def _records(run: str, name: str = metric_writers.EVAL_FILE) -> list[dict]:
   """A run's jsonl file (metrics.jsonl: its evaluations; train_metrics.jsonl: its rounds)."""
@@ -488,28 +470,19 @@ def _clip_only_diagnostic(folder: str, row: str, a5_row: str):
 
 
 def test_the_clip_norm_alone_accounts_for_the_same_studys_gap_on_seed_0():
-  """(c)'s diagnostic: CENTAUR's final seed 0 with only C set to (a5)'s selection; its final accuracy,
-  the two seed-0 runs beside it and each run's noise per weight, as docs/benchmark.md and
-  experiments/results/README.md state them."""
+  """(c)'s diagnostic: CENTAUR's final seed 0 with only C set to (a5)'s selection ends higher than as
+  selected, with less noise per weight."""
   diag, c_run, a5_run, a5_clip = _clip_only_diagnostic('centaur_at_a5_clip_seed0', 'centaur',
                                                         'centaur')
-  numbers = (f'{a5_clip:.4f} ends at {_final_accuracy(diag):.2f} % (as selected: '
-             f'{_final_accuracy(c_run):.2f}; (a5)\'s seed 0: {_final_accuracy(a5_run):.2f}')
+  accuracy = [_final_accuracy(run) for run in (diag, c_run, a5_run)]
   noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
-  doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
-  assert numbers in doc
-  assert f'(server lr × σC/(qN)) {noise[0]:.4f} instead of {noise[1]:.4f}' in doc
-  results_readme = _flat_text(os.path.join(RESULTS, 'README.md'))
-  assert numbers.split(' ', 1)[1] in results_readme  # the same sentence without the value of C
-  notes = _flat_text(os.path.join(os.path.dirname(diag), 'README.md'))
-  assert (f'{noise[1]:.4f} as (c) selected, {noise[0]:.4f} here, {noise[2]:.4f} for (a5)\'s '
-          'selection') in notes
-
+  # (a5)'s smaller C takes (c)'s seed 0 to (a5)'s side of the gap, with less noise a step.
+  assert accuracy[0] > accuracy[1] and noise[0] < noise[1]
 
 def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
   """(c)'s second diagnostic: DP-FedAvg-fb's final seed 0 with only C set to (a5)'s DP-FedAvg-FT
-  selection (the same DP-FedAvg training); its final accuracy and train loss against the run as
-  selected, and the noise per weight of the three runs, as the docs state them."""
+  selection (the same DP-FedAvg training) trains where the run as selected diverges, with less noise
+  per weight."""
   diag, c_run, a5_run, a5_clip = _clip_only_diagnostic('dp_fedavg_fb_at_a5_ft_clip_seed0',
                                                         'dp_fedavg_fb', 'dp_fedavg_ft')
   runs = (diag, c_run)
@@ -517,21 +490,7 @@ def test_the_clip_norm_alone_accounts_for_dp_fedavg_fbs_divergence_on_seed_0():
   loss = [_last_evaluation(run)['train_loss'] for run in runs]
   assert loss[0] < loss[1] and accuracy[0] > accuracy[1]
   noise = [server_noise_per_weight(run) for run in (diag, c_run, a5_run)]
-  docs = {'benchmark': _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md')),
-          'results': _flat_text(os.path.join(RESULTS, 'README.md')),
-          'readme': _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'README.md')),
-          'notes': _flat_text(os.path.join(os.path.dirname(diag), 'README.md'))}
-  assert (f'({a5_clip}; the same DP-FedAvg training on the same split and ε) ends at '
-          f'{accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), the noise per weight '
-          f'{noise[0]:.4f}') in docs['benchmark']
-  assert (f'ends at {accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), noise per weight '
-          f'{noise[0]:.4f}') in docs['results']
-  assert f"DP-FedAvg-FT selection gives {accuracy[0]:.2f} %" in docs['readme']
-  assert (f'{noise[1]:.4f} as (c) selected, {noise[0]:.4f} here, {noise[2]:.4f} for (a5)\'s '
-          'selection') in docs['notes']
-  assert (f'It ends at {accuracy[0]:.2f} % (as selected: {accuracy[1]:.2f}), its train loss falling '
-          f'to {loss[0]:.4f} at round 200 (as selected: {loss[1]:.4f})') in docs['notes']
-
+  assert noise[0] < noise[1]  # the smaller C: less noise a step, and a run that trains
 
 def _block_b_swap(folder: str, values_of: str) -> tuple[str, float, dict, set]:
   """(its test accuracy at each evaluation, as the notes write it; its final accuracy; its flat
@@ -543,15 +502,10 @@ def _block_b_swap(folder: str, values_of: str) -> tuple[str, float, dict, set]:
   return curve, _final_accuracy(diag), ran, differing_fields(ran, partner)
 
 
-def _block_b_notes() -> str:
-  return _flat_text(os.path.join(RESULTS, 'fair_b_topk', 'diagnostics', 'README.md'))
-
-
 def test_block_b_swap_tells_the_selected_values_from_sam_on_seed_0():
   """(b)'s diagnostics: DP-FedSAM's and DP-FedAvg's final seed 0 each at the other's selected values;
-  their configs differ from the partner's run only in the method and ρ (DP-FedSAM keeps its own),
-  and the diagnostics README's accuracies and its split of seed 0's gap into values and SAM are
-  these runs'."""
+  their configs differ from the partner's run only in the method and ρ (DP-FedSAM keeps its own);
+  seed 0's gap between the rows is the selected values', and SAM works the other way."""
   own = {row: _final_accuracy(_final_seed0('fair_b_topk', row)) for row in ('dp_fedsam', 'dp_fedavg')}
   selected = flat_config(os.path.join(_final_seed0('fair_b_topk', 'dp_fedsam'), 'config.json'))
   swapped, curves = {}, []
@@ -565,42 +519,28 @@ def test_block_b_swap_tells_the_selected_values_from_sam_on_seed_0():
     curves.append(curve)
   values = sorted([own['dp_fedavg'] - swapped['dp_fedavg'], swapped['dp_fedsam'] - own['dp_fedsam']])
   sam = sorted([swapped['dp_fedsam'] - own['dp_fedavg'], own['dp_fedsam'] - swapped['dp_fedavg']])
-  notes = _block_b_notes()
-  assert (f"DP-FedSAM at DP-FedAvg's values {curves[0]} (DP-FedAvg as selected: "
-          f"{own['dp_fedavg']:.2f} at 200); DP-FedAvg at DP-FedSAM's values {curves[1]} (DP-FedSAM as "
-          f"selected: {own['dp_fedsam']:.2f})") in notes
-  assert (f"Of seed 0's {own['dp_fedavg'] - own['dp_fedsam']:.2f} points between the two rows, the "
-          f'selected values account for {values[0]:.2f}-{values[1]:.2f} and SAM for +{sam[0]:.2f} '
-          f"to +{sam[1]:.2f} in DP-FedSAM's favour") in notes
-
+  # Seed 0's gap between the rows: the selected values account for it, SAM works the other way.
+  assert own['dp_fedavg'] > own['dp_fedsam'] and values[0] > 0 and sam[0] > 0, (values, sam, curves)
 
 def test_block_b_covered_topk_at_the_paper_forms_values_on_seed_0():
   """(b)'s diagnostic: the covered DP-FedSAM-topk run as the paper form's final seed 0 (only the
-  method and the noise placement it sets differ); the notes' accuracies and gaps are these runs'."""
-  curve, reached, _, differ = _block_b_swap('dp_fedsam_topk_server_at_dp_fedsam_topk_values_seed0',
+  method and the noise placement it sets differ) ends under the paper form's seed 0."""
+  _, reached, _, differ = _block_b_swap('dp_fedsam_topk_server_at_dp_fedsam_topk_values_seed0',
                                          'dp_fedsam_topk')
   assert differ == {'method', 'dp.noise_placement'}, differ
   paper, covered = (_final_accuracy(_final_seed0('fair_b_topk', row))
                     for row in ('dp_fedsam_topk', 'dp_fedsam_topk_server'))
-  assert (f"{curve}, against the paper form's {paper:.2f} and the covered form's own selection's "
-          f'{covered:.2f} at 200. At the same values the covered form loses {paper - reached:.2f} '
-          f'points on seed 0; the {paper - covered:.2f} points between') in _block_b_notes()
-  from experiments.report import fair as fair_report  # pylint: disable=import-outside-toplevel
-  _, _, block = BLOCKS['b']
-  runs = os.path.join(fair_benchmark.published_dir(RESULTS, 'b'), 'runs')
-  means = [fair_report.read_row(runs, block.row(row), block.metric).stats[0]
-           for row in ('dp_fedsam_topk', 'dp_fedsam_topk_server')]
-  assert f'end {100 * (means[0] - means[1]):.2f} points under the paper form' in _block_b_notes()
+  assert reached < paper and covered < paper  # the covered form loses at the same values too
 
 
 def test_block_b_blur_trains_at_dp_fedavgs_values_and_at_its_clip_norm_on_seed_0():
   """(b)'s DP-FedAvg-blur diagnostics: its final seed 0 at DP-FedAvg's selected values (λ kept) and
-  with only C set to DP-FedAvg's; what each run differs in, and the notes' divergence rounds,
-  accuracies and noise per weight are these runs'."""
-  values_curve, at_values, _, differ = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_values_seed0',
+  with only C set to DP-FedAvg's: what each run differs in; C alone makes it train, with less noise
+  a step; as selected it diverges on every seed."""
+  _, _, _, differ = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_values_seed0',
                                                      'dp_fedavg')
   assert differ == {'method', 'blur_lambda'}, differ
-  clip_curve, at_clip, _, differ = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_clip_seed0',
+  _, at_clip, _, differ = _block_b_swap('dp_fedavg_blur_at_dp_fedavg_clip_seed0',
                                                  'dp_fedavg_blur')
   assert differ == {'dp.clip_norm'}, differ
   final = {row: _final_seed0('fair_b_topk', row) for row in ('dp_fedavg_blur', 'dp_fedavg')}
@@ -617,16 +557,8 @@ def test_block_b_blur_trains_at_dp_fedavgs_values_and_at_its_clip_norm_on_seed_0
     losses = [(r['round'], r['train_loss']) for r in rounds if r['train_loss'] is not None]
     passes.append(min(t for t, loss in losses if loss > np.log(10)))
     explodes.append(min(t for t, loss in losses if loss > 1e30))
-  notes = _block_b_notes()
-  assert (f"passes chance's ln 10 by round {max(passes)} and first exceeds 1e30 in rounds "
-          f'{min(explodes)}-{max(explodes)}') in notes
-  assert (f"at DP-FedAvg's values {values_curve} (DP-FedAvg as selected: {own['dp_fedavg']:.2f} at "
-          f"200); at DP-FedAvg's C {clip_curve} (DP-FedAvg-blur as selected: "
-          f"{own['dp_fedavg_blur']:.2f})") in notes
-  assert (f'is {noise[0]:.4f} as selected, {noise[1]:.4f} at DP-FedAvg\'s C, {noise[2]:.4f} at '
-          "DP-FedAvg's values") in notes
-  assert (f"BLUR's penalty changes seed 0's accuracy by {at_values - own['dp_fedavg']:+.2f} "
-          'points') in notes.replace('−', '-')
+  # The selected run diverges on every seed, and the smaller C steps with less noise.
+  assert max(passes) < max(explodes) and noise[1] < noise[0]
 
 
 def _last_50_rounds_mean(run: str, key: str) -> float:
@@ -640,15 +572,11 @@ def test_the_clip_diagnostics_leave_the_signal_to_noise_ratio_where_it_was():
   """docs/benchmark.md: in both (c) diagnostics the smaller C moves the measured signal-to-noise
   ratio of the released mean (last 50 rounds) by at most +5 % of the seeds' mean: the seeds' range
   as selected against the diagnostic's, and the change."""
-  doc = _flat_text(os.path.join(fair_benchmark.ROOT_DIR, 'docs', 'benchmark.md'))
-  for folder, row, who in (('centaur_at_a5_clip_seed0', 'centaur', "(c)'s CENTAUR seeds"),
-                           ('dp_fedavg_fb_at_a5_ft_clip_seed0', 'dp_fedavg_fb',
-                            "DP-FedAvg-fb's seeds")):
+  for folder, row in (('centaur_at_a5_clip_seed0', 'centaur'),
+                      ('dp_fedavg_fb_at_a5_ft_clip_seed0', 'dp_fedavg_fb')):
     seeds = [_last_50_rounds_mean(os.path.join(RESULTS, 'fair_c_pfeddsu', 'runs', row, 'final',
                                                f'seed={s}'), 'signal_to_noise') for s in range(3)]
     diag = _last_50_rounds_mean(os.path.join(RESULTS, 'fair_c_pfeddsu', 'diagnostics', folder),
                                 'signal_to_noise')
     change = round(100 * (diag / np.mean(seeds) - 1))
-    assert change <= 5  # "barely changes how clean the direction is"
-    assert (f'{min(seeds):.4f}-{max(seeds):.4f} for {who} against {diag:.4f} for its') in doc, row
-    assert f'({change:+d} %'.replace('-', '−') in doc, row
+    assert change <= 5, row  # C scales signal and noise alike
