@@ -160,3 +160,12 @@ def test_the_older_searches_files_say_no_finite_epsilon_covers_them():
       text = json.dumps(record)
       assert not re.search(r'naive (bound|epsilon) holds|K known', text), directory
   assert len(found) == 3
+
+
+def test_the_program_exits_1_and_prints_each_difference_with_check(monkeypatch, capsys):
+  from experiments.report import __main__ as program  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(generated, 'check', lambda: ['README.md:7 (block findings): committed ...'])
+  assert program.committed(check=True) == 1
+  assert 'README.md:7 (block findings)' in capsys.readouterr().out
+  monkeypatch.setattr(generated, 'check', lambda: [])
+  assert program.committed(check=True) == 0

@@ -1,4 +1,11 @@
-r"""Tables and plots from a root of workdirs: `python -m experiments.report --root=runs --out=report`.
+r"""The committed results and any root of workdirs, as tables and plots.
+
+`python3 -m experiments.report` regenerates the committed results (generated.py): each study's page
+and plots under experiments/results, each fair block's page and plot, and the tables of README.md
+and experiments/results/README.md between their GENERATED markers; `--check` rebuilds them in
+memory and exits 1 naming the first differing line of each file. `python3 -m experiments.report
+--root=runs --out=report` reports on any root of workdirs (hand-started ones under the root's name,
+side by side):
 
 Reads every `metrics.jsonl` (one line per evaluated round) under --root, with its `config.json`,
 `train_metrics.jsonl` (one line per round) where the run has one, and `sweep.json` when
@@ -35,8 +42,10 @@ Matplotlib comes with the `[report]` extra.
 
 The package, by job: workdirs (reading runs and re-evaluations, copying their small files), summary
 (a Row per config, setting and method over seeds), rules (gaps and the pre-declared rule_label),
-tables (results.md, results.csv), plots (the PNGs), tuning (launch/tune.py's tunings), and
-__main__ (the flags). write_report below puts them together.
+tables (results.md, results.csv), plots (the PNGs), tuning (launch/tune.py's tunings), fair and
+fair_pages (the fair benchmark's tables, pages and plots), findings (the READMEs' tables), generated
+(writing and checking the committed results), and __main__ (the flags). write_report below puts
+the first ones together.
 """
 
 from __future__ import annotations

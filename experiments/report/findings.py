@@ -22,7 +22,8 @@ def methods_lines() -> list[str]:
   lines = ['| method | private | ε covers the release | what it is |', '|---|---|---|---|']
   for name, spec in METHODS.items():
     covers = ('no (paper form)' if spec.privacy_caveat() else 'yes') if spec.private else '–'
-    lines.append(f"| `{name}` | {'yes' if spec.private else 'no'} | {covers} | {spec.paper} |")
+    paper = spec.paper.replace('|', '\\|')  # a pipe in a formula would end the cell
+    lines.append(f"| `{name}` | {'yes' if spec.private else 'no'} | {covers} | {paper} |")
   return lines
 
 
