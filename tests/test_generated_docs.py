@@ -133,6 +133,9 @@ def test_a_paper_form_prints_not_covered_and_a_shared_seed_search_is_marked():
   with open(os.path.join(published.runs, 'dp_fedsam', result.tuning['selected_run'],
                          'config.json')) as f:
     assert json.load(f)['seed'] in result.accuracy
+  # Runs that know config.training_seed (each trial its own secret seed) are not marked.
+  fresh = {seed: {**config, 'training_seed': None} for seed, config in result.configs.items()}
+  assert not fair._shared_seed(os.path.join(published.runs, 'dp_fedsam'), result.tuning, fresh)
   page = fair_pages.page_text(published, PUBLISHED)
   assert page.count(fair.COMPOSE_NOTE) == 1
 

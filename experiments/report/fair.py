@@ -83,15 +83,18 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
       configs[seed] = config
       caveat = caveat or evaluations[-1].get('epsilon_caveat', '')
   return RowResult(row, tuning, accuracy, records, server_lr, configs, caveat,
-                   _trial_seed(directory, tuning) in configs)
+                   _shared_seed(directory, tuning, configs))
 
 
-def _trial_seed(directory: str, tuning: dict | None) -> int | None:
-  """The config seed the selected trial ran at (None without a published selected trial)."""
+def _shared_seed(directory: str, tuning: dict | None, configs: dict) -> bool:
+  """Whether the selected trial ran at the public config.seed of a final run: runs from before
+  config.training_seed existed (their config.json lacks the field; a tuner's trials now each draw
+  theirs from the study's secret, and the published copy drops its value)."""
   path = os.path.join(directory, (tuning or {}).get('selected_run') or '', 'config.json')
   if not (tuning and tuning.get('selected_run') and os.path.exists(path)):
-    return None
-  return read_json(path).get('seed')
+    return False
+  return (read_json(path).get('seed') in configs
+          and not any('training_seed' in c for c in configs.values()))
 
 
 def _run_event(config: dict) -> tuple:
