@@ -577,3 +577,13 @@ def test_the_decision_rule_labels_by_one_point_and_two_pooled_stds(candidate, re
   assert d == pytest.approx(np.mean(candidate) - np.mean(reference))
   if len(candidate) > 1:
     assert s == pytest.approx(math.sqrt((np.var(candidate, ddof=1) + np.var(reference, ddof=1)) / 2))
+
+
+def test_every_method_of_the_registry_gets_its_own_colour_and_marker():
+  """The all-methods plot draws every registered method: no colour is used twice, and no two
+  methods share a (colour, marker) pair even past the palette."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  styles = plots.method_styles(sorted(METHODS))
+  assert len({s['color'] for s in styles.values()}) == len(METHODS) <= 24
+  many = plots.method_styles([f'm{i}' for i in range(200)])
+  assert len({(s['color'], s['marker']) for s in many.values()}) == 200

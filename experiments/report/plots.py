@@ -15,21 +15,22 @@ from experiments.report.summary import mean_std
 from experiments.report.workdirs import RunResult, format_value, setting_label
 
 
-# 20 colours (matplotlib's tab20, dark and light of each hue, the dark ones first) and 11 markers:
-# a method's (colour, marker) pair is its own for up to 220 methods, and the first 10 methods differ
-# in hue alone.
+# 24 colours (matplotlib's tab10, its lighter tab20 twins, then four dark ones) and 11 markers: a
+# method's (colour, marker) pair is its own for up to 264 methods; the first 10 differ in hue alone,
+# the next ones in hue and line style.
 _COLOURS = [f'tab:{hue}' for hue in ('blue', 'orange', 'green', 'red', 'purple', 'brown', 'pink',
                                      'gray', 'olive', 'cyan')]
 _LIGHT = ['#aec7e8', '#ffbb78', '#98df8a', '#ff9896', '#c5b0d5', '#c49c94', '#f7b6d2', '#c7c7c7',
           '#dbdb8d', '#9edae5']
+_DARK = ['black', '#393b79', '#8c6d31', '#843c39']
 _MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '<', '>', 'h', '*')
 
 
 def method_styles(methods: list[str]) -> dict:
-  """One look per method across every plot: a colour of 20 and a marker of 11, so that no two of
-  up to 220 methods look alike; past 10 methods the line style changes with the lighter colours."""
-  colours = _COLOURS + _LIGHT
-  return {m: {'color': colours[i % 20], 'linestyle': ('-', '--')[i // 10 % 2],
+  """One look per method across every plot: a colour of 24 and a marker of 11, so that no two of
+  up to 264 methods look alike; past 10 methods the line style changes with the colours."""
+  colours = _COLOURS + _LIGHT + _DARK
+  return {m: {'color': colours[i % len(colours)], 'linestyle': ('-', '--', ':')[i // 10 % 3],
               'marker': _MARKERS[i % len(_MARKERS)]} for i, m in enumerate(methods)}
 
 
