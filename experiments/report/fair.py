@@ -314,9 +314,9 @@ def _values_text(selected: dict | None, ranges: dict) -> str:
 NOT_COVERED = 'not covered'  # a paper form's search eps: its eps does not cover the release
 SHARED_SEED = '‡'
 SHARED_SEED_NOTE = (f'{SHARED_SEED} searched with a shared public seed (the first design): every trial '
-                    'ran at config.seed 0 and the final run at seed 0 reused it, so they share '
-                    'cohorts and noise; the ε of a search assumes independent trials and does not '
-                    'hold as stated (docs/privacy.md section 9).')
+                    'ran at the public config.seed and the final run at that seed reused it, so '
+                    'they share cohorts and noise; the ε of a search assumes independent trials and '
+                    'does not hold as stated (docs/privacy.md section 9).')
 COMPOSE_NOTE = ("Each row's ε is that row's alone: every row of the block trains on the same clients, "
                 'so the ε of several rows compose.')
 
