@@ -21,7 +21,7 @@ from experiments.report.rules import seed_rule
 from experiments.report.summary import summarize
 from experiments.report.tables import tables_text
 from experiments.report.tuning import NO_FINITE_EPSILON, load_tunings, tuning_lines
-from experiments.report.workdirs import load_runs
+from experiments.report.workdirs import format_value, load_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join('experiments', 'results')
@@ -183,7 +183,7 @@ def tuning_table_lines(repo: str = REPO) -> list[str]:
   for name in STUDIES:
     root = os.path.join(repo, RESULTS, name)
     for directory, tuning in load_tunings(root):
-      values = ', '.join(f'{k.split(".")[-1]} {v:g}' if isinstance(v, float) else f'{k} {v}'
+      values = ', '.join(f'{k.split(".")[-1]} {format_value(v)}'
                          for k, v in sorted(tuning['selected_values'].items()))
       covered = ('none (non-private)' if tuning.get('private') is False else
                  'no finite ε' if tuning.get('covered_by') == NO_FINITE_EPSILON else
