@@ -420,9 +420,9 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
 
 
 def readme_lines(block, results: dict, epsilons: dict, ceiling: float | None) -> list[str]:
-  """The README's table of a block: each row's accuracy over its seeds, the eps of a run and of a
-  model with its search, and what became of the orders the paper claims with it on top; then the
-  regime rule's outcome. The README takes it only once the rule has been applied."""
+  """The summary table of a block (experiments/results/README.md): each row's accuracy over its
+  seeds, the eps of a run and of a model with its search, and what became of the orders the paper
+  claims with it on top; then the regime rule's outcome."""
   claims = verdicts(block, results)
   outcome = regime(block, results, ceiling)
   measured = ('' if outcome == 'test' else ' so far (the rule not yet applied)'

@@ -72,7 +72,7 @@ def page_text(published: Published, blocks: tuple) -> str:
       'search and seeds finish).', '',
       f'![every row at its final seeds]({PLOT_FILE})', '',
       *fair.block_lines(block, published.config_name, results, epsilons, top),
-      "### The README's table", '',
+      '### The summary table (experiments/results/README.md)', '',
       *fair.readme_lines(block, results, epsilons, top), ''])
 
 
