@@ -137,7 +137,8 @@ def hand_tuned_fmnist_lines(rows) -> list[str]:
 
 
 ADAPTED = ' [adapt {} 10 ep lr 0.5]'
-# The Shakespeare rows after 10 epochs of test-time adaptation: (label, {column: (setting, method)}).
+# The Shakespeare rows after 10 epochs of test-time adaptation: (label, {the non-private setting, or
+# 'eps' for every eps setting of the study: the method (with its protocol)}).
 SHAKESPEARE_ROWS = (
     ('FedAvg / DP-FedAvg, head fine-tuned from the global one',
      {'default': 'fedavg' + ADAPTED.format('head'), 'eps': 'dp_fedavg' + ADAPTED.format('head')}),
