@@ -448,6 +448,14 @@ def _resolved_config(exp: Experiment) -> dict:
   return resolved
 
 
+def _committed(tree):
+  """The tree's arrays committed to the devices they are on (no copy). A state restored from a
+  checkpoint comes back committed, one from init_state does not, and a committed argument adds its
+  sharding to the lowered program: without this a resumed run's round step missed the persistent
+  compilation cache that a fresh run's filled."""
+  return jax.device_put(tree, jax.tree.map(lambda leaf: leaf.sharding, tree))
+
+
 @dataclasses.dataclass
 class _CompiledRun:
   """A federated run's compiled round step and evaluations, placed for its executor, and the loop
@@ -466,7 +474,7 @@ class _CompiledRun:
   @classmethod
   def build(cls, exp: Experiment, workdir: str, state, start: int, private_only: bool):
     """The compiled run and the state placed for it."""
-    place = exp.round_config.executor.place
+    place = lambda tree: _committed(exp.round_config.executor.place(tree))
     state, data, key = place((state, exp.data, exp.root_key))
     validation = None if exp.validation is None else place(exp.validation)
     round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
