@@ -9,6 +9,7 @@ offline.
 
 import email.parser
 import importlib.metadata
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import zipfile
 import pytest
 
 import dp2fedsam_jax
+from dp2fedsam_jax import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ('pyproject.toml', 'README.md', 'LICENSE', 'dp2fedsam_jax', 'experiments', 'launch', 'benchmarks')
@@ -95,3 +97,16 @@ def test_installed_wheel_imports_without_the_checkout(wheel, tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   version, path = out.stdout.split()
   assert version == '0.2.0' and path.startswith(str(tmp_path / 'site'))
+
+
+def test_installed_in_site_packages_the_console_still_shows_the_projects_lines(monkeypatch, tmp_path):
+  """The binary's quiet console (cli.is_console_record) tells the project's lines from a library's
+  by their file, also where both live in site-packages."""
+  site = str(tmp_path / 'lib' / 'python3' / 'site-packages')
+  monkeypatch.setattr(cli, '_ROOT', site)
+
+  def record(path: str) -> logging.LogRecord:
+    return logging.LogRecord('absl', logging.INFO, os.path.join(site, path), 1, 'a line', None, None)
+  assert cli.is_console_record(record('dp2fedsam_jax/train.py'))
+  assert cli.is_console_record(record('experiments/train.py'))
+  assert not cli.is_console_record(record('orbax/checkpoint/checkpoint_manager.py'))
