@@ -1,35 +1,53 @@
 #!/bin/bash
 # bash benchmarks/startup_time.sh   (from the repository root; the persistent compilation cache)
-# Start-up to the first round line of the default config (num_rounds=1), CPU backend:
-# 3 runs without the persistent compilation cache, one that fills it, 3 that use it.
+# Compile seconds and start-up to the first round line of the default config, CPU backend:
+#   off      no persistent cache
+#   fresh    a new run on an empty cache (fills it), stopped by SIGTERM after its first round
+#   again    an identical new run in another workdir (the cache serves it)
+#   resumed  the first run started again: it resumes from its checkpoint (the cache serves it too)
 set -u
 export PYTHONPATH=$PWD JAX_PLATFORMS=cpu
-python3 -c "import jax, orbax.checkpoint, dp_accounting; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1
-nproc; ls /usr/share/datasets/fashion-mnist 2>&1 | head -3
-CACHE=$(mktemp -d)
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1
+echo "cores: $(nproc)"
+TMP=$(mktemp -d)
+CACHE=$TMP/cache
+ROUNDS=3  # the stopped run ends after round 1 or 2: the resumed one has a round left to compile for
+
+# run NAME WORKDIR CACHE [stop]: one run of the binary; `stop` sends SIGTERM at its first round line.
 run() {
-  rm -rf /tmp/x_measure
+  local err=$TMP/$1.err t0 t1 rc
   t0=$(date +%s.%N)
-  timeout 300 python3 -m experiments.train --config=experiments/configs/default.py --workdir=/tmp/x_measure \
-      --config.num_rounds=1 --compilation_cache=$1 > /tmp/out.txt 2> /tmp/err.txt
-  rc=$?
+  python3 -m experiments.train --config=experiments/configs/default.py --workdir="$2" \
+      --config.num_rounds=$ROUNDS --config.eval_every=1 --compilation_cache="$3" \
+      > "$TMP/$1.out" 2> "$err" &
+  local pid=$!
+  if [ "${4:-}" = stop ]; then
+    until grep -q "round 1/$ROUNDS" "$err" 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done
+    kill -TERM $pid 2>/dev/null
+  fi
+  wait $pid; rc=$?
   t1=$(date +%s.%N)
-  line=$(grep -n "round 1/1" /tmp/err.txt | head -1)
-  comp=$(grep -o "Compiled the round step and the evaluation in [0-9.]* s" /tmp/err.txt)
-  first=$(python3 - "$t0" /tmp/err.txt <<'PY'
+  local compiled first
+  compiled=$(sed -n 's/.*Compiled the round step and the evaluation in \([0-9.]*\) s.*/\1 s/p' "$err")
+  first=$(python3 - "$t0" "$err" <<'PY'
 import datetime, re, sys
 t0 = float(sys.argv[1])
 for line in open(sys.argv[2]):
-  m = re.match(r'I\d{4} (\d+):(\d+):(\d+\.\d+) .*round 1/1', line)
+  m = re.match(r'I\d{4} (\d+):(\d+):(\d+\.\d+) .*round \d+/\d+  acc', line)
   if m:
     day = datetime.datetime.fromtimestamp(t0).replace(hour=0, minute=0, second=0, microsecond=0)
     t = day.timestamp() + int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
     print(round(t - t0, 1))
+    break
 PY
 )
-  echo "$2 rc=$rc first_round_line=${first}s exit=$(python3 -c "print(round($t1-$t0,1))")s [$comp] load=$(cut -d' ' -f1 /proc/loadavg)"
-  [ $rc -ne 0 ] && tail -3 /tmp/err.txt
+  printf '%-8s rc=%-3s compile=%-8s first_round_line=%ss exit=%ss load=%s\n' "$1" "$rc" "${compiled:-?}" \
+      "${first:-?}" "$(python3 -c "print(round($t1 - $t0, 1))")" "$(cut -d' ' -f1 /proc/loadavg)"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ] && tail -3 "$err"
 }
-for i in 1 2 3; do run off "off#$i"; done
-run $CACHE "cold"
-for i in 1 2 3; do run $CACHE "warm#$i"; done
+
+run off "$TMP/off" off
+run fresh "$TMP/run" "$CACHE" stop
+run again "$TMP/again" "$CACHE"
+run resumed "$TMP/run" "$CACHE"
+rm -rf "$TMP"

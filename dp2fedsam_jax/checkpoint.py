@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging as std_logging
 import os
 import shutil
+import sys
 import time
 
 import jax
@@ -32,6 +34,28 @@ from absl import logging
 _DIR = 'checkpoints'
 CORRUPT_DIR = 'corrupt_checkpoints'
 KEEP = 2  # the latest and the one before, the fallback when the latest is unreadable
+
+
+def _absl_writes_a_file() -> bool:
+  stream = getattr(logging.get_absl_handler().python_handler, 'stream', None)
+  return stream not in (None, sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+
+
+class _OrbaxInfoToLogFileOnly(std_logging.Filter):
+  """orbax logs ~25 INFO lines a checkpoint through absl. They go where absl writes a log file (the
+  binary's train.INFO; its console shows only the project's lines, cli.is_console_record), or with
+  -v 1; never to a notebook's or a script's output."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    if record.levelno >= std_logging.WARNING or _ORBAX_DIR not in os.path.abspath(record.pathname):
+      return True
+    return logging.get_verbosity() >= logging.DEBUG or _absl_writes_a_file()
+
+
+_ORBAX_DIR = os.path.dirname(os.path.abspath(ocp.__file__)).rsplit(os.sep, 1)[0] + os.sep
+_QUIET_ORBAX = _OrbaxInfoToLogFileOnly()
+if not any(isinstance(f, _OrbaxInfoToLogFileOnly) for f in std_logging.getLogger('absl').filters):
+  std_logging.getLogger('absl').addFilter(_QUIET_ORBAX)
 
 
 class CheckpointError(RuntimeError):

@@ -51,14 +51,18 @@ class FlagError(ValueError):
 # Errors
 
 
+def _in_project(path: str) -> bool:
+  """A file of this project's packages, in a checkout or installed from the wheel (site-packages)."""
+  return any(path.startswith(os.path.join(_ROOT, package) + os.sep) for package in _PROJECT_PACKAGES)
+
+
 def _raised_in_project(error: BaseException) -> bool:
   """Raised by a `raise` statement of this project (not by a library it called)."""
   tb = traceback.extract_tb(error.__traceback__)
   if not tb:
     return False
   path = os.path.abspath(tb[-1].filename)
-  return (path.startswith(_ROOT + os.sep) and 'site-packages' not in path
-          and (tb[-1].line or '').lstrip().startswith('raise'))
+  return _in_project(path) and (tb[-1].line or '').lstrip().startswith('raise')
 
 
 def is_user_error(error: BaseException) -> bool:
@@ -245,7 +249,7 @@ def is_console_record(record: std_logging.LogRecord) -> bool:
   if record.levelno >= std_logging.WARNING:
     return record.levelno < _stderr_threshold()  # else absl's handler writes it to stderr itself
   path = os.path.abspath(record.pathname)
-  return path.startswith(_ROOT + os.sep) and 'site-packages' not in path
+  return _in_project(path)
 
 
 class _Console(std_logging.Handler):

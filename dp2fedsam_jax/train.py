@@ -448,6 +448,14 @@ def _resolved_config(exp: Experiment) -> dict:
   return resolved
 
 
+def _committed(tree):
+  """The tree's arrays committed to the devices they are on (no copy). A state restored from a
+  checkpoint comes back committed, one from init_state does not, and a committed argument adds its
+  sharding to the lowered program: without this a resumed run's round step missed the persistent
+  compilation cache that a fresh run's filled."""
+  return jax.device_put(tree, jax.tree.map(lambda leaf: leaf.sharding, tree))
+
+
 @dataclasses.dataclass
 class _CompiledRun:
   """A federated run's compiled round step and evaluations, placed for its executor, and the loop
@@ -466,7 +474,7 @@ class _CompiledRun:
   @classmethod
   def build(cls, exp: Experiment, workdir: str, state, start: int, private_only: bool):
     """The compiled run and the state placed for it."""
-    place = exp.round_config.executor.place
+    place = lambda tree: _committed(exp.round_config.executor.place(tree))
     state, data, key = place((state, exp.data, exp.root_key))
     validation = None if exp.validation is None else place(exp.validation)
     round_step = jax.jit(exp.make_round_step(), donate_argnums=0)
@@ -624,3 +632,36 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   logging.info('local_only: acc %.4f (pooled %.4f), %.2f s per visit.', record['test_accuracy'],
                record['test_accuracy_pooled'], record['seconds'])
   return record
+
+
+def summary(record: dict, workdir: str) -> str:
+  """The binary's closing lines: a finished (or already finished) run's accuracy and epsilon from its
+  last evaluation record, and where its files are (every metric stays in metrics.jsonl)."""
+  try:
+    with open(os.path.join(workdir, run_files.CONFIG_FILE)) as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    config = {}
+  rounds = f'round {record["round"]}' + (f'/{config["num_rounds"]}' if 'num_rounds' in config else '')
+  what = f'{config["method"]} on {config["dataset"]}, ' if 'method' in config else ''
+  if 'test_accuracy' in record:
+    pooled = record.get('test_accuracy_pooled')
+    accuracy = f'test accuracy {100 * record["test_accuracy"]:.2f} %' + (
+        f' (pooled {100 * pooled:.2f} %)' if pooled is not None else '')
+  else:
+    accuracy = 'accuracy not recorded (private_metrics_only)'
+  epsilon, delta = record.get('epsilon', math.inf), config.get('dp', {}).get('delta')
+  if math.isinf(epsilon):
+    privacy = 'not private (epsilon = inf)'
+  else:
+    privacy = f'epsilon = {epsilon:.3f}' + (f' at delta = {delta:.2g}' if delta else '')
+  lines = [f'Done: {what}{rounds}: {accuracy}, {privacy}.']
+  if record.get('epsilon_caveat'):
+    lines.append(f'Epsilon caveat: {record["epsilon_caveat"]}')
+  described = ((metric_writers.EVAL_FILE, 'every evaluation, every metric'),
+               (metric_writers.TRAIN_FILE, 'every round'), (run_files.CONFIG_FILE, 'the config as run'),
+               ('train.INFO', 'the full log'), (metric_writers.TENSORBOARD_DIR + '/', 'TensorBoard'),
+               ('checkpoints/', 'resume from here'))
+  files = [f'{name} ({why})' for name, why in described if os.path.exists(os.path.join(workdir, name))]
+  lines.append(f'Files in {workdir}: {", ".join(files)}.')
+  return '\n'.join(lines)

@@ -128,7 +128,7 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
     except Exception as e:  # pylint: disable=broad-except
       _write_failure(workdir, e)
       raise
-  print(json.dumps(final))
+  print(train.summary(final, workdir))
 
 
 def main(argv):

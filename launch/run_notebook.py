@@ -1,15 +1,17 @@
 """Runs a notebook's code cells in order in one Python namespace, without Jupyter, and writes the
 executed copy (each cell's printed output, its seconds, an error where one was raised).
 
-  python3 -m launch.run_notebook --out=/tmp/executed.ipynb [--set=OVERRIDES={'num_rounds':20}]
+  python3 -m launch.run_notebook --out=/tmp/executed.ipynb --set=INSTALL_FROM="'.'" \
+      [--set=OVERRIDES={'num_rounds':20}]
 
 What it is for: `launch/colab_tpu.ipynb` run end to end on a machine without a Jupyter kernel (a lent
 GPU machine: a kernel's ~5 MB of wheels do not fit the device transfer beside Fashion-MNIST), and the
-same run on the CPU in tests/test_notebook.py. It differs from a kernel in what a kernel adds: rich
-display (the notebook's report cell falls back to printing its table without IPython) and the
-`!`/`%` lines (the notebook has none in its code cells). The cell tagged `install` is skipped (the
-checkout is already installed); `--set` assigns names after the cell tagged `parameters`, as
-papermill does.
+same run on the CPU in tests/test_notebook.py. Every code cell runs, the install cell too (it
+pip-installs INSTALL_FROM into the interpreter that runs this). It differs from a kernel in what a
+kernel adds: rich display (the notebook's report cell falls back to printing its table without
+IPython) and the `!`/`%` lines (the notebook has none in its code cells). Logging starts as in a
+fresh kernel (absl at WARNING: the notebook turns on the lines it shows); `--set` assigns names after
+the cell tagged `parameters`, as papermill does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import traceback
 
 from absl import app
 from absl import flags
+from absl import logging
 
 NOTEBOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'colab_tpu.ipynb')
 
@@ -68,12 +71,12 @@ def parse_assignments(assignments: list[str]) -> dict:
 
 
 def run(notebook: dict, parameters: dict, name: str = 'notebook') -> tuple[dict, dict, str | None]:
-  """Runs the code cells (not `install`) in one namespace; returns (the executed copy, the
-  namespace, the error or None). An error is recorded in its cell and stops the run, as Run all
+  """Runs the code cells in one namespace; returns (the executed copy, the namespace, the error or
+  None). An error is recorded in its cell and stops the run, as Run all
   does."""
   executed, namespace, count = copy.deepcopy(notebook), {'__name__': '__main__'}, 0
   for index, cell in enumerate(executed['cells']):
-    if cell['cell_type'] != 'code' or 'install' in tags(cell):
+    if cell['cell_type'] != 'code':
       continue
     count += 1
     out, err = _Tee(sys.stdout), _Tee(sys.stderr)
@@ -101,6 +104,7 @@ def main(argv):
   del argv
   with open(FLAGS.notebook) as f:
     notebook = json.load(f)
+  logging.set_verbosity(logging.WARNING)  # absl.app's INFO is not a kernel's
   start = time.perf_counter()
   executed, _, error = run(notebook, parse_assignments(FLAGS.set), os.path.basename(FLAGS.notebook))
   executed['metadata']['executed'] = {'seconds': round(time.perf_counter() - start, 1),

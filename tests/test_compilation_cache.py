@@ -66,3 +66,44 @@ def test_two_processes_share_one_cache_and_a_third_compiles_nothing(tmp_path):
   out, err = third.communicate(timeout=300)
   assert third.returncode == 0, err[-3000:]
   assert int(out.strip()) >= 8  # every program of the loop came from the cache
+
+
+_TRAIN = textwrap.dedent('''
+    import logging, sys
+    sys.path.insert(0, 'tests')
+    from conftest import tiny_config
+    from dp2fedsam_jax import compilation_cache, train
+    compilation_cache.enable(sys.argv[1])
+    misses = []
+
+    class Misses(logging.Handler):
+      def emit(self, record):
+        if 'PERSISTENT COMPILATION CACHE MISS' in record.getMessage():
+          misses.append(record.args[0])
+    logger = logging.getLogger('jax._src.compiler')
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(Misses())
+    final = train.train_and_evaluate(tiny_config(num_rounds=int(sys.argv[3])), sys.argv[2])
+    print(final['round'], ' '.join(misses))
+''')
+
+
+def test_a_resumed_run_loads_its_round_step_and_evaluation_from_the_cache(tmp_path):
+  """A run resumed from a checkpoint compiles the same programs as a fresh one (its restored state
+  placed as the fresh state is), so the cache the first run filled serves them."""
+  script = tmp_path / 'train.py'
+  script.write_text(_TRAIN)
+
+  def run(rounds: int) -> tuple[int, list[str]]:
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / 'cache'), str(tmp_path / 'run'),
+                          str(rounds)], cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    done, *misses = out.stdout.split()
+    return int(done), misses
+
+  done, fresh_misses = run(1)
+  assert done == 1 and any('round_step' in m for m in fresh_misses)  # the first run compiles it
+  done, resumed_misses = run(2)  # resumes from round 1's checkpoint
+  assert done == 2
+  assert not [m for m in resumed_misses if 'round_step' in m or 'evaluate' in m], resumed_misses

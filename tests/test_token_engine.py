@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import math
 import os
 import subprocess
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from dp2fedsam_jax import train
+from dp2fedsam_jax import metric_writers, train
 from dp2fedsam_jax.algorithms import METHODS
 from dp2fedsam_jax.algorithms import specs
 from dp2fedsam_jax.data import shakespeare
@@ -152,6 +151,6 @@ def test_binary_trains_on_the_shakespeare_plays(tmp_path):
   out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'dp2fedsam on shakespeare: 6 clients, sigma=' in out.stderr
-  final = json.loads(out.stdout.strip().splitlines()[-1])
+  final = metric_writers.read_jsonl(os.path.join(tmp_path, metric_writers.EVAL_FILE))[-1]
   assert final['round'] == 1 and 0 < final['epsilon'] <= 2.0 + 1e-6
   assert 0.0 <= final['test_accuracy'] <= 1.0
