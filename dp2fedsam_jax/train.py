@@ -65,13 +65,16 @@ class Experiment:
     """The accounted epsilon after all num_rounds rounds (inf if not private)."""
     return self.epsilon_after(self.config.num_rounds)
 
-  def init_state(self) -> ServerState:
+  def init_state(self, root: jax.Array | None = None, round_config=None) -> ServerState:
+    """The initial state from the run's root key, or `root` (a search program's trial)."""
     model = self.model
     if self.config.get('init_checkpoint'):  # the extractor (and a fitting head) from a file
       model = CheckpointInit(model, self.config.init_checkpoint)
-    state = init_state(self.spec, model, self.init_key, self.data.num_clients)
-    return state.replace(**self.mechanism.init(state.shared),
-                         server_opt_state=self.round_config.server_optimizer.init(state.shared))
+    round_config = round_config or self.round_config
+    init = self.init_key if root is None else keys.init_key(root)
+    state = init_state(self.spec, model, init, self.data.num_clients)
+    return state.replace(**round_config.mechanism.init(state.shared),
+                         server_opt_state=round_config.server_optimizer.init(state.shared))
 
   @property
   def root_key(self) -> jax.Array:
@@ -92,18 +95,20 @@ class Experiment:
   def local_config(self) -> LocalConfig:
     return LocalConfig.from_config(self.config)
 
-  def make_round_step(self):
-    """The run's round step, a pure function to jit (federated_round.make_round_step)."""
-    return federated_round.make_round_step(self.spec, self.model, self.local_config,
-                                           self.round_config)
+  def make_round_step(self, local_config: LocalConfig | None = None, round_config=None):
+    """The run's round step, a pure function to jit (federated_round.make_round_step); a search
+    program passes its trial's configs, whose searched scalars are traced."""
+    return federated_round.make_round_step(self.spec, self.model,
+                                           local_config or self.local_config,
+                                           round_config or self.round_config)
 
-  def make_evaluate(self):
+  def make_evaluate(self, local_config: LocalConfig | None = None):
     """The run's evaluation, a pure function to jit (evaluation.make_evaluate): each client tests
     the model the run's test-time protocol gives it."""
     protocol = self.protocol
     own_weights = protocol.for_method(self.spec, self.local_config).own_weights
     clients_per_batch, mesh = eval_blocks.evaluation_batch(self.round_config.executor, own_weights)
-    return make_evaluate(self.spec, self.model, self.local_config, clients_per_batch,
+    return make_evaluate(self.spec, self.model, local_config or self.local_config, clients_per_batch,
                          eval_client_ids(self.data.num_clients, self.config.get('eval_clients'),
                                          self.config.seed),
                          protocol=protocol,

@@ -1,0 +1,176 @@
+"""A search as one compiled program: the trials of a study (or a selection's final seeds) as an axis.
+
+Within a study every trial has the same method, model, data, sigma, q, T and delta; only scalars
+differ. Those scalars (SEARCHED) enter the round step as a traced pytree, so one compile serves
+every trial, and the trials run as one more mapped axis of the same XLA program:
+
+    states[k], metrics[k] = round_step(states[k], data, roots[k], hyperparameters[k])   k = 1..K
+
+The trial axis is vmapped where the run's executor vmaps its clients (an accelerator) and a loop
+inside the program (lax.map) where it runs them one by one (the CPU, where a vmapped convolution is a
+slow grouped one). Each trial keeps its own root key (keys.root_key of its training seed: its own
+cohorts, noise and init), clip state and server state. Static choices (method, model, shapes, T,
+sigma's calibration, epochs) must agree across the trials: `one_program_key` says which do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dp2fedsam_jax import executors, keys, run_files
+from dp2fedsam_jax.evaluation import make_validation_evaluate
+
+# config field -> (the engine object that holds it, its attribute there)
+SEARCHED = {
+    'local.lr_shared': ('local', 'lr_shared'),
+    'local.lr_personal': ('local', 'lr_personal'),
+    'local.sam_rho': ('local', 'sam_rho'),
+    'server_lr': ('round', 'server_lr'),
+    'dp.clip_norm': ('mechanism', 'clip_norm'),
+}
+# Differ across the trials without changing the program: their keys' seed.
+PER_TRIAL = ('training_seed',)
+
+
+def hyperparameters(config) -> dict[str, float]:
+  """The searched scalars of one config, by field name."""
+  flat = run_files.flatten(config.to_dict())
+  return {field: float(flat[field]) for field in SEARCHED}
+
+
+def one_program_key(config) -> tuple:
+  """What must agree for two configs to run in one program: every field but SEARCHED and PER_TRIAL
+  (a trial of another method, epoch count or sigma target needs its own program)."""
+  flat = run_files.flatten(config.to_dict())
+  return tuple(sorted((k, repr(v)) for k, v in flat.items()
+                      if k not in SEARCHED and k not in PER_TRIAL))
+
+
+def with_hyperparameters(exp, values: dict):
+  """(LocalConfig, RoundConfig) of `exp` with the searched scalars replaced by `values` (traced
+  inside the program; the engine only does arithmetic on them)."""
+  local = {a: values[f] for f, (where, a) in SEARCHED.items() if where == 'local'}
+  rc = exp.round_config
+  mechanism = dataclasses.replace(rc.mechanism, **{
+      a: values[f] for f, (where, a) in SEARCHED.items() if where == 'mechanism'})
+  round_fields = {a: values[f] for f, (where, a) in SEARCHED.items() if where == 'round'}
+  return (dataclasses.replace(exp.local_config, **local),
+          dataclasses.replace(rc, mechanism=mechanism, **round_fields))
+
+
+def maps_trials_in_a_loop(exp) -> bool:
+  """The trial axis as a loop inside the program where the executor runs clients one by one."""
+  return isinstance(exp.round_config.executor, executors.Sequential)
+
+
+def _over_trials(fn: Callable, in_loop: bool) -> Callable:
+  """fn(*per_trial, shared) -> f(per_trial, shared) over the leading trial axis of every per-trial
+  argument; `shared` (the data) is read by every trial, never copied per trial."""
+  if not in_loop:
+    return lambda per_trial, shared: jax.vmap(lambda *a: fn(*a, shared))(*per_trial)
+  return lambda per_trial, shared: jax.lax.map(lambda a: fn(*a, shared), per_trial)
+
+
+@dataclasses.dataclass
+class SearchProgram:
+  """K trials of one experiment's program: their hyperparameters [K] and root keys [K]."""
+  exp: object                      # train.Experiment of the first trial (the static part)
+  values: dict                     # field -> float32[K]
+  roots: jax.Array                 # key[K]
+
+  @classmethod
+  def of_configs(cls, configs: list, build=None) -> 'SearchProgram':
+    """The program of `configs` (one experiment built from the first; the others must share its
+    one_program_key)."""
+    if build is None:
+      from dp2fedsam_jax.train import build_experiment  # pylint: disable=import-outside-toplevel
+      build = build_experiment
+    first = one_program_key(configs[0])
+    for i, config in enumerate(configs[1:], 1):
+      if one_program_key(config) != first:
+        differ = sorted(dict(one_program_key(config)).items() ^ dict(first).items())
+        raise ValueError(f'trial {i} differs from trial 0 in more than its searched scalars '
+                         f'({sorted({k for k, _ in differ})}): it needs a program of its own.')
+    values = [hyperparameters(c) for c in configs]
+    stacked = {f: jnp.asarray([v[f] for v in values], jnp.float32) for f in SEARCHED}
+    roots = jnp.stack([keys.root_key(c.seed, c.get('training_seed')) for c in configs])
+    return cls(build(configs[0]), stacked, roots)
+
+  @property
+  def num_trials(self) -> int:
+    return int(self.roots.shape[0])
+
+  @property
+  def in_loop(self) -> bool:
+    return maps_trials_in_a_loop(self.exp)
+
+  def init_states(self):
+    """Each trial's initial state from its own root (its init key), stacked over the trials."""
+    exp = self.exp
+
+    def one(root, values, _):
+      _, round_config = with_hyperparameters(exp, values)
+      return exp.init_state(root=root, round_config=round_config)
+    return jax.jit(_over_trials(one, self.in_loop))((self.roots, self.values), None)
+
+  def round_step(self) -> Callable:
+    """step(states, data, roots, values) -> (states, metrics [K]), to jit once."""
+    exp = self.exp
+
+    def one(state, root, values, data):
+      local, round_config = with_hyperparameters(exp, values)
+      return exp.make_round_step(local, round_config)(state, data, root)
+    mapped = _over_trials(one, self.in_loop)
+    return lambda states, data, roots, values: mapped((states, roots, values), data)
+
+  def evaluate(self, validation: bool = False) -> Callable:
+    """evaluate(states, data, roots, values, round) -> each trial's evaluation record [K] (its
+    eval key folded from its own root, as a run alone draws it)."""
+    exp = self.exp
+
+    def one(state, root, values, data_and_round):
+      data, round_index = data_and_round
+      local, _ = with_hyperparameters(exp, values)
+      evaluate = exp.make_evaluate(local)
+      if validation:
+        evaluate = make_validation_evaluate(evaluate)
+      return evaluate(state, data, keys.eval_key(root, round_index))
+    mapped = _over_trials(one, self.in_loop)
+    return lambda states, data, roots, values, round_index: mapped((states, roots, values),
+                                                                    (data, round_index))
+
+  def run(self, num_rounds: int | None = None, eval_every: int | None = None,
+          on_round: Callable | None = None, on_eval: Callable | None = None):
+    """All trials for num_rounds rounds (the config's by default) in one jitted round step and one
+    jitted evaluation; on_round(done, metrics [K]) after each round, on_eval(done, records [K])
+    at each evaluation (every eval_every rounds and the last). Returns the final states."""
+    config = self.exp.config
+    num_rounds = config.num_rounds if num_rounds is None else num_rounds
+    eval_every = config.eval_every if eval_every is None else eval_every
+    step = jax.jit(self.round_step(), donate_argnums=0)
+    evaluate = jax.jit(self.evaluate(), static_argnums=4)
+    validate = (jax.jit(self.evaluate(validation=True), static_argnums=4)
+                if self.exp.validation is not None else None)
+    states = self.init_states()
+    for r in range(num_rounds):
+      states, metrics = step(states, self.exp.data, self.roots, self.values)
+      done = r + 1
+      if on_round is not None:
+        on_round(done, jax.device_get(metrics))
+      if on_eval is not None and (done % eval_every == 0 or done == num_rounds):
+        records = dict(jax.device_get(evaluate(states, self.exp.data, self.roots, self.values, done)))
+        if validate is not None:
+          records.update(jax.device_get(validate(states, self.exp.validation, self.roots,
+                                                 self.values, done)))
+        on_eval(done, records)
+    return states
+
+
+def trial_records(records: dict, index: int) -> dict:
+  """Trial `index`'s entries of a mapped record (every leaf has the trial axis first)."""
+  return {k: np.asarray(v)[index].item() for k, v in records.items()}

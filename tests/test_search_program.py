@@ -1,0 +1,71 @@
+"""dp2fedsam_jax/search_program.py: K trials as one program equal each trial run alone."""
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from dp2fedsam_jax import search_program, train
+
+TRIALS = [  # searched scalars and a training seed of each trial
+    {'local.lr_shared': 0.05, 'local.lr_personal': 0.05, 'local.sam_rho': 0.05, 'server_lr': 1.0,
+     'dp.clip_norm': 1.0, 'training_seed': 2**40 + 1},
+    {'local.lr_shared': 0.2, 'local.lr_personal': 0.01, 'local.sam_rho': 0.0, 'server_lr': 0.5,
+     'dp.clip_norm': 0.3, 'training_seed': 2**41 + 7},
+    {'local.lr_shared': 0.01, 'local.lr_personal': 0.1, 'local.sam_rho': 0.2, 'server_lr': 2.0,
+     'dp.clip_norm': 3.0, 'training_seed': 2**50 + 3},
+]
+
+
+def _configs(method, **common):
+  return [tiny_config(method=method, num_clients=8, sampling_rate=0.5, num_rounds=2,
+                      validation_fraction=0.25, **common, **trial) for trial in TRIALS]
+
+
+def _alone(config):
+  """The trial as the binary runs it: its own experiment, jitted round step and evaluations."""
+  exp = train.build_experiment(config)
+  step, state = jax.jit(exp.make_round_step()), exp.init_state()
+  for _ in range(config.num_rounds):
+    state, metrics = step(state, exp.data, exp.root_key)
+  key = exp.eval_key(config.num_rounds)
+  record = {**jax.jit(exp.make_evaluate())(state, exp.data, key),
+            **jax.jit(train.make_validation_evaluate(exp.make_evaluate()))(state, exp.validation, key)}
+  return state, metrics, record
+
+
+def _close(a, b, what):
+  """Relative 1e-4 in the array's norm: a traced learning rate may fuse in another order than a
+  constant one, so float32 rounding differs in the last digits."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  error = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-6)
+  assert error <= 1e-4, (what, error)
+
+
+@pytest.mark.parametrize('method,executor', [('dp2fedsam', 'sequential'), ('dp2fedsam', 'vmap'),
+                                             ('dp_fedavg', 'sequential')])
+def test_trial_i_of_the_program_is_trial_i_run_alone(method, executor):
+  configs = _configs(method, executor=executor)
+  program = search_program.SearchProgram.of_configs(configs)
+  assert program.in_loop == (executor == 'sequential')
+  finals, records = [], {}
+  states = program.run(on_round=lambda done, m: finals.append(m),
+                       on_eval=lambda done, r: records.setdefault(done, r))
+  assert sorted(records) == [1, 2]  # eval_every 1
+  for i, config in enumerate(configs):
+    state, metrics, record = _alone(config)
+    mine = jax.tree.map(lambda x: x[i], states)  # noqa: B023
+    for a, b in zip(jax.tree.leaves(mine.shared), jax.tree.leaves(state.shared)):
+      _close(a, b, f'trial {i} shared')
+    for a, b in zip(jax.tree.leaves(mine.personal), jax.tree.leaves(state.personal)):
+      _close(a, b, f'trial {i} personal')
+    assert int(finals[-1]['cohort_size'][i]) == int(metrics['cohort_size'])
+    for name in ('test_accuracy', 'validation_accuracy_sum', 'validation_accuracy'):
+      _close(search_program.trial_records(records[2], i)[name], record[name], f'trial {i} {name}')
+
+
+def test_trials_that_differ_in_more_than_their_searched_scalars_need_their_own_program():
+  configs = _configs('dp2fedsam')
+  configs[1].local.personal_epochs = 2
+  with pytest.raises(ValueError, match='local.personal_epochs'):
+    search_program.SearchProgram.of_configs(configs)
