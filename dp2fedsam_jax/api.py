@@ -156,8 +156,8 @@ def listing() -> str:
   sections = []
   for title, registry in (('methods', METHODS), ('models', MODELS), ('datasets', DATASETS),
                           ('partitions', PARTITIONS)):
-    lines = registry.listing()
-    if registry is DATASETS:
-      lines.append("tfds:<name>  any TFDS image classification dataset (the [tfds] extra)")
+    lines = registry.listing(
+        {'tfds:<name>': 'any TFDS image classification dataset (the [tfds] extra)'}
+        if registry is DATASETS else None)
     sections.append(f'{title} ({len(lines)}):\n' + '\n'.join(f'  {line}' for line in lines))
   return '\n\n'.join(sections)

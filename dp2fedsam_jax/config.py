@@ -193,6 +193,27 @@ def choices() -> dict[str, tuple[str, ...]]:
   }
 
 
+def field_help() -> dict[str, str]:
+  """config_help.FIELD_HELP with the registered names of method, model, dataset and partition
+  appended (those a user's file registered included), and each registered knob's help line."""
+  from dp2fedsam_jax import config_help  # pylint: disable=import-outside-toplevel
+  lines = dict(config_help.FIELD_HELP)
+  allowed = choices()
+  for field in ('method', 'model', 'dataset', 'partition'):
+    names = allowed[field] if field != 'dataset' else _dataset_names()
+    lines[field] = f'{lines[field]}: {" | ".join(names)}'
+  for path, declared in registries.KNOBS.items():
+    bounds = declared.knob.range_text()
+    lines[path] = '; '.join(part for part in (declared.knob.help or declared.owner,
+                                              bounds and f'in {bounds}') if part)
+  return lines
+
+
+def _dataset_names() -> list[str]:
+  from dp2fedsam_jax.data import sources  # pylint: disable=import-outside-toplevel
+  return sources.dataset_names()
+
+
 def _fail(field: str, value, why: str) -> None:
   raise ConfigError(f'config.{field}={value!r}: {why}')
 

@@ -139,10 +139,11 @@ class Registry(Mapping[str, T]):
     registrations included), mapping each name to `value(entry value)`."""
     return _View(self, predicate, value)
 
-  def listing(self) -> list[str]:
-    """'name  description' lines, sorted by name (`--list`)."""
-    width = max((len(n) for n in self._entries), default=0)
-    return [f'{n:{width}s}  {self._entries[n].description}'.rstrip() for n in self.names()]
+  def listing(self, extra: dict[str, str] | None = None) -> list[str]:
+    """'name  description' lines, sorted by name, then `extra`'s (`--list`)."""
+    rows = [(n, self._entries[n].description) for n in self.names()] + list((extra or {}).items())
+    width = max((len(n) for n, _ in rows), default=0)
+    return [f'{n:{width}s}  {about}'.rstrip() for n, about in rows]
 
 
 class _View(Mapping[str, Any]):
@@ -193,7 +194,8 @@ class Knob:
       return None if isinstance(value, bool) else 'must be True or False'
     if (not isinstance(value, (int, float)) or isinstance(value, bool)
         or (integer and not isinstance(value, int)) or not math.isfinite(value)):
-      return f'must be {"an integer" if integer else "a finite number"} {self.range_text()}'.rstrip()
+      bounds = self.range_text()
+      return f'must be {"an integer" if integer else "a finite number"}' + (f' in {bounds}' if bounds else '')
     too_low = self.low is not None and (value < self.low or (self.low_open and value == self.low))
     too_high = self.high is not None and (value > self.high or (self.high_open and value == self.high))
     return f'must lie in {self.range_text()}' if too_low or too_high else None

@@ -120,10 +120,10 @@ class UploadMask(abc.ABC):
     """What the client multiplies its update with (None: no mask)."""
 
 
-class Postprocess(abc.ABC):
-  """Applied to noised values: a client's own noised upload, and the noised sum. `on_client_noise`:
-  it sparsifies the client's own noised share (needs distributed noise; epsilon does not cover
-  it); `reads_noise`: it needs noise to act on."""
+class Postprocess:
+  """Applied to noised values: a client's own noised upload, and the noised sum (each the identity
+  unless overridden). `on_client_noise`: it sparsifies the client's own noised share (needs
+  distributed noise; epsilon does not cover it); `reads_noise`: it needs noise to act on."""
   name: ClassVar[str] = 'postprocess'
   on_client_noise: ClassVar[bool] = False
   reads_noise: ClassVar[bool] = False
