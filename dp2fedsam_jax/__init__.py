@@ -3,8 +3,8 @@
 __version__ = '0.2.0'
 
 # The public extension API (api.py: register_method, register_model, register_dataset,
-# register_partition, MethodSpec and the piece classes, ...), imported on first use so that
-# `import dp2fedsam_jax.config` stays free of JAX (config files and launchers rely on it).
+# register_partition, MethodSpec and the piece classes, ...; docs/extending.md), imported on first
+# use so that `import dp2fedsam_jax.config` stays free of JAX (config files and launchers rely on it).
 __all__ = [
     'register_method', 'register_model', 'register_dataset', 'register_partition', 'listing',
     'METHODS', 'MODELS', 'DATASETS', 'PARTITIONS', 'KNOBS', 'Registry', 'RegistrationError',

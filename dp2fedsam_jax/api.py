@@ -10,7 +10,9 @@ so the name is accepted by validate_config (with a did-you-mean on a typo), list
 raises RegistrationError unless `replace=True`. Register at import time of a config file: the binary
 executes the file (--config=<file>) before it reads the config, so `get_config()` sees the names.
 
-Everything here is re-exported by `dp2fedsam_jax` itself (imported on first use).
+Everything here is re-exported by `dp2fedsam_jax` itself, which imports this module on first use.
+The package lists the same names in its own `__all__` (tests/test_extending.py holds the two equal):
+it must answer `from dp2fedsam_jax import config` without importing JAX.
 """
 
 from __future__ import annotations
