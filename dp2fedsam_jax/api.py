@@ -74,7 +74,21 @@ def register_method(spec: MethodSpec, *, description: str = '', replace: bool = 
   Returns:
     `spec`.
   """
+  package_fields = base_config()
+  for knob, _, owner in spec.knobs():
+    if knob.path not in KNOBS and _has_path(package_fields, knob.path):
+      raise RegistrationError(f'{owner}: config.{knob.path} is a field of the package\'s config; '
+                              'give the knob a path of its own.')
   return _register_spec(spec, description=description, replace=replace)
+
+
+def _has_path(config, path: str) -> bool:
+  node = config
+  for part in path.split('.'):
+    if not hasattr(node, 'keys') or part not in node:
+      return False
+    node = node[part]
+  return True
 
 
 def register_model(name: str, build: Callable[..., nn.Module], *, input_kind: str = 'image',

@@ -51,6 +51,12 @@ class HalfStep(dp2fedsam_jax.ServerStep):
     return shared, state
 
 
+@dataclasses.dataclass(frozen=True)
+class ClashingStep(HalfStep):
+  """A knob whose path the package's config already has."""
+  config_fields = (dp2fedsam_jax.Knob('scale', 'dp.clip_norm'),)
+
+
 def test_the_package_exports_the_api_without_loading_it_for_config():
   assert sorted(dp2fedsam_jax.__all__) == sorted(api.__all__)
   for name in dp2fedsam_jax.__all__:
@@ -155,6 +161,10 @@ def test_a_piece_of_the_wrong_slot_and_a_bad_default_are_refused():
                      r'its default 0.0 must lie in \(0, 1\]'):
     api.register_method(dp2fedsam_jax.MethodSpec('test_ext_zero', server_step=HalfStep(scale=0.0)))
   assert 'test_ext_zero' not in api.METHODS
+  with pytest.raises(dp2fedsam_jax.RegistrationError, match=r"config.dp.clip_norm is a field of the "
+                     "package's config"):
+    api.register_method(dp2fedsam_jax.MethodSpec('test_ext_taken', server_step=ClashingStep()))
+  assert 'test_ext_taken' not in api.METHODS
 
 
 def test_knob_ranges_and_types():
