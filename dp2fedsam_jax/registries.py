@@ -102,6 +102,17 @@ class Registry(Mapping[str, T]):
     """Removes `name` (tests that register an entry of their own take it back)."""
     self._entries.pop(name, None)
 
+  def __setitem__(self, name: str, value: T) -> None:
+    """Swaps the value of a registered `name`, keeping its description and origin (a test's
+    monkeypatch.setitem); a new name is registered as by `register`."""
+    if name in self._entries:
+      self._entries[name] = dataclasses.replace(self._entries[name], value=value)
+    else:
+      self.register(name, value)
+
+  def __delitem__(self, name: str) -> None:
+    del self._entries[name]
+
   def __getitem__(self, name: str) -> T:
     return self._entries[name].value
 
