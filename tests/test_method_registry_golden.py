@@ -84,7 +84,10 @@ def test_golden_cases_hold_under_another_instruction_set(golden, tmp_path):
             'json.dump({c: m.run_case(*cases[c]) for c in sys.argv[2:]}, open(sys.argv[1], "w"))')
   proc = subprocess.run([sys.executable, '-c', script, str(out), *_OTHER_ISA_CASES], cwd=TESTS,
                         env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS='cpu',
-                                 DP2FEDSAM_COMPILATION_CACHE=str(tmp_path / 'cache')),
+                                 DP2FEDSAM_COMPILATION_CACHE=str(tmp_path / 'cache'),
+                                 # this checkout's package, not an installed one
+                                 PYTHONPATH=os.pathsep.join(filter(None, [
+                                     os.path.dirname(TESTS), os.environ.get('PYTHONPATH')]))),
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   got = json.loads(out.read_text())
