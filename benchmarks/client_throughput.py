@@ -40,13 +40,15 @@ from dp2fedsam_jax.algorithms import get_method
 from dp2fedsam_jax.config import base_config
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.models import CONV_IMPLS, count_params, get_model
+from dp2fedsam_jax.models.registry import MODELS, is_token_model
+from dp2fedsam_jax.registries import did_you_mean
 
-INPUT_SHAPES = {'cifar_cnn': (32, 32, 3), 'pfl_cifar_cnn': (32, 32, 3), 'resnet20': (32, 32, 3),
-                'resnet18_gn': (32, 32, 3), 'emnist_cnn': (28, 28, 1), 'emnist_cnn_fedavg': (28, 28, 1),
-                'emnist_cnn_tff': (28, 28, 1), 'mlp': (28, 28, 1)}
-TOKEN_MODELS = ('char_lstm', 'char_lstm_small')  # input (seq_len,) ids; classes = the vocabulary
-
-_MODEL = flags.DEFINE_enum('model', 'cifar_cnn', sorted(INPUT_SHAPES) + list(TOKEN_MODELS), 'Model.')
+# Every registered model (models.registry.MODELS), a user's too: `--extension=<file>` executes the
+# file that registers it (dp2fedsam_jax.register_model) before the model is built.
+_MODEL = flags.DEFINE_string('model', 'cifar_cnn', 'Model: a registered name (python3 -m '
+                             'experiments.train --list), e.g. ' + ', '.join(MODELS.names()) + '.')
+_EXTENSION = flags.DEFINE_string('extension', None, 'A Python file that registers models or methods '
+                                 '(e.g. experiments/extending/own_model.py), executed first.')
 _SEQ_LEN = flags.DEFINE_integer('seq_len', 80, 'Token models: ids per row (TFF Shakespeare: 80).')
 _VOCAB = flags.DEFINE_integer('vocab', 90, 'Token models: vocabulary size incl. pad id 0 (TFF: 90).')
 _LSTM_CELL = flags.DEFINE_enum('lstm_cell', 'fused', ['fused', 'optimized', 'lstm'], 'Token models: '
@@ -121,10 +123,15 @@ def lstm_step_gemms(model, batch: int) -> list[dict]:
   return [loop_gemm_gflops(*shape) for shape in shapes]
 
 
+def input_shape(model: str) -> tuple:
+  """The input a model is timed on: its registered benchmark_input_shape (models.registry.MODELS)."""
+  return MODELS.lookup(model).benchmark_input_shape
+
+
 def build_model(seq_len: int | None = None, unroll: int | None = None):
   """The --model; token models at `seq_len` ids (default --seq_len) and `unroll` (--lstm_unroll)."""
-  if _MODEL.value not in TOKEN_MODELS:
-    return get_model(_MODEL.value, 10, INPUT_SHAPES[_MODEL.value], _CONV_IMPL.value)
+  if not is_token_model(_MODEL.value):
+    return get_model(_MODEL.value, 10, input_shape(_MODEL.value), _CONV_IMPL.value)
   return get_model(_MODEL.value, _VOCAB.value, (seq_len or _SEQ_LEN.value,), cell=_LSTM_CELL.value,
                    unroll=unroll or _LSTM_UNROLL.value)
 
@@ -139,7 +146,7 @@ def local_config() -> LocalConfig:
 def time_mode(mode: str, cohort: int, spec, model, lc) -> dict:
   return timing.time_round(mode, cohort, spec, model, lc, samples=_SAMPLES.value,
                            rounds=_ROUNDS.value, min_samples=_MIN_SAMPLES.value,
-                           chunk_size=_CHUNK.value, tokens=_MODEL.value in TOKEN_MODELS)
+                           chunk_size=_CHUNK.value, tokens=is_token_model(_MODEL.value))
 
 
 def torch_rows(cohorts, lc, client_gflop) -> list[dict]:
@@ -242,8 +249,14 @@ def _main(argv):
   if cpu_devices < 1:
     raise ValueError(f'--cpu_devices={cpu_devices}: at least 1')
   jax.config.update('jax_num_cpu_devices', cpu_devices)  # before the backend starts
+  if _EXTENSION.value:
+    cli.execute_file(_EXTENSION.value, '--extension', '_benchmark_extension')
+  if _MODEL.value not in MODELS:
+    raise ValueError(f'--model={_MODEL.value}: unknown; {did_you_mean(_MODEL.value, MODELS.names())}'
+                     f'choose one of {MODELS.names()}, or register your own in a file passed as '
+                     '--extension=<file> (docs/extending.md).')
   spec = get_method(_METHOD.value)
-  if _MODEL.value in TOKEN_MODELS and not 2 <= _VOCAB.value <= 256:
+  if is_token_model(_MODEL.value) and not 2 <= _VOCAB.value <= 256:
     raise ValueError(f'--vocab={_VOCAB.value}: token ids are stored as uint8; use 2..256')
   model = build_model()
   lc = local_config()
@@ -260,7 +273,7 @@ def _main(argv):
                       'clients': cohorts, 'modes': _MODES.value, 'rounds': _ROUNDS.value,
                       'chunk_size': _CHUNK.value, 'json_out': _JSON_OUT.value}))
     return
-  tokens = _MODEL.value in TOKEN_MODELS
+  tokens = is_token_model(_MODEL.value)
   data1 = timing.synthetic_data(1, _SAMPLES.value, model.input_shape, model.num_classes,
                                 tokens=tokens)
   cf = _client_flops(spec, model, lc, data1, tokens)
@@ -303,8 +316,8 @@ def _main(argv):
       row['gflops_per_second'] = cohort * cf.total / row['seconds_per_round'] / 1e9
       result['results'].append(_with_peak_percents(row, machine))
       print(f"{mode:>10} {cohort:>5} clients: {row['seconds_per_round']:.3f} s/round", flush=True)
-  if (_TORCH.value and _MODEL.value in ('cifar_cnn', *TOKEN_MODELS) and _METHOD.value == 'dp2fedsam'
-      and jax.process_count() == 1):
+  if (_TORCH.value and (_MODEL.value == 'cifar_cnn' or is_token_model(_MODEL.value))
+      and _METHOD.value == 'dp2fedsam' and jax.process_count() == 1):
     torch_cohorts = [int(c) for c in (_TORCH_CLIENTS.value or cohorts)]
     for row in torch_rows(torch_cohorts, lc, cf.total / 1e9):
       result['results'].append(_with_peak_percents(row, machine))

@@ -75,7 +75,7 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   path = os.path.join(_OUT.value, 'conv_sweep.json')
   spec, lc = get_method(ct._METHOD.value), ct.local_config()
-  models = {impl: get_model(ct._MODEL.value, 10, ct.INPUT_SHAPES[ct._MODEL.value], impl) for impl in impls}
+  models = {impl: get_model(ct._MODEL.value, 10, ct.input_shape(ct._MODEL.value), impl) for impl in impls}
   counted = models[impls[0]]
   data1 = timing.synthetic_data(1, ct._SAMPLES.value, counted.input_shape, counted.num_classes)
   client_flops = (flops_lib.client_flops(spec, counted, lc, ct._SAMPLES.value, data1.normalize).total

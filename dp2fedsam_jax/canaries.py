@@ -308,8 +308,12 @@ def make_trial_scores(exp, settings: AuditSettings):
   `exp` already holds the canary clients (with_canary_clients).
   """
   rc, spec, mech = exp.round_config, exp.spec, exp.mechanism
-  if rc.server_optimizer.name != 'sgd':
-    raise ValueError(f'config.server_optimizer={rc.server_optimizer.name!r}: the audit reads each '
+  if spec.server_step is not None:
+    raise ValueError(f'config.method={spec.name!r}: its own server step ({rc.server_step.name}) is '
+                     "not the sgd step the audit reads each round's released sum back from; audit "
+                     'a method without one (a server step is post-processing: the release is the same).')
+  if rc.server_step.name != 'sgd':
+    raise ValueError(f'config.server_optimizer={rc.server_step.name!r}: the audit reads each '
                      "round's released sum back from the sgd step; set --config.server_optimizer=sgd "
                      '(a server optimizer is post-processing: the audited release is the same).')
   clip = mech.clip_norm

@@ -107,14 +107,22 @@ def _exit_with(error: BaseException) -> None:
 # --config.<field> flags
 
 
+def execute_file(path: str, flag: str = '--config', module_name: str = '_cli_config_file'):
+  """Executes the Python file `path` as a module (its registrations run) and returns the module."""
+  module_spec = importlib.util.spec_from_file_location(module_name, path)
+  if module_spec is None or module_spec.loader is None or not os.path.isfile(path):
+    raise FlagError(f'{flag}={path}: no such Python file')
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
 def load_config_file(spec: str):
   """The ConfigDict of 'path.py' or 'path.py:arg', loaded the way ml_collections loads it."""
   path, sep, arg = spec.partition(':')
-  module_spec = importlib.util.spec_from_file_location('_cli_config_file', path)
-  if module_spec is None or module_spec.loader is None or not os.path.isfile(path):
+  if not os.path.isfile(path):
     raise FlagError(f'--config={spec}: no such config file')
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = execute_file(path)
   return module.get_config(arg) if sep else module.get_config()
 
 

@@ -13,11 +13,16 @@ import ml_collections
 from ml_collections import config_dict
 
 from dp2fedsam_jax import protocol
+from dp2fedsam_jax import registries
 from dp2fedsam_jax.errors import ConfigError  # pylint: disable=unused-import  (raised here; public)
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """All fields with neutral defaults; `experiments/configs/*.py` override what they need."""
+  """All fields with neutral defaults; `experiments/configs/*.py` override what they need.
+
+  It also holds the knob of every registered method's pieces (registries.KNOBS) at its piece's
+  default: a user's file that registers a method before it calls base_config() gets its knob.
+  """
   c = ml_collections.ConfigDict()
   c.method = 'dp2fedsam'
   c.dataset = 'fashion_mnist'
@@ -77,7 +82,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.local = _local_defaults()
   c.dp = _dp_defaults()
   c.eval = _eval_defaults()
+  _add_knobs(c)
   return c
+
+
+def _add_knobs(c: ml_collections.ConfigDict) -> None:
+  """Each registered knob (registries.KNOBS) at its dotted path, with its piece's default."""
+  for path, declared in registries.KNOBS.items():
+    *parents, leaf = path.split('.')
+    node = c
+    for part in parents:
+      if part not in node:
+        node[part] = ml_collections.ConfigDict()
+      node = node[part]
+    if leaf not in node:
+      node[leaf] = declared.default
 
 
 def _local_defaults() -> ml_collections.ConfigDict:
@@ -152,14 +171,14 @@ def choices() -> dict[str, tuple[str, ...]]:
   from dp2fedsam_jax import server_optimizer
   from dp2fedsam_jax.algorithms import specs
   from dp2fedsam_jax.data.federated import SUBSET_DRAWS
-  from dp2fedsam_jax.data.partition import NATURAL, PARTITIONS  # (data.partition is a function)
+  from dp2fedsam_jax.data.partition import PARTITIONS  # (data.partition is a function)
   from dp2fedsam_jax.models import layers, registry
   from dp2fedsam_jax.privacy import accounting, clip_rules, noise, noise_mechanisms, sampling
   return {
-      'method': tuple(sorted(specs.METHODS)),
+      'method': tuple(specs.METHODS.names()),
       'model': tuple(registry.model_names()),
       'conv_impl': layers.CONV_IMPLS,
-      'partition': PARTITIONS + (NATURAL,),  # natural: one client per writer
+      'partition': tuple(PARTITIONS.names()),
       'executor': executors.NAMES,
       'server_optimizer': server_optimizer.SERVER_OPTIMIZERS,
       'dp.sampling': sampling.SAMPLINGS,
@@ -174,6 +193,27 @@ def choices() -> dict[str, tuple[str, ...]]:
   }
 
 
+def field_help() -> dict[str, str]:
+  """config_help.FIELD_HELP with the registered names of method, model, dataset and partition
+  appended (those a user's file registered included), and each registered knob's help line."""
+  from dp2fedsam_jax import config_help  # pylint: disable=import-outside-toplevel
+  lines = dict(config_help.FIELD_HELP)
+  allowed = choices()
+  for field in ('method', 'model', 'dataset', 'partition'):
+    names = allowed[field] if field != 'dataset' else _dataset_names()
+    lines[field] = f'{lines[field]}: {" | ".join(names)}'
+  for path, declared in registries.KNOBS.items():
+    bounds = declared.knob.range_text()
+    lines[path] = '; '.join(part for part in (declared.knob.help or declared.owner,
+                                              bounds and f'in {bounds}') if part)
+  return lines
+
+
+def _dataset_names() -> list[str]:
+  from dp2fedsam_jax.data import sources  # pylint: disable=import-outside-toplevel
+  return sources.dataset_names()
+
+
 def _fail(field: str, value, why: str) -> None:
   raise ConfigError(f'config.{field}={value!r}: {why}')
 
@@ -181,7 +221,7 @@ def _fail(field: str, value, why: str) -> None:
 def _choice(config, field: str, choices) -> None:
   value = _get(config, field)
   if value not in choices:
-    _fail(field, value, f'unknown; choose one of {list(choices)}.')
+    _fail(field, value, f'unknown; {registries.did_you_mean(value, choices)}choose one of {list(choices)}.')
 
 
 def _get(config, field: str):
@@ -230,7 +270,32 @@ def validate_config(config: ml_collections.ConfigDict, methods=None) -> None:
   _check_run_numbers(config)
   _check_init_checkpoint(config)
   _check_clients_and_pieces(config)
+  _check_knobs(config)
   _check_privacy(config)
+
+
+def _check_knobs(config) -> None:
+  """The knobs registered methods' pieces declare (registries.Knob): each one the config holds,
+  and every one of the chosen method's, within its range; a method with its own server step leaves
+  config.server_optimizer at sgd."""
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
+  method = specs.METHODS.get(config.method)
+  needed = {knob.path for knob, _, _ in method.knobs()} if method is not None else set()
+  for path, declared in registries.KNOBS.items():
+    try:
+      value = _get(config, path)
+    except KeyError:
+      if path in needed:
+        _fail(path, None, f'missing: {declared.owner} reads it; build the config with '
+              'config.base_config() after the method is registered (its default is '
+              f'{declared.default!r}).')
+      continue
+    problem = declared.knob.problem(value, declared.default)
+    if problem:
+      _fail(path, value, f'{problem} ({declared.owner}); e.g. --config.{path}={declared.default!r}.')
+  if method is not None and method.server_step is not None and config.server_optimizer != 'sgd':
+    _fail('server_optimizer', config.server_optimizer, f'method {config.method} brings its own server '
+          f'step ({method.server_step.name}); leave config.server_optimizer=sgd for it.')
 
 
 def _check_names(config, methods) -> None:
@@ -243,14 +308,15 @@ def _check_names(config, methods) -> None:
       raise ConfigError(config_help.renamed_field_message(old))
   allowed = choices()
   methods = allowed['method'] if methods is None else methods
-  if config.method not in methods:
-    _fail('method', config.method, f'unknown method; choose one of {sorted(methods)}.')
   # Imported here: importing config.py must stay cheap and free of cycles.
+  from dp2fedsam_jax.algorithms import specs  # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax.data import sources  # pylint: disable=import-outside-toplevel
+  if config.method not in methods:
+    raise ConfigError(specs.METHODS.unknown_message(config.method, sorted(methods)))
   dataset = config.dataset
   if not (dataset in sources.dataset_names()
           or (isinstance(dataset, str) and dataset.startswith('tfds:') and len(dataset) > 5)):
-    _fail('dataset', dataset, f'unknown; choose one of {sources.dataset_names()}.')
+    raise ConfigError(sources.DATASETS.unknown_message(dataset, sources.dataset_names()))
   _check_model_fits_dataset(config.model, dataset, sources.TOKEN_DATASETS)
   data_dir = config.get('data_dir')
   if data_dir is not None and not isinstance(data_dir, str):

@@ -1,22 +1,23 @@
 """One line of help per config field, and `--print_config`: the resolved config with that help.
 
 `tests/test_cli.py` checks that every field of `config.base_config()` has a line here, so a new
-field cannot appear without one.
+field cannot appear without one. The fields that name a registered entry (method, model, dataset,
+partition) say so here; config.field_help() adds the names registered at the time, and the help of
+the knobs registered methods declare.
 """
 
 from __future__ import annotations
 
 FIELD_HELP = {
-    'method': 'the algorithm, one row of algorithms/specs.py (table in WORKSPACE.md)',
-    'dataset': "fashion_mnist | synthetic | cifar10 | cifar100 | emnist_<config> | femnist | "
-               "'tfds:<name>' (TFDS ones need the [tfds] extra)",
+    'method': 'the algorithm, a registered method (--list)',
+    'dataset': "a registered dataset (--list), or 'tfds:<name>' (TFDS ones need the [tfds] extra)",
     'data_dir': "where the dataset's files are; None: its default location",
-    'model': 'emnist_cnn | emnist_cnn_fedavg | emnist_cnn_tff | cifar_cnn | pfl_cifar_cnn | resnet18_gn | '
-             'resnet20 | mlp',
+    'model': 'a registered model (--list); token models for token datasets',
     'conv_impl': "convolution lowering: auto (models.AUTO_CONV_IMPL: im2col on CPU, xla elsewhere) | "
                  "xla | im2col",
     'num_clients': 'N, clients in the federation',
-    'partition': 'iid | pathological (S classes per client) | dirichlet (alpha) | natural (by writer)',
+    'partition': 'how the examples are split over clients, a registered partition (--list; '
+                 'pathological reads classes_per_client, dirichlet dirichlet_alpha)',
     'classes_per_client': 'S of the pathological partition',
     'dirichlet_alpha': 'alpha of the dirichlet partition (smaller: more heterogeneous)',
     'sampling_rate': 'q, the probability (Poisson) or fraction (fixed) of clients sampled per round',
@@ -121,9 +122,11 @@ def _leaves(config, prefix: str = ''):
       yield f'{prefix}{key}', value
 
 
-def describe_config(config, title: str = '') -> str:
-  """Every field as `path = value  # help`, sorted, one per line."""
-  rows = [(f'{path} = {value!r}', FIELD_HELP.get(path, '')) for path, value in _leaves(config)]
+def describe_config(config, title: str = '', help_lines: dict[str, str] | None = None) -> str:
+  """Every field as `path = value  # help`, sorted, one per line (help: `help_lines`, default
+  FIELD_HELP; config.field_help() adds the registered names)."""
+  help_lines = FIELD_HELP if help_lines is None else help_lines
+  rows = [(f'{path} = {value!r}', help_lines.get(path, '')) for path, value in _leaves(config)]
   width = max(len(left) for left, _ in rows)
   lines = [f'# {title}'] if title else []
   lines += [f'{left:{width}s}  # {text}' if text else left for left, text in rows]

@@ -11,7 +11,7 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
       sum the clipped updates; write back the sampled clients' heads (lines 22-24 keep the rest)
     [central] + N(0, s^2 C^2) on the sum
     phi <- phi + server_lr * sum / m         line 25 (m = expected cohort size for Poisson);
-                                             or another server optimizer (server_optimizer.py)
+                                             or the method's server step (server_optimizer.py)
     [adaptive clipping] C <- C exp(-eta (b~ - gamma)), b~ the noised fraction of clients with
                         ||Delta_i|| <= C (privacy/clip_rules.py); C is ServerState.clip_state
 
@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax.algorithms.specs import METHODS, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import executors, keys, trees
 from dp2fedsam_jax.local import LocalConfig
@@ -53,7 +53,8 @@ from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import Privatizer
 from dp2fedsam_jax.privacy.noise import noise_support
 from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
-from dp2fedsam_jax.server_optimizer import ServerOptimizer
+from dp2fedsam_jax import server_optimizer
+from dp2fedsam_jax.server_optimizer import ServerStep
 from dp2fedsam_jax.state import ServerState
 
 def program_bytes(compiled) -> int:
@@ -93,7 +94,14 @@ class RoundConfig:
   server_lr: float
   executor: executors.Executor = executors.Vmap()  # how the cohort runs: mapping, sizing, placement
   cohort_capacity: int | None = None  # clients per chunk (None: sampling.default_capacity)
-  server_optimizer: ServerOptimizer = ServerOptimizer()  # the step on the released average
+  # The step on the released average (line 25): the method's own server step, else the run's
+  # config.server_optimizer (server_optimizer.py).
+  server_step: ServerStep = server_optimizer.SGDStep()
+
+  @property
+  def server_optimizer(self) -> ServerStep:
+    """The server step under its former name (train.py's init_state reads it)."""
+    return self.server_step
 
   @property
   def num_clients(self) -> int:
@@ -109,10 +117,17 @@ class RoundConfig:
     return self.executor.slots(capacity)
 
 
+def server_step_of(config) -> ServerStep:
+  """The run's server step: the method's own (MethodSpec.server_step, with the config's values of
+  its knobs), or config.server_optimizer's."""
+  spec = METHODS.lookup(config.method).bind(config)
+  return spec.server_step if spec.server_step is not None else server_optimizer.from_config(config)
+
+
 def round_config_from(config, mechanism: Privatizer) -> RoundConfig:
   return RoundConfig(mechanism=mechanism, server_lr=config.server_lr,
                      executor=executors.from_config(config), cohort_capacity=config.cohort_capacity,
-                     server_optimizer=ServerOptimizer.from_config(config))
+                     server_step=server_step_of(config))
 
 
 # Clients per block of the sampled-id search: a round reduces N booleans to N / _ID_BLOCK counts, then
@@ -293,7 +308,7 @@ def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: Rou
   denominator = privatizer.denominator(cohort)
   diagnostics = noise_diagnostics(clean_sum, released, denominator)
   released = parts.spec.postprocess.server(released)  # e.g. top-k of it
-  shared, server_opt_state = rc.server_optimizer.apply(                          # line 25
+  shared, server_opt_state = rc.server_step.apply(                               # line 25
       state.shared, released, denominator, rc.server_lr, state.server_opt_state)
   clip_state = privatizer.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
                                           cohort)

@@ -1,6 +1,8 @@
 r"""Runs one experiment: `python -m experiments.train --config=experiments/configs/default.py --workdir=DIR`.
 
-Every config field with its value and a line of help: add `--print_config` (and nothing runs).
+Every config field with its value and a line of help: add `--print_config` (and nothing runs; the
+config is validated first). Every method, model, dataset and partition: `--list` (with `--config=<file>`,
+the ones that file registers too; docs/extending.md).
 Override any field with `--config.<field>=<value>`, e.g. `--config.method=centaur --config.dp.clip_norm=0.2`
 (`None` unsets an optional one: `--config.dp.target_epsilon=None --config.dp.noise_multiplier=1.0`),
 or pass arguments to the config file: `--config=experiments/configs/default.py:eps=2`.
@@ -48,8 +50,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_bool('dry_run', False, 'Print the model size and privacy parameters as one '
                     'JSON line (a token dataset: its client count and size quantiles first), then '
                     'exit without training.', flag_values=flag_values)
-  flags.DEFINE_bool('print_config', False, 'Print every config field (after the file arguments '
-                    'and --config.x overrides) with a line of help, then exit.',
+  flags.DEFINE_bool('print_config', False, 'Validate the config, then print every field (after the '
+                    'file arguments and --config.x overrides) with a line of help, and exit.',
+                    flag_values=flag_values)
+  flags.DEFINE_bool('list', False, 'Print every registered method (one line each), model, dataset '
+                    'and partition, then exit; with --config=<file>, those the file registers too.',
                     flag_values=flag_values)
   flags.DEFINE_string('compilation_cache', None, 'Persistent JAX compilation cache: a directory, '
                       'or off. Default: $DP2FEDSAM_COMPILATION_CACHE, else $JAX_COMPILATION_CACHE_DIR, '
@@ -83,8 +88,18 @@ def _write_failure(workdir: str, error: BaseException) -> None:
 def run(f: flags.FlagValues = flags.FLAGS) -> None:
   """What the binary does with parsed flags."""
   config = f.config
+  if f.list:
+    from dp2fedsam_jax import api  # pylint: disable=import-outside-toplevel  (JAX: after the flags)
+    print(api.listing())
+    return
+  if config is None:
+    raise app.UsageError('--config is required (an experiment config file, e.g. '
+                         'experiments/configs/default.py); --list needs none.')
   if f.print_config:
-    print(describe_config(config, f'{config_flags.get_config_filename(f["config"])}, resolved'))
+    from dp2fedsam_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+    config_lib.validate_config(config)  # a typo fails here, as it would at the start of the run
+    print(describe_config(config, f'{config_flags.get_config_filename(f["config"])}, resolved',
+                          config_lib.field_help()))
     return
   # pylint: disable=import-outside-toplevel  (JAX: after the flags)
   import jax
@@ -139,5 +154,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  flags.mark_flag_as_required('config')
   cli.run(main)

@@ -375,11 +375,11 @@ def test_the_momentum_workload_is_the_server_optimizers_model():
   server optimizer the runs use (optax momentum through server_optimizer), and beta = 0 gives the
   prefix sums BandMF is optimised for."""
   from experiments import noise_mechanisms as tool  # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax.server_optimizer import ServerOptimizer  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.server_optimizer import make_server_step  # pylint: disable=import-outside-toplevel
   rounds, beta = 7, 0.9
   np.testing.assert_array_equal(tool.workload(rounds), np.tril(np.ones((rounds, rounds))))
   # Round k releases the unit vector e_k; the model's coordinate k after round t is A[t, k].
-  server = ServerOptimizer('momentum', momentum=beta)
+  server = make_server_step('momentum', momentum=beta)
   model = np.zeros(rounds, np.float32)
   state, rows = server.init(model), []
   for k in range(rounds):

@@ -208,9 +208,8 @@ def test_each_piece_holds_its_own_hyperparameters_and_the_config_overrides_them(
   MethodSpec.bind(config) gives the row whose pieces carry the config's values (config names kept)."""
   base = config_lib.base_config()
   for spec in METHODS.values():
-    for field in ('regularizer', 'weight_mask', 'upload_mask', 'postprocess'):
-      piece = getattr(spec, field)
-      for name, path in getattr(piece, 'config_fields', ()):
+    for piece in spec.pieces.values():
+      for name, path in pieces.knob_pairs(piece):
         assert getattr(piece, name) == functools.reduce(getattr, path.split('.'), base), (spec.name, path)
   overrides = {'keep_fraction': 0.25, 'blur_lambda': 2.5, 'pmtl_lambda': 0.3, 'dsu.lam': 0.7,
                'dsu.keep_fraction': 0.2, 'dsu.masked_layers': 2}

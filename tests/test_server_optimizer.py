@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_config
 from dp2fedsam_jax import canaries, checkpoint, train
-from dp2fedsam_jax.server_optimizer import SERVER_OPTIMIZERS, ServerOptimizer
+from dp2fedsam_jax.server_optimizer import SERVER_OPTIMIZERS, make_server_step
 
 SUM = {'w': jnp.asarray([3.0, -0.3, 0.0]), 'b': jnp.asarray([[0.6]])}  # a released noised sum
 SHARED = {'w': jnp.asarray([1.0, 2.0, -1.0]), 'b': jnp.asarray([[0.5]])}
@@ -20,7 +20,7 @@ M, LR = 3.0, 0.1  # the public denominator and server_lr
 
 
 def _step(name, sums, **hyper):
-  opt = ServerOptimizer(name=name, **hyper)
+  opt = make_server_step(name, **hyper)
   shared, state = SHARED, opt.init(SHARED)
   for s in sums:
     shared, state = opt.apply(shared, s, jnp.asarray(M), LR, state)
@@ -118,7 +118,7 @@ def test_epsilon_and_sigma_do_not_depend_on_the_server_optimizer():
 
 def test_unknown_optimizer_is_refused_and_the_audit_wants_sgd():
   with pytest.raises(ValueError, match=r"^config\.server_optimizer='lion'"):
-    ServerOptimizer(name='lion')
+    make_server_step('lion')
   exp = train.build_experiment(tiny_config(server_optimizer='adam'))
   with pytest.raises(ValueError, match=r"^config\.server_optimizer='adam': the audit"):
     canaries.make_trial_scores(exp, canaries.AuditSettings())

@@ -8,18 +8,27 @@
     evaluation     TestGlobal | TestPersonal | FineTune | FineTuneHead  (the model each client tests:
                                                                     the method's test-time protocol)
 
-The engine (client.py, federated_round.py, state.py, evaluation.py) calls their methods and never asks which
-one it holds, so a new method is a row of these objects, and a new choice is one more class here.
+    server_step    None (config.server_optimizer) | a server_optimizer.ServerStep  (line 25)
+
+Each slot has a base class here (Regularizer, WeightMask, PersonalPart, UploadMask, Postprocess,
+Evaluation; ServerStep in server_optimizer.py) that says what a piece of it must do. The engine
+(client.py, federated_round.py, state.py, evaluation.py) calls their methods and never asks which
+one it holds, so a new method is a row of these objects, and a new choice is one more subclass, here
+or in a user's file (docs/extending.md).
 A piece's own hyperparameters are its dataclass fields, with the paper's defaults; `config_fields` names the
-config entry that overrides each (`configured(piece, config)`, called once by MethodSpec.bind).
+config entry that overrides each (`configured(piece, config)`, called once by MethodSpec.bind): a
+(field, 'dotted.path') pair for the built-ins, whose fields config.py defines, or a registries.Knob,
+which brings its config field (default: the piece's) and range with it.
 All functions are pure and see one client. `received` is the shared part the client got this round;
 `trainable` is its current value; the local update is trainable - received.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -29,14 +38,112 @@ from dp2fedsam_jax import trees
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax.privacy import sparsify
 from dp2fedsam_jax.protocol import NO_ADAPTATION, Adaptation
+from dp2fedsam_jax.registries import Knob
+
+
+def knob_pairs(piece) -> list[tuple[str, str]]:
+  """(piece field, config path) of each entry of the piece's `config_fields`."""
+  return [(k.attribute, k.path) if isinstance(k, Knob) else tuple(k)
+          for k in getattr(piece, 'config_fields', ())]
 
 
 def configured(piece, config):
-  """`piece` with each field of its `config_fields` ((field, 'dotted.config.path'), ...) read from `config`:
-  the run's override of the paper default (e.g. BLUR's lam from config.blur_lambda)."""
+  """`piece` with each field of its `config_fields` read from `config`: the run's override of the
+  paper default (e.g. BLUR's lam from config.blur_lambda)."""
   overrides = {field: functools.reduce(getattr, path.split('.'), config)
-               for field, path in getattr(piece, 'config_fields', ())}
+               for field, path in knob_pairs(piece)}
   return dataclasses.replace(piece, **overrides) if overrides else piece
+
+
+# ------------------------------------------------------------------ the slots' base classes
+
+
+class Regularizer(abc.ABC):
+  """Added to the shared phase's loss: a penalty on the local update theta - theta_received."""
+  name: ClassVar[str] = 'regularizer'
+
+  def at_clip_norm(self, clip_norm) -> 'Regularizer':
+    """This penalty against the round's clip norm C (traced under adaptive clipping)."""
+    del clip_norm
+    return self
+
+  @abc.abstractmethod
+  def __call__(self, trainable, received, mask=None) -> jax.Array:
+    """The scalar penalty; `mask` is the method's weight mask (None: none)."""
+
+
+class WeightMask(abc.ABC):
+  """The forward pass's theta * M (DP-pFedDSU); every forward pass goes through `forward`."""
+  name: ClassVar[str] = 'weight_mask'
+
+  def for_model(self, method: str, model) -> 'WeightMask':
+    """This mask bound to a model's layers (or a ConfigError naming what does not fit)."""
+    del method, model
+    return self
+
+  @abc.abstractmethod
+  def __call__(self, shared):
+    """The 0/1 mask over `shared` (None: no mask)."""
+
+  @abc.abstractmethod
+  def forward(self, shared):
+    """The shared params the forward pass uses."""
+
+
+class PersonalPart(abc.ABC):
+  """What stays on each client; the server aggregates `shared_keys` of {'extractor', 'head'}."""
+  name: ClassVar[str] = 'personal'
+  shared_keys: ClassVar[tuple[str, ...]] = ('extractor', 'head')
+
+  @abc.abstractmethod
+  def split(self, params: dict) -> tuple[dict, dict]:
+    """{'extractor', 'head'} -> (shared part, a client's initial personal part)."""
+
+  @abc.abstractmethod
+  def model_params(self, shared: dict, personal: dict) -> dict:
+    """A client's full model {'extractor', 'head'} from the shared and its personal part."""
+
+
+class UploadMask(abc.ABC):
+  """Multiplies a client's update before clipping. `private`: computed from the client's own data
+  (noise only on it would leak it)."""
+  name: ClassVar[str] = 'upload_mask'
+  private: ClassVar[bool] = False
+
+  def round_mask(self, key, shared):
+    """A mask drawn once per round from a public key (None: none)."""
+    del key, shared
+    return None
+
+  @abc.abstractmethod
+  def client_mask(self, delta, own_mask, round_mask):
+    """What the client multiplies its update with (None: no mask)."""
+
+
+class Postprocess:
+  """Applied to noised values: a client's own noised upload, and the noised sum (each the identity
+  unless overridden). `on_client_noise`: it sparsifies the client's own noised share (needs
+  distributed noise; epsilon does not cover it); `reads_noise`: it needs noise to act on."""
+  name: ClassVar[str] = 'postprocess'
+  on_client_noise: ClassVar[bool] = False
+  reads_noise: ClassVar[bool] = False
+
+  def client(self, upload):
+    return upload
+
+  def server(self, total):
+    return total
+
+
+class Evaluation(abc.ABC):
+  """The model each client tests: the method's test-time protocol (protocol.py). `adapt_part` is
+  what config.eval's adapt_part 'auto' trains ('none' | 'head' | 'full')."""
+  name: ClassVar[str] = 'evaluation'
+  adapt_part: ClassVar[str] = 'none'
+
+  @abc.abstractmethod
+  def adaptation(self, local_config) -> Adaptation:
+    """What each client trains before testing (adaptation.py runs it, on copies)."""
 
 
 def _norm(tree) -> jax.Array:
@@ -62,7 +169,7 @@ def _needed(clip_norm, regularizer):
 
 
 @dataclasses.dataclass(frozen=True)
-class NoRegularizer:
+class NoRegularizer(Regularizer):
   lam: float = 0.0
   clip_norm: float = 0.0
   name = 'none'
@@ -77,7 +184,7 @@ class NoRegularizer:
 
 
 @dataclasses.dataclass(frozen=True)
-class BLUR:
+class BLUR(Regularizer):
   """BLUR (Cheng et al., 2022): penalise only the part of ||Delta|| that clipping would cut off, so
   updates inside the ball are untouched and larger ones are pulled back to it."""
   lam: float = 1.0
@@ -95,7 +202,7 @@ class BLUR:
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveNorm:
+class AdaptiveNorm(Regularizer):
   """DP-pFedDSU eq. (10): (lam/2) | ||(theta - theta0) * M|| - C |."""
   lam: float = 0.2
   clip_norm: float = 0.0
@@ -110,7 +217,7 @@ class AdaptiveNorm:
 
 
 @dataclasses.dataclass(frozen=True)
-class Proximal:
+class Proximal(Regularizer):
   """Mean-regularized multi-task learning as the CENTAUR reference code writes it:
   lam ||theta - theta_mean||^2 (no 1/2)."""
   lam: float = 0.1
@@ -175,7 +282,7 @@ def dsu_mask(shared, layer_paths, masked_layers: int, keep_fraction: float):
 
 
 @dataclasses.dataclass(frozen=True)
-class NoWeightMask:
+class NoWeightMask(WeightMask):
   name = 'none'
 
   def for_model(self, method: str, model) -> 'NoWeightMask':
@@ -192,7 +299,7 @@ class NoWeightMask:
 
 
 @dataclasses.dataclass(frozen=True)
-class DSUWeightMask:
+class DSUWeightMask(WeightMask):
   """DP-pFedDSU's theta * M, M from the current weights (the last kernel layers of the extractor)."""
   layer_paths: tuple = ()          # kernel layers of the extractor in forward order (for_model)
   masked_layers: int = 4           # the last k kernel layers of the extractor are masked
@@ -221,7 +328,7 @@ class DSUWeightMask:
 
 
 @dataclasses.dataclass(frozen=True)
-class NoPersonal:
+class NoPersonal(PersonalPart):
   """One global model: everything is shared."""
   name = 'none'
   shared_keys = ('extractor', 'head')
@@ -234,7 +341,7 @@ class NoPersonal:
 
 
 @dataclasses.dataclass(frozen=True)
-class OwnHead:
+class OwnHead(PersonalPart):
   """The extractor is shared; each client keeps its own head."""
   name = 'head'
   shared_keys = ('extractor',)
@@ -247,7 +354,7 @@ class OwnHead:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadOffset:
+class HeadOffset(PersonalPart):
   """PPSGD: the whole model is shared; each client adds its own correction to the head."""
   name = 'head_offset'
   shared_keys = ('extractor', 'head')
@@ -268,7 +375,7 @@ class HeadOffset:
 
 
 @dataclasses.dataclass(frozen=True)
-class NoUploadMask:
+class NoUploadMask(UploadMask):
   name = 'none'
   private = False
 
@@ -324,7 +431,7 @@ class DSUUploadMask(NoUploadMask):
 
 
 @dataclasses.dataclass(frozen=True)
-class NoPostprocess:
+class NoPostprocess(Postprocess):
   name = 'none'
   on_client_noise = False
   reads_noise = False
@@ -368,7 +475,7 @@ class TopKOfNoisedSum(NoPostprocess):
 
 
 @dataclasses.dataclass(frozen=True)
-class TestGlobal:
+class TestGlobal(Evaluation):
   """The global model (with the client's personal part, if the method has one), as it is."""
   name = 'global'
   adapt_part = 'none'

@@ -9,14 +9,16 @@ behaviour it selects. One round of any method is
              Delta <- Delta * upload_mask.client_mask(...)          (before clipping)
              clip Delta to global L2 norm C; [distributed] + noise (only on the mask if noise_on_mask)
              postprocess.client(noised upload)                       (e.g. its top-k)
-    server:  sum; [central] + noise; postprocess.server(noised sum); phi += lr * sum / m
+    server:  sum; [central] + noise; postprocess.server(noised sum);
+             server_step: phi += lr * sum / m (or config.server_optimizer's step, or the method's own)
     test:    evaluation: global model | own personal part | fine-tuned copy | fine-tuned head
 
 `personal` says what stays on each client (`shared_keys` are aggregated) and how a client's model is
 assembled. `dp2fedsam_jax.federated_round.make_round_step` turns any spec into one jitted round; no engine
-module asks which piece a spec holds. A new method is one more `register(MethodSpec(...))` row; a
-new choice of a piece is one more class in pieces.py, holding its own hyperparameters as fields
-(paper defaults) that `MethodSpec.bind(config)` overrides from the run's config.
+module asks which piece a spec holds. A new method is one more `register(MethodSpec(...))` row (or
+`dp2fedsam_jax.register_method` from a user's file); a new choice of a piece is one more subclass of
+its slot's base class (pieces.py), holding its own hyperparameters as fields (paper defaults) that
+`MethodSpec.bind(config)` overrides from the run's config. METHODS is the name -> MethodSpec registry.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import dataclasses
 from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.errors import ConfigError
 from dp2fedsam_jax import local
+from dp2fedsam_jax.registries import KNOBS, DeclaredField, Knob, RegistrationError, Registry
+from dp2fedsam_jax.server_optimizer import ServerStep
 
 # One instance of each piece (algorithms/pieces.py): the rows below are made of these.
 NO_REGULARIZER, BLUR, ADAPTIVE_NORM, PROXIMAL = (
@@ -41,18 +45,21 @@ NO_POSTPROCESS, TOPK_CLIENT, TOPK_SERVER = (
 TEST_GLOBAL, TEST_PERSONAL, FINETUNE, FINETUNE_HEAD = (
     pieces.TestGlobal(), pieces.TestPersonal(), pieces.FineTune(), pieces.FineTuneHead())
 
+# Each slot of a MethodSpec and the base class its piece must be an instance of.
 _PIECE_TYPES = {
-    'personal': (pieces.NoPersonal, pieces.OwnHead, pieces.HeadOffset),
-    'regularizer': (pieces.NoRegularizer, pieces.BLUR, pieces.AdaptiveNorm, pieces.Proximal),
-    'weight_mask': (pieces.NoWeightMask, pieces.DSUWeightMask),
-    'upload_mask': (pieces.NoUploadMask,),
-    'postprocess': (pieces.NoPostprocess,),
-    'evaluation': (pieces.TestGlobal,),
+    'personal': (pieces.PersonalPart,),
+    'regularizer': (pieces.Regularizer,),
+    'weight_mask': (pieces.WeightMask,),
+    'upload_mask': (pieces.UploadMask,),
+    'postprocess': (pieces.Postprocess,),
+    'evaluation': (pieces.Evaluation,),
+    'server_step': (ServerStep, type(None)),  # None: the run's config.server_optimizer
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
+  """A method: one piece per slot (algorithms/pieces.py), and the flags that say how it is private."""
   name: str
   personal: object = GLOBAL_MODEL  # what stays on each client; its shared_keys are aggregated
   personal_phase: bool = False     # train the personal part (SGD, shared part fixed) before the shared phase
@@ -67,12 +74,15 @@ class MethodSpec:
   paper: str = ''
   # False: no rounds, nothing released; each client trains alone (local_only.py).
   federated: bool = True
+  # The step from the released sum to the new shared params (server_optimizer.ServerStep); None:
+  # the run's config.server_optimizer.
+  server_step: ServerStep | None = None
 
   def __post_init__(self):
     for field, types in _PIECE_TYPES.items():
       if not isinstance(getattr(self, field), types):
-        raise ValueError(f'method {self.name!r}: {field}={getattr(self, field)!r} is not one of '
-                         f'{[t.__name__ for t in types]} (algorithms/pieces.py)')
+        raise ValueError(f'method {self.name!r}: {field}={getattr(self, field)!r} is not an instance '
+                         f'of {" or ".join(t.__name__ for t in types)} (algorithms/pieces.py)')
     if not isinstance(self.shared_optimizer, local.SGD):
       raise ValueError(f'method {self.name!r}: shared_optimizer={self.shared_optimizer!r} is not one of '
                        'local.SGD(), local.SAM(), local.ASAM()')
@@ -84,16 +94,33 @@ class MethodSpec:
     dsu_forward = isinstance(self.weight_mask, pieces.DSUWeightMask)
     if dsu_forward != isinstance(self.upload_mask, pieces.DSUUploadMask):
       raise ValueError(f'method {self.name!r}: the DSU upload mask is the mask of the DSU forward pass')
-    if not self.federated and (self.private or self.personal != GLOBAL_MODEL):
+    if not self.federated and (self.private or self.personal != GLOBAL_MODEL
+                               or self.server_step is not None):
       raise ValueError(f'method {self.name!r}: a method without rounds releases nothing')
     if self.postprocess.reads_noise and not self.private:
       raise ValueError(f'method {self.name!r}: top-k of the noised update needs noise')
+
+  @property
+  def pieces(self) -> dict[str, object]:
+    """{slot: piece} of this row (None slots left out)."""
+    return {f: getattr(self, f) for f in _PIECE_TYPES if getattr(self, f) is not None}
+
+  def knobs(self) -> list[tuple[Knob, object, str]]:
+    """(knob, default, owner) of every registries.Knob its pieces declare (the piece's field default;
+    owner: 'Piece.field of method name')."""
+    out = []
+    for piece in self.pieces.values():
+      for knob in getattr(piece, 'config_fields', ()):
+        if isinstance(knob, Knob):
+          out.append((knob, getattr(piece, knob.attribute),
+                      f'{type(piece).__name__}.{knob.attribute} of method {self.name}'))
+    return out
 
   def bind(self, config) -> 'MethodSpec':
     """This row with each piece's own hyperparameters (its dataclass fields, paper defaults) overridden
     from the run's config, once (pieces.configured: e.g. TopKMask.keep_fraction <- config.keep_fraction)."""
     return dataclasses.replace(
-        self, **{field: pieces.configured(getattr(self, field), config) for field in _PIECE_TYPES})
+        self, **{field: pieces.configured(piece, config) for field, piece in self.pieces.items()})
 
   def check_noise_placement(self, noise_placement: str) -> None:
     """Client-side top-k sparsifies the client's own *noised* upload: it needs distributed noise
@@ -147,20 +174,35 @@ class MethodSpec:
     return ''
 
 
-METHODS: dict[str, MethodSpec] = {}
+# Every method, the package's and those a user's file registers (api.register_method).
+METHODS: Registry[MethodSpec] = Registry('method', 'method')
 
 
-def register(spec: MethodSpec) -> MethodSpec:
-  if spec.name in METHODS:
-    raise ValueError(f'method {spec.name!r} is registered twice')
-  METHODS[spec.name] = spec
+def register(spec: MethodSpec, *, description: str = '', replace: bool = False) -> MethodSpec:
+  """Adds `spec` under `spec.name` (description: its `paper` line unless given), and each
+  registries.Knob of its pieces to registries.KNOBS, so config.base_config() holds the knob and
+  validate_config checks it. A name taken raises RegistrationError unless `replace`."""
+  if not isinstance(spec, MethodSpec):
+    raise RegistrationError(f'{spec!r} is not a MethodSpec.')
+  knobs = spec.knobs()
+  for knob, default, owner in knobs:
+    problem = knob.problem(default, default)
+    if problem:
+      raise RegistrationError(f'{owner}: its default {default!r} {problem}.')
+    old = KNOBS.get(knob.path)
+    if old is not None and (old.knob, old.default) != (knob, default) and not replace:
+      raise RegistrationError(f'config.{knob.path} is already a knob of {old.owner}, with another '
+                              f'default or range; give {owner} its own path.')
+  METHODS.register(spec.name, spec, description=description or spec.paper, replace=replace)
+  for knob, default, owner in knobs:
+    if KNOBS.get(knob.path) is None or replace:
+      KNOBS.register(knob.path, DeclaredField(knob, default, owner), replace=True)
   return spec
 
 
 def get_method(name: str) -> MethodSpec:
-  if name not in METHODS:
-    raise ValueError(f'config.method={name!r}: unknown method; choose one of {sorted(METHODS)}.')
-  return METHODS[name]
+  """The registered method `name` (a ConfigError naming the choices if there is none)."""
+  return METHODS.lookup(name)
 
 
 _PERSONAL_HEAD = dict(personal=OWN_HEAD, personal_phase=True, evaluation=TEST_PERSONAL)

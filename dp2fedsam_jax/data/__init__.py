@@ -13,12 +13,16 @@ from dp2fedsam_jax.data.federated import split_validation
 from dp2fedsam_jax.data.federated import make_federated_data
 from dp2fedsam_jax.data.partition import NATURAL
 from dp2fedsam_jax.data.partition import PARTITIONS
+from dp2fedsam_jax.data.partition import Partition
 from dp2fedsam_jax.data.partition import dirichlet
 from dp2fedsam_jax.data.partition import iid
 from dp2fedsam_jax.data.partition import natural
 from dp2fedsam_jax.data.partition import partition
 from dp2fedsam_jax.data.partition import pathological
+from dp2fedsam_jax.data.partition import split_dataset
+from dp2fedsam_jax.data.sources import DATASETS
 from dp2fedsam_jax.data.sources import DATASETS_WITH_WRITERS
+from dp2fedsam_jax.data.sources import DatasetSource
 from dp2fedsam_jax.data.sources import DEFAULT_FASHION_MNIST_DIR
 from dp2fedsam_jax.data.sources import TFDS_DATASETS
 from dp2fedsam_jax.data.sources import dataset_names
@@ -29,6 +33,8 @@ from dp2fedsam_jax.data.sources import synthetic
 
 __all__ = [
     'ArrayDataset',
+    'DATASETS',
+    'DatasetSource',
     'DATASETS_WITH_WRITERS',
     'DEFAULT_FASHION_MNIST_DIR',
     'DatasetNotFoundError',
@@ -36,6 +42,7 @@ __all__ = [
     'FederatedData',
     'NATURAL',
     'PARTITIONS',
+    'Partition',
     'TFDS_DATASETS',
     'build_federated_data',
     'from_flat_arrays',
@@ -52,6 +59,7 @@ __all__ = [
     'natural',
     'partition',
     'pathological',
+    'split_dataset',
     'read_idx',
     'synthetic',
 ]

@@ -24,9 +24,9 @@ import numpy as np
 
 from dp2fedsam_jax.data import sources
 from dp2fedsam_jax.data.partition import NATURAL
-from dp2fedsam_jax.data.partition import natural as _natural
+from dp2fedsam_jax.data.partition import PARTITIONS
+from dp2fedsam_jax.data.partition import split_dataset
 # Aliased: `make_federated_data` has an argument named `partition`.
-from dp2fedsam_jax.data.partition import partition as _partition
 
 INPUT_KINDS = ('image', 'tokens')
 # How a client over its budget draws the random subset it trains on (config.local.subset_draw): the
@@ -379,22 +379,18 @@ def make_federated_data(*, dataset: str, num_clients: int, partition: str, class
     return token_federated_data(load_token_clients(
         dataset=dataset, num_clients=num_clients, partition=partition, seed=seed, data_dir=data_dir,
         **source_kwargs))
-  if partition == NATURAL and dataset not in sources.DATASETS_WITH_WRITERS:
+  if PARTITIONS.lookup(partition).needs_writers and dataset not in sources.DATASETS_WITH_WRITERS:
     # Checked before loading: the data may take minutes to read.
     raise ValueError(
-        f'config.partition={NATURAL!r} (one client per writer) needs a dataset whose examples carry '
+        f'config.partition={partition!r} (one client per writer) needs a dataset whose examples carry '
         f'their writer, one of {list(sources.DATASETS_WITH_WRITERS)}; config.dataset={dataset!r} has '
         "none. Use config.partition='iid', 'pathological' or 'dirichlet'.")
   ds = sources.load_dataset(dataset, data_dir=data_dir, split='train', **source_kwargs)
   rng = np.random.default_rng(seed)
-  if partition == NATURAL:
-    if ds.writers is None:
-      raise ValueError(f'config.partition={NATURAL!r}: the loaded {dataset!r} data has no writers.')
-    client_indices = _natural(ds.writers, num_clients, rng)
-  else:
-    client_indices = _partition(
-        ds.y, num_clients, partition, classes_per_client=classes_per_client,
-        dirichlet_alpha=dirichlet_alpha, rng=rng)
+  if PARTITIONS[partition].needs_writers and ds.writers is None:
+    raise ValueError(f'config.partition={partition!r}: the loaded {dataset!r} data has no writers.')
+  client_indices = split_dataset(ds, num_clients, partition, rng=rng,
+                                 classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha)
   return build_federated_data(ds, client_indices, train_fraction=train_fraction, rng=rng)
 
 

@@ -2,17 +2,21 @@
 or by writer ('natural', for datasets whose examples carry their writer, e.g. FEMNIST).
 
 numpy only. Every function returns `num_clients` disjoint int64 index arrays into the examples,
-each sorted.
+each sorted. PARTITIONS, the name -> Partition registry, holds them (and a user's, api.register_partition).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
+import types
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-# Partitions of a label array; `partition()` dispatches on these.
-PARTITIONS = ('iid', 'pathological', 'dirichlet')
+from dp2fedsam_jax.errors import ConfigError
+from dp2fedsam_jax.registries import RegistrationError, Registry
+
 # One client per writer: a property of the data, not of its labels (see `natural`).
 NATURAL = 'natural'
 
@@ -182,17 +186,61 @@ def natural(writers, num_clients: int, rng: np.random.Generator) -> list[np.ndar
   return _sorted_int64(order[starts[w]:starts[w + 1]] for w in chosen)
 
 
+@dataclasses.dataclass(frozen=True)
+class Partition:
+  """A registered way to split a dataset's examples over clients.
+
+  `split(dataset, num_clients, rng, **options)` returns `num_clients` int index arrays into the
+  dataset's examples (disjoint, none empty); `dataset` has `.y` (int labels) and `.writers` (int
+  writer ids, or None); `options` are the config's partition fields (`classes_per_client`,
+  `dirichlet_alpha`): take those you need by name and `**_` the rest. All randomness comes from
+  `rng` (seeded from config.seed). `needs_writers`: it splits by writer, so only datasets that
+  carry writers take it.
+  """
+  split: Callable[..., Sequence[np.ndarray]]
+  needs_writers: bool = False
+
+  def __post_init__(self):
+    if not callable(self.split):
+      raise RegistrationError(f'split={self.split!r} is not callable.')
+
+
+# Every partition, the package's and those a user's file registers (api.register_partition).
+PARTITIONS: Registry[Partition] = Registry('partition', 'partition')
+PARTITIONS.register('iid', Partition(lambda ds, n, rng, **_: iid(ds.y, n, rng)),
+                    description='shuffled and dealt in near-equal shares')
+PARTITIONS.register('pathological', Partition(
+    lambda ds, n, rng, *, classes_per_client, **_: pathological(ds.y, n, classes_per_client, rng)),
+                    description='FedRep (N, S): each client S shards of S distinct classes '
+                                '(config.classes_per_client)')
+PARTITIONS.register('dirichlet', Partition(
+    lambda ds, n, rng, *, dirichlet_alpha, **_: dirichlet(ds.y, n, dirichlet_alpha, rng)),
+                    description='per class, client shares ~ Dirichlet(config.dirichlet_alpha)')
+PARTITIONS.register(NATURAL, Partition(lambda ds, n, rng, **_: natural(ds.writers, n, rng),
+                                       needs_writers=True),
+                    description='one client per writer (datasets with writers: femnist, shakespeare)')
+
+
+def split_dataset(dataset: Any, num_clients: int, kind: str, *, rng: np.random.Generator,
+                  **options) -> list[np.ndarray]:
+  """The registered partition `kind` of `dataset` (`.y`, `.writers`) over `num_clients` clients,
+  each client's indices as a sorted int64 array."""
+  part = PARTITIONS.lookup(kind)
+  if part.needs_writers and getattr(dataset, 'writers', None) is None:
+    raise ConfigError(f'config.partition={kind!r} splits by writer: the data has no writers.')
+  parts = list(part.split(dataset, num_clients, rng, **options))
+  if len(parts) != num_clients:
+    raise ValueError(f'config.partition={kind!r} made {len(parts)} clients for '
+                     f'config.num_clients={num_clients}.')
+  return _sorted_int64(parts)
+
+
 def partition(labels, num_clients: int, kind: str, *, classes_per_client: int = 2,
               dirichlet_alpha: float = 0.5, rng: np.random.Generator) -> list[np.ndarray]:
-  """Dispatches on `kind` ('iid', 'pathological', 'dirichlet'); see those functions."""
-  if kind == 'iid':
-    return iid(labels, num_clients, rng)
-  if kind == 'pathological':
-    return pathological(labels, num_clients, classes_per_client, rng)
-  if kind == 'dirichlet':
-    return dirichlet(labels, num_clients, dirichlet_alpha, rng)
-  if kind == NATURAL:
+  """The partition `kind` of a label array (one that needs no writers); see split_dataset."""
+  if PARTITIONS.lookup(kind).needs_writers:
     raise ValueError(
-        f"config.partition={NATURAL!r} splits by writer, not by label: use partition.natural(writers, "
+        f"config.partition={kind!r} splits by writer, not by label: use partition.natural(writers, "
         "...) (make_federated_data does, for datasets with writers such as 'femnist').")
-  raise ValueError(f'config.partition={kind!r}: unknown; choose one of {list(PARTITIONS) + [NATURAL]}.')
+  return split_dataset(types.SimpleNamespace(y=labels, writers=None), num_clients, kind, rng=rng,
+                       classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha)

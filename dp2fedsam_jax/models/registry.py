@@ -1,4 +1,4 @@
-"""Split models (shared extractor + personal head) and the name -> model registry."""
+"""Split models (shared extractor + personal head) and MODELS, the name -> model registry."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dp2fedsam_jax.models import char_lstm
 from dp2fedsam_jax.models import cnn
 from dp2fedsam_jax.models import resnet
 from dp2fedsam_jax.models.layers import resolve_conv_impl
+from dp2fedsam_jax.registries import RegistrationError, Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,31 +129,56 @@ def _char_lstm_small(vocab_size: int, hidden: tuple = (128,), **kwargs) -> nn.Mo
   return _char_lstm(vocab_size, hidden=hidden, **kwargs)
 
 
-# Token models: input (T,) int ids, vocabulary = num_classes (the builder gets it as vocab_size).
-_TOKEN_REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    'char_lstm': _char_lstm,
-    'char_lstm_small': _char_lstm_small,
-}
+@dataclasses.dataclass(frozen=True)
+class ModelBuilder:
+  """How a registered model's feature extractor is built (the head, a Dense of num_classes, is added).
 
-_REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    'cifar_cnn': _cifar_cnn,
-    'emnist_cnn': _emnist_cnn,
-    'emnist_cnn_fedavg': _emnist_cnn_fedavg,
-    'emnist_cnn_tff': _emnist_cnn_tff,
-    'mlp': _mlp,
-    'pfl_cifar_cnn': _pfl_cifar_cnn,
-    'resnet18_gn': _resnet18_gn,
-    'resnet20': _resnet20,
-}
+  `build(conv_impl, **model_kwargs)` for an image model (`conv_impl`: the resolved convolution
+  lowering, 'xla' or 'im2col', for extractors built from models.Conv2D; others ignore it), or
+  `build(vocab_size, **model_kwargs)` for a token model; it returns a flax module mapping float32
+  images [B, H, W, C] to features [B, F] (token ids [B, T] to [B, T, F]).
+  """
+  build: Callable[..., nn.Module]
+  input_kind: str = 'image'  # 'image' | 'tokens'
+  # The input the benchmarks time it on (benchmarks/client_throughput.py); a run takes the dataset's.
+  benchmark_input_shape: tuple = (28, 28, 1)
+
+  def __post_init__(self):
+    if self.input_kind not in INPUT_KINDS:
+      raise RegistrationError(f'input_kind={self.input_kind!r}: choose one of {list(INPUT_KINDS)}.')
+    if not callable(self.build):
+      raise RegistrationError(f'build={self.build!r} is not callable.')
+
+
+INPUT_KINDS = ('image', 'tokens')
+# Every model, the package's and those a user's file registers (api.register_model).
+MODELS: Registry[ModelBuilder] = Registry('model', 'model')
+_CIFAR, _EMNIST = (32, 32, 3), (28, 28, 1)
+for _name, _build, _shape, _about in (
+    ('cifar_cnn', _cifar_cnn, _CIFAR, 'the papers\' CIFAR-10 CNN (3x3 convs of 64/128/256, Dense 256, 128)'),
+    ('emnist_cnn', _emnist_cnn, _EMNIST, 'two 5x5 conv blocks (32, 64) and Dense 512'),
+    ('emnist_cnn_fedavg', _emnist_cnn_fedavg, _EMNIST, "McMahan et al. 2017's CNN (5x5 SAME, Dense 512)"),
+    ('emnist_cnn_tff', _emnist_cnn_tff, _EMNIST, "TFF's EMNIST CNN without dropout (3x3, Dense 128)"),
+    ('mlp', _mlp, _EMNIST, 'one hidden layer of 64 (tests and smoke runs)'),
+    ('pfl_cifar_cnn', _pfl_cifar_cnn, _CIFAR, "pfl-research's CIFAR-10 benchmark CNN"),
+    ('resnet18_gn', _resnet18_gn, _CIFAR, 'ResNet-18 with GroupNorm'),
+    ('resnet20', _resnet20, _CIFAR, 'ResNet-20 (CIFAR) with GroupNorm, shortcut A'),
+):
+  MODELS.register(_name, ModelBuilder(_build, 'image', _shape), description=_about)
+# Token models: input (T,) int ids, vocabulary = num_classes (the builder gets it as vocab_size).
+MODELS.register('char_lstm', ModelBuilder(_char_lstm, 'tokens', (80,)),
+                description='two LSTMs of 256 over 8-dim character embeddings (Shakespeare)')
+MODELS.register('char_lstm_small', ModelBuilder(_char_lstm_small, 'tokens', (80,)),
+                description='one LSTM of 128 (Shakespeare on a CPU)')
 
 
 def model_names() -> list[str]:
-  return sorted([*_REGISTRY, *_TOKEN_REGISTRY])
+  return MODELS.names()
 
 
 def is_token_model(name: str) -> bool:
   """Whether model `name` takes int token ids [B, T] (and gives logits [B, T, num_classes])."""
-  return name in _TOKEN_REGISTRY
+  return name in MODELS and MODELS[name].input_kind == 'tokens'
 
 
 def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 'auto',
@@ -167,8 +193,7 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
   """
   if is_token_model(name):
     return _get_token_model(name, num_classes, input_shape, **model_kwargs)
-  if name not in _REGISTRY:
-    raise ValueError(f'config.model={name!r} is unknown; choose one of {model_names()}')
+  builder = MODELS.lookup(name)
   impl = resolve_conv_impl(conv_impl)
   input_shape = tuple(int(d) for d in input_shape)
   if len(input_shape) != 3 or min(input_shape) < 1:
@@ -176,7 +201,7 @@ def get_model(name: str, num_classes: int, input_shape: tuple, conv_impl: str = 
   if int(num_classes) < 1:
     raise ValueError(f'num_classes must be positive, got {num_classes}')
   try:
-    extractor = _REGISTRY[name](impl, **model_kwargs)
+    extractor = builder.build(impl, **model_kwargs)
   except TypeError as e:
     raise ValueError(f'bad keyword arguments for model {name!r}: {model_kwargs}') from e
   model = SplitModel(name=name, extractor=extractor, head=nn.Dense(int(num_classes)),
@@ -199,7 +224,7 @@ def _get_token_model(name: str, num_classes: int, input_shape: tuple, **model_kw
   if int(num_classes) < 2:
     raise ValueError(f'num_classes (the vocabulary) must be >= 2 for {name!r}, got {num_classes}')
   try:
-    extractor = _TOKEN_REGISTRY[name](int(num_classes), **model_kwargs)
+    extractor = MODELS[name].build(int(num_classes), **model_kwargs)
   except TypeError as e:
     raise ValueError(f'bad keyword arguments for model {name!r}: {model_kwargs}') from e
   return SplitModel(name=name, extractor=extractor, head=nn.Dense(int(num_classes)),

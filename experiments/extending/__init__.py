@@ -1,0 +1,1 @@
+"""Three user files that extend dp2fedsam_jax from outside the package (docs/extending.md)."""
