@@ -2,6 +2,8 @@
 
 Every field is checked before any data is loaded or anything is compiled, and a bad value fails with
 a message that names the field (as it is spelt on the command line) and says what would fix it.
+`base_config()` holds every field; `choices()` reads each choice field's values from the module that
+implements it, inside the function, so importing config.py loads no JAX.
 """
 
 from __future__ import annotations

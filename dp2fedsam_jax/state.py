@@ -1,4 +1,8 @@
-"""The server state: everything a round reads and writes, as one pytree (so it jits, donates, saves)."""
+"""The server state: everything a round reads and writes, as one pytree (so it jits, donates, saves).
+
+`ServerState(round, shared, personal[N], times_sampled[N], noise_state, server_opt_state,
+clip_state)`; `init_state` builds round 0.
+"""
 
 from __future__ import annotations
 

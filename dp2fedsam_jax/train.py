@@ -2,7 +2,9 @@
 
 Host work happens only here: config checks, data loading, privacy calibration, the round loop, and
 writing `config.json`, `train_metrics.jsonl` (every round) and `metrics.jsonl` (every evaluation;
-metric_writers.py). The round itself is one jitted call.
+metric_writers.py). The round itself is one jitted call. `build_experiment(config)` validates,
+builds the privatizer (`DPMechanism.from_config`) and loads the data once; `train_and_evaluate` holds
+the workdir's lock, stops at a round boundary on Ctrl-C / SIGTERM and returns at once when finished.
 """
 
 from __future__ import annotations

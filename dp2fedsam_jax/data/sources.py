@@ -1,7 +1,9 @@
 """Dataset sources: in-memory uint8 image arrays with their labels, and DATASETS, the name -> source
 registry.
 
-numpy only. TensorFlow is never imported here (it is an optional extra).
+numpy only. TensorFlow is never imported here (it is an optional extra). The IDX reader,
+Fashion-MNIST from /usr/share/datasets/fashion-mnist, synthetic data, `load_dataset` and the token
+datasets (`TOKEN_DATASETS`, `load_token_dataset`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Split models (shared extractor + personal head) and MODELS, the name -> model registry."""
+"""Split models (shared extractor + personal head) and MODELS, the name -> model registry.
+
+`get_model(name, num_classes, input_shape, conv_impl)`: image models cifar_cnn (667,402 params),
+emnist_cnn, emnist_cnn_fedavg, emnist_cnn_tff, resnet18_gn, resnet20, mlp; token models
+(input (T,) int ids, `SplitModel.input_dtype = 'int32'`) char_lstm, char_lstm_small.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Clipping of a client's whole shared update by its global L2 norm."""
+"""Clipping of a client's whole shared update by its global L2 norm.
+
+One norm over all arrays together (`trees.global_norm`), never per tensor: the sum's sensitivity is C.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 The mask, not a fixed-size index list, is the sampler's output, so no sampled client can be lost to a
 too-small buffer: the round step walks the sampled clients in chunks until all are processed.
+Samplers (`SAMPLINGS`): Poisson (a uniform per client, or `dp.poisson_draw='gaps'`: geometric gaps
+between sampled ids, O(cohort)) and a fixed cohort; `default_capacity` sizes the chunks the round walks.
 """
 
 from __future__ import annotations
