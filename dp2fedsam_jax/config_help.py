@@ -3,7 +3,9 @@
 `tests/test_cli.py` checks that every field of `config.base_config()` has a line here, so a new
 field cannot appear without one. The fields that name a registered entry (method, model, dataset,
 partition) say so here; config.field_help() adds the names registered at the time, and the help of
-the knobs registered methods declare.
+the knobs registered methods declare. `RENAMED_FIELDS` maps old field names to new ones: an old name
+fails in one line naming the new one, and a committed config.json holding old names is read under
+the new ones.
 """
 
 from __future__ import annotations
