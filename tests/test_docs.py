@@ -17,6 +17,10 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
   benchmarks.cohort_scaling     --dry_run, in a subprocess (benchmarks/accelerator.sh runs end to
                                 end in tests/test_benchmark.py)
   benchmarks.runs_at_a_time     --dry_run, in a subprocess (its experiment's own --dry_run)
+
+Across every guide (README.md, WORKSPACE.md, benchmarks/README.md, docs/*.md): each `python3 -m`
+module of the project that a doc names exists, and each relative link resolves. Every path that
+WORKSPACE.md names (its layout tree included) exists.
 """
 
 from __future__ import annotations
@@ -102,11 +106,18 @@ def doc_commands() -> list[tuple[str, str]]:
 COMMANDS = doc_commands()
 
 
+def _markdown_files() -> list[str]:
+  found = ['README.md', 'WORKSPACE.md', 'benchmarks/README.md']
+  docs = os.listdir(os.path.join(ROOT, 'docs'))
+  found += sorted(os.path.join('docs', name) for name in docs if name.endswith('.md'))
+  return [f for f in found if os.path.exists(os.path.join(ROOT, f))]
+
+
 def test_the_docs_have_the_commands_this_test_knows():
-  """Every `python3 -m` module of this project that the docs name exists, and the binaries this test
-  checks are the ones they run, so a command is never skipped for a name the test does not know."""
+  """Every `python3 -m` module of this project that a doc names exists, and the commands this test
+  runs are of binaries it knows how to check."""
   named = set()
-  for doc in DOCS:
+  for doc in _markdown_files():
     text = open(os.path.join(ROOT, doc)).read()
     for command in _bash_commands(text) + _inline_commands(text):
       words = shlex.split(command)
@@ -118,13 +129,6 @@ def test_the_docs_have_the_commands_this_test_knows():
   assert {shlex.split(c)[2] for _, c in COMMANDS} <= set(BINARIES)
   assert len(COMMANDS) >= 10
   assert any('--config.dp.target_epsilon=None' in c for _, c in COMMANDS)  # the Running fragments
-
-
-def _markdown_files() -> list[str]:
-  found = ['README.md', 'WORKSPACE.md', 'benchmarks/README.md']
-  docs = os.listdir(os.path.join(ROOT, 'docs'))
-  found += sorted(os.path.join('docs', name) for name in docs if name.endswith('.md'))
-  return [f for f in found if os.path.exists(os.path.join(ROOT, f))]
 
 
 @pytest.mark.parametrize('doc', _markdown_files())
