@@ -20,7 +20,8 @@ defines) and the inline `python3 -m ...` spans, plus the `--config...` fragments
 
 Across every guide (README.md, WORKSPACE.md, benchmarks/README.md, docs/*.md): each `python3 -m`
 module of the project that a doc names exists, and each relative link resolves. Every path that
-WORKSPACE.md names (its layout tree included) exists.
+WORKSPACE.md names (its layout tree included) exists, and benchmarks/README.md's lead tables are
+the JSON files they name.
 """
 
 from __future__ import annotations
@@ -290,3 +291,52 @@ def test_doc_command_works(doc, command, tmp_path, capsys, cached_experiments):
     out = _run([binary, *argv, '--dry_run'], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])['modes']
+
+
+def _table_after(text: str, marker: str) -> list[list[str]]:
+  """The body rows of the first Markdown table after `marker`, as stripped cells (bold undone)."""
+  rows, lines = [], text.split(marker, 1)[1].splitlines()
+  for line in lines:
+    if line.startswith('|'):
+      rows.append([cell.strip().strip('*') for cell in line.strip().strip('|').split('|')])
+    elif rows:
+      break
+  return rows[2:]
+
+
+def _results(path: str) -> dict:
+  """{(mode, clients): result} of a client_throughput JSON under benchmarks/results/."""
+  with open(os.path.join(ROOT, 'benchmarks', 'results', path)) as f:
+    return {(r['mode'], r['clients']): r for r in json.load(f)['results']}
+
+
+def test_the_benchmark_readmes_vmap_tables_are_their_json():
+  """benchmarks/README.md's lead tables (vmapped against sequential clients) are the committed JSON
+  they name, rounded as printed."""
+  text = open(os.path.join(ROOT, 'benchmarks', 'README.md')).read()
+  gpu = {'char_lstm': _results('gpu-h200/lstm_speedups.json'),
+         'cifar_cnn': _results('gpu-h200/speedups.json')}
+  rows, model = _table_after(text, '**GPU: one NVIDIA H200**'), None
+  for cells in rows:
+    model = cells[0].split('`')[1] if cells[0] else model
+    vmap, seq = gpu[model][('vmap', int(cells[1]))], gpu[model][('sequential', int(cells[1]))]
+    vs, ss = vmap['seconds_per_round'], seq['seconds_per_round']
+    assert cells[2:] == [f'{vs:.3f}', f'{ss:.3f}', f'{ss / vs:.1f}×'], cells
+  assert len(rows) == 8
+  cpu = _results('cpu-2core-epyc-quiet/cifar_dp2fedsam_c10_c50.json')
+  modes = {'JAX vmap': 'vmap', 'JAX sequential': 'sequential', 'PyTorch loop, 2 threads':
+           'torch_sequential_2t', 'PyTorch loop, 1 thread': 'torch_sequential_1t'}
+  rows = _table_after(text, '**CPU: 2-core AMD EPYC**')
+  for cells in rows:
+    r = cpu[(modes[cells[0]], int(cells[1]))]
+    temp = f"{r['xla_temp_bytes'] / 1e6:.0f} MB" if r.get('xla_temp_bytes') else ''
+    assert cells[2:] == [f"{r['seconds_per_round']:.2f}", f"{r['clients_per_second']:.2f}",
+                         f"{r['gflops_per_second']:.1f}", f"{r['percent_of_matmul_peak']:.0f}", temp], cells
+  assert len(rows) == 8
+  rows = _table_after(text, '**CPU: the Shakespeare LSTM**')
+  for cells in rows:
+    r = _results(f"cpu-2core-epyc-quiet/lstm/{cells[0].split('`')[1]}.json")
+    seconds = [r[(mode, 10)]['seconds_per_round'] for mode in
+               ('sharded', 'sequential', 'vmap', 'torch_sequential_2t', 'torch_sequential_1t')]
+    assert cells[1:] == [f'{s:.3f}' for s in seconds] + [f'{seconds[0] / seconds[3]:.2f}'], cells
+  assert len(rows) == 2
