@@ -293,12 +293,13 @@ def test_doc_command_works(doc, command, tmp_path, capsys, cached_experiments):
     assert json.loads(out.stdout.strip().splitlines()[-1])['modes']
 
 
-def _table_after(text: str, marker: str) -> list[list[str]]:
-  """The body rows of the first Markdown table after `marker`, as stripped cells (bold undone)."""
-  rows, lines = [], text.split(marker, 1)[1].splitlines()
-  for line in lines:
+def _table_naming(text: str, json_file: str) -> list[list[str]]:
+  """The body rows of the Markdown table the README names `json_file` under (the last table before
+  the file's first mention), as stripped cells with bold undone."""
+  rows = []
+  for line in reversed(text[:text.index(json_file)].splitlines()):
     if line.startswith('|'):
-      rows.append([cell.strip().strip('*') for cell in line.strip().strip('|').split('|')])
+      rows.insert(0, [cell.strip().strip('*') for cell in line.strip().strip('|').split('|')])
     elif rows:
       break
   return rows[2:]
@@ -316,7 +317,7 @@ def test_the_benchmark_readmes_vmap_tables_are_their_json():
   text = open(os.path.join(ROOT, 'benchmarks', 'README.md')).read()
   gpu = {'char_lstm': _results('gpu-h200/lstm_speedups.json'),
          'cifar_cnn': _results('gpu-h200/speedups.json')}
-  rows, model = _table_after(text, '**GPU: one NVIDIA H200**'), None
+  rows, model = _table_naming(text, 'results/gpu-h200/lstm_speedups.json'), None
   for cells in rows:
     model = cells[0].split('`')[1] if cells[0] else model
     vmap, seq = gpu[model][('vmap', int(cells[1]))], gpu[model][('sequential', int(cells[1]))]
@@ -326,14 +327,14 @@ def test_the_benchmark_readmes_vmap_tables_are_their_json():
   cpu = _results('cpu-2core-epyc-quiet/cifar_dp2fedsam_c10_c50.json')
   modes = {'JAX vmap': 'vmap', 'JAX sequential': 'sequential', 'PyTorch loop, 2 threads':
            'torch_sequential_2t', 'PyTorch loop, 1 thread': 'torch_sequential_1t'}
-  rows = _table_after(text, '**CPU: 2-core AMD EPYC**')
+  rows = _table_naming(text, 'results/cpu-2core-epyc-quiet/cifar_dp2fedsam_c10_c50.json')
   for cells in rows:
     r = cpu[(modes[cells[0]], int(cells[1]))]
     temp = f"{r['xla_temp_bytes'] / 1e6:.0f} MB" if r.get('xla_temp_bytes') else ''
     assert cells[2:] == [f"{r['seconds_per_round']:.2f}", f"{r['clients_per_second']:.2f}",
                          f"{r['gflops_per_second']:.1f}", f"{r['percent_of_matmul_peak']:.0f}", temp], cells
   assert len(rows) == 8
-  rows = _table_after(text, '**CPU: the Shakespeare LSTM**')
+  rows = _table_naming(text, 'results/cpu-2core-epyc-quiet/lstm/char_lstm_small.json')
   for cells in rows:
     r = _results(f"cpu-2core-epyc-quiet/lstm/{cells[0].split('`')[1]}.json")
     seconds = [r[(mode, 10)]['seconds_per_round'] for mode in
