@@ -341,3 +341,30 @@ def test_the_benchmark_readmes_vmap_tables_are_their_json():
                ('sharded', 'sequential', 'vmap', 'torch_sequential_2t', 'torch_sequential_1t')]
     assert cells[1:] == [f'{s:.3f}' for s in seconds] + [f'{seconds[0] / seconds[3]:.2f}'], cells
   assert len(rows) == 2
+
+
+def test_the_benchmark_readmes_scaling_and_runs_tables_are_their_json():
+  """The cost-against-the-cohort table (s per client, peak RSS) and the runs-at-a-time table are the
+  committed JSON they name."""
+  text = open(os.path.join(ROOT, 'benchmarks', 'README.md')).read()
+  name = 'results/cpu-2core-epyc-quiet/scaling/cohort_scaling.json'
+  with open(os.path.join(ROOT, 'benchmarks', name)) as f:
+    scaling = {(r['model'], r['mode'], r['clients']): r for r in json.load(f)['rows']}
+  rows, model = _table_naming(text, name), None
+  for cells in rows:
+    model = cells[0].strip('`') or model
+    for clients, cell in zip((1, 4, 16, 64), cells[2:]):
+      r = scaling[(model, cells[1], clients)]
+      want = (f"{r['seconds_per_client']:.3f} ({r['peak_memory_bytes'] / 2**20:.0f})"
+              if r['status'] == 'ok' else 'skipped')
+      assert cell == want, (model, cells[1], clients)
+  assert len(rows) == 6
+  modes = ('alone', 'alone_pinned', 'together', 'pinned')
+  rows = _table_naming(text, 'results/cpu-2core-epyc-quiet/runs_at_a_time.json')
+  for cells, (file, mode) in zip(rows, [(f, m) for f in ('runs_at_a_time', 'runs_at_a_time_shakespeare')
+                                        for m in modes]):
+    with open(os.path.join(ROOT, 'benchmarks', 'results', 'cpu-2core-epyc-quiet', f'{file}.json')) as f:
+      record = json.load(f)['modes'][mode]
+    assert cells[2:] == [', '.join(f'{s:.2f}' for s in record['median_round_seconds']),
+                         f"{record['rounds_per_hour']:,.0f}", f"{record['throughput_vs_alone']:.2f}×"], cells
+  assert len(rows) == 8
