@@ -368,3 +368,22 @@ def test_the_benchmark_readmes_scaling_and_runs_tables_are_their_json():
     assert cells[2:] == [', '.join(f'{s:.2f}' for s in record['median_round_seconds']),
                          f"{record['rounds_per_hour']:,.0f}", f"{record['throughput_vs_alone']:.2f}×"], cells
   assert len(rows) == 8
+
+
+def test_the_benchmark_readmes_lowering_and_population_tables_are_their_json():
+  text = open(os.path.join(ROOT, 'benchmarks', 'README.md')).read()
+  rows = _table_naming(text, 'results/cpu-2core-epyc-quiet/cifar_xla_c5.json')
+  for cells, impl in zip(rows, ('xla', 'im2col')):
+    r = _results(f'cpu-2core-epyc-quiet/cifar_{impl}_c5.json')
+    vmap, seq = r[('vmap', 5)], r[('sequential', 5)]
+    assert cells[1:] == [f"{vmap['seconds_per_round']:.2f}", f"{seq['seconds_per_round']:.2f}",
+                         f"{vmap['gflops_per_second']:.1f}", f"{seq['gflops_per_second']:.1f}"], cells
+  assert len(rows) == 2
+  name = 'results/cpu-2core-epyc-shared/population/population.json'
+  with open(os.path.join(ROOT, 'benchmarks', name)) as f:
+    records = json.load(f)['records']
+  rows = _table_naming(text, name)
+  for cells, r in zip(rows, records):
+    assert cells[1] == f"{r['total_examples']:,}" and cells[5] == f"{r['seconds_per_round']:.3f}", cells
+    assert cells[4] == f"{r['peak_rss_mib']:,.0f} MiB", cells
+  assert len(rows) == len(records) == 4
