@@ -198,6 +198,13 @@ def _flag_values(define, argv):
 def _check_train(argv, capsys):
   from experiments import train as train_binary
   from launch import sweep
+  if '--list' in argv:  # the registries' listing: every built-in method is in it
+    fv = _flag_values(train_binary.define_flags, argv)
+    capsys.readouterr()
+    train_binary.run(fv)
+    out = capsys.readouterr().out
+    assert all(name in out for name in METHODS), out[-2000:]
+    return
   if '--dry_run' not in argv and '--print_config' not in argv:
     argv = [*argv, '--dry_run']
   fv = _flag_values(train_binary.define_flags, argv)
