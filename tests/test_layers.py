@@ -40,6 +40,7 @@ LAYERS = (
     ('federated_round', 'local_only'),  # the jitted round step; the local-only baseline
     ('config',),                 # validate_config checks against the choice lists of the layers below
     ('train', 'canaries'),       # build_experiment, train_and_evaluate; the audit's canary harness
+    ('search_program',),         # a search's trials as one mapped axis of one compiled program
     ('api',),                    # the public extension API (register_*), re-exported by __init__
 )
 
