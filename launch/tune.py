@@ -313,7 +313,6 @@ def trial_runs(module, config_path: str, spec: dict, candidates: list[dict], dir
 
 def trial_event(config):
   """(the trial's dp_event including its score's Gaussian, its neighbouring relation, delta)."""
-  import dp_accounting  # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
   spec = METHODS[config.method]
@@ -321,10 +320,8 @@ def trial_event(config):
     raise ValueError(f'method {config.method!r} is not private: its trials have no RDP curve and '
                      'their selection no epsilon; tune a private method.')
   mechanism = DPMechanism.from_config(config, config.num_clients, spec)
-  event = mechanism.dp_event(int(config.num_rounds))
-  relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if mechanism.sampling == 'fixed'
-              else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  return event, relation, float(mechanism.delta), float(mechanism.noise_multiplier)
+  return (mechanism.dp_event(int(config.num_rounds)), mechanism.neighboring_relation,
+          float(mechanism.delta), float(mechanism.noise_multiplier))
 
 
 def scored_event(event, score_noise: float):

@@ -368,6 +368,14 @@ class DPMechanism(Privatizer):
     return self.clipping.round_metrics(self.clip_norm)
 
   # ------------------------------------------------------------------------ the accountant's facade
+  @property
+  def neighboring_relation(self):
+    """dp_accounting's relation of the sampler that runs: replace-one for fixed-size sampling,
+    add-or-remove-one for Poisson (what the tuner and the report compose a run's event under)."""
+    import dp_accounting  # pylint: disable=import-outside-toplevel
+    return (dp_accounting.NeighboringRelation.REPLACE_ONE if self.sampling == 'fixed'
+            else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+
   def dp_event(self, rounds: int):
     """The dp_accounting event of `rounds` rounds of this mechanism."""
     return self.noise.dp_event(self.effective_noise_multiplier, rounds)

@@ -99,15 +99,13 @@ def _shared_seed(directory: str, tuning: dict | None, configs: dict) -> bool:
 
 def _run_event(config: dict) -> tuple:
   """(dp_event, neighbouring relation, delta) of a run from its config.json, its sigma as resolved."""
-  import dp_accounting  # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
   from dp2fedsam_jax.privacy.mechanism import DPMechanism  # pylint: disable=import-outside-toplevel
   config = ml_collections.ConfigDict(config)
   config.dp.target_epsilon = None  # the resolved sigma is in the file: no calibration, no warning
   mechanism = DPMechanism.from_config(config, config.num_clients, METHODS[config.method])
-  relation = (dp_accounting.NeighboringRelation.REPLACE_ONE if mechanism.sampling == 'fixed'
-              else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  return mechanism.dp_event(int(config.num_rounds)), relation, float(mechanism.delta)
+  return (mechanism.dp_event(int(config.num_rounds)), mechanism.neighboring_relation,
+          float(mechanism.delta))
 
 
 def search_epsilons(result: RowResult) -> tuple | None:
