@@ -153,8 +153,9 @@ class SearchProgram:
     num_rounds = config.num_rounds if num_rounds is None else num_rounds
     eval_every = config.eval_every if eval_every is None else eval_every
     step = jax.jit(self.round_step(), donate_argnums=0)
-    evaluate = jax.jit(self.evaluate(), static_argnums=4)
-    validate = (jax.jit(self.evaluate(validation=True), static_argnums=4)
+    # The round index is traced (fold_in takes it as data): one compile serves every evaluation.
+    evaluate = jax.jit(self.evaluate())
+    validate = (jax.jit(self.evaluate(validation=True))
                 if self.exp.validation is not None else None)
     states = self.init_states()
     for r in range(num_rounds):
@@ -163,10 +164,11 @@ class SearchProgram:
       if on_round is not None:
         on_round(done, jax.device_get(metrics))
       if on_eval is not None and (done % eval_every == 0 or done == num_rounds):
-        records = dict(jax.device_get(evaluate(states, self.exp.data, self.roots, self.values, done)))
+        at = jnp.int32(done)
+        records = dict(jax.device_get(evaluate(states, self.exp.data, self.roots, self.values, at)))
         if validate is not None:
           records.update(jax.device_get(validate(states, self.exp.validation, self.roots,
-                                                 self.values, done)))
+                                                 self.values, at)))
         on_eval(done, records)
     return states
 
