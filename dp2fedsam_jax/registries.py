@@ -102,6 +102,14 @@ class Registry(Mapping[str, T]):
     """Removes `name` (tests that register an entry of their own take it back)."""
     self._entries.pop(name, None)
 
+  def snapshot(self) -> dict:
+    """The entries as they are now, for `restore` (a process that loads a user's file for a
+    while, such as a test, takes its registrations back)."""
+    return dict(self._entries)
+
+  def restore(self, snapshot: dict) -> None:
+    self._entries = dict(snapshot)
+
   def __setitem__(self, name: str, value: T) -> None:
     """Swaps the value of a registered `name`, keeping its description and origin (a test's
     monkeypatch.setitem); a new name is registered as by `register`."""

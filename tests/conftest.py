@@ -2,6 +2,7 @@
 
 import atexit
 import json
+import logging
 import os
 import re
 import shutil
@@ -71,6 +72,22 @@ compilation_cache.enable(os.environ['DP2FEDSAM_COMPILATION_CACHE'])
 # A suite started in the background by a non-interactive shell (`... &`) inherits SIGINT ignored,
 # and so would every binary it starts: the Ctrl-C tests (tests/test_cli.py) need Python's default.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+  """Tests share a process: a user file loaded in-process (a README command, an example config)
+  registers methods and knobs, and a logging test sets absl's level. Each test starts from the
+  state the one before it found."""
+  from dp2fedsam_jax import api  # pylint: disable=import-outside-toplevel
+  registries = (api.METHODS, api.MODELS, api.DATASETS, api.PARTITIONS, api.KNOBS)
+  snapshots = [r.snapshot() for r in registries]
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  yield
+  for registry, snapshot in zip(registries, snapshots):
+    registry.restore(snapshot)
+  absl_logger.setLevel(level)
 
 
 # conftest.tiny_config() as --config.x flags on top of the default config file.

@@ -23,12 +23,16 @@ class _Records(logging.Handler):
 @pytest.fixture
 def info_records():
   """Every record of absl's logger at INFO verbosity, as a notebook that asks for INFO lines sees."""
-  verbosity, handler, logger = absl_logging.get_verbosity(), _Records(), logging.getLogger('absl')
+  handler, logger = _Records(), logging.getLogger('absl')
+  # The logger's own level, not get_verbosity(): an unset level (0) reads as the root's WARNING, and
+  # setting that back would hide every later test's INFO lines.
+  verbosity, level = absl_logging.get_verbosity(), logger.level
   absl_logging.set_verbosity(absl_logging.INFO)
   logger.addHandler(handler)
   yield handler.records
   logger.removeHandler(handler)
   absl_logging.set_verbosity(verbosity)
+  logger.setLevel(level)
 
 
 def _save_and_restore(workdir: str) -> None:

@@ -30,10 +30,12 @@ def test_every_generated_file_is_what_the_committed_runs_give():
 
 @pytest.fixture(scope='module')
 def copy(tmp_path_factory):
-  """README.md and experiments/results copied (what the check compares)."""
+  """The files with generated blocks and experiments/results copied (what the check compares)."""
   root = tmp_path_factory.mktemp('repo')
-  shutil.copyfile(os.path.join(REPO, 'README.md'), root / 'README.md')
   shutil.copytree(RESULTS, root / generated.RESULTS)
+  for path in generated.blocks(REPO):
+    os.makedirs(root / os.path.dirname(path), exist_ok=True)
+    shutil.copyfile(os.path.join(REPO, path), root / path)
   return root
 
 

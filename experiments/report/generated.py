@@ -15,7 +15,7 @@ import functools
 import os
 import re
 
-from experiments.report import fair_pages, findings
+from experiments.report import fair_pages, findings, privacy_tables
 from experiments.report.plots import plot_plan
 from experiments.report.rules import seed_rule
 from experiments.report.summary import summarize
@@ -88,7 +88,7 @@ def fair_plots(repo: str = REPO) -> dict:
 
 def blocks(repo: str = REPO) -> dict:
   """{file relative to the repository: {block name: its lines}}: the generated parts of the two
-  READMEs."""
+  READMEs and of docs/privacy.md."""
   published = fair_pages.published_blocks(os.path.join(repo, RESULTS))
   paper = study('fmnist_paper_regime', repo)
   field = study('shakespeare_field', repo)
@@ -100,6 +100,8 @@ def blocks(repo: str = REPO) -> dict:
           'hand-tuned-fmnist': hand_tuned_fmnist_lines(paper.rows),
           'hand-tuned-shakespeare': hand_tuned_shakespeare_lines(field.rows),
           'tunings': tuning_table_lines(repo)},
+      os.path.join('docs', 'privacy.md'): {'audit-seeds': privacy_tables.audit_seed_lines(repo),
+                                           'selection-costs': privacy_tables.selection_cost_lines()},
   }
 
 
