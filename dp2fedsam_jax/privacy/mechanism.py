@@ -54,11 +54,43 @@ NoiseMechanism = Independent | BandMF | TreeAggregation
 ClipRule = FixedClip | AdaptiveClip
 
 
+class PrivatizerState(NamedTuple):
+  """What the server carries for the privatizer between rounds (ServerState's two fields)."""
+  noise_state: Any = ()  # the noise mechanism's (BandMF's buffer of b-1 draws); () where none
+  clip_state: Any = ()   # the clip rule's (C_t under adaptive clipping); () for a fixed C
+
+
+class ClientStatistics(NamedTuple):
+  """What the client half reports of one client besides its upload."""
+  norm: jax.Array     # the update's global norm before clipping
+  clipped: jax.Array  # bool: whether clipping moved it
+  sums: dict          # the privatizer's own entries, summed over the cohort for the server half:
+                      # 'clean' (the upload before its noise share), 'unclipped' (1[norm <= C_t])
+
+
 class ClientUpload(NamedTuple):
   """The client half's result for one client."""
-  upload: Any      # what it sends: clipped, plus its noise share where the noise is distributed
-  clean: Any       # the upload before its noise share (the diagnostics); None: the upload is clean
-  norm: jax.Array  # the update's global norm before clipping
+  upload: Any  # what it sends: clipped, plus its noise share where the noise is distributed
+  stats: ClientStatistics
+
+
+class Release(NamedTuple):
+  """The server half's result: what the server step reads, and what the server carries on."""
+  released: Any            # the sum of the uploads with the server's noise
+  denominator: jax.Array   # the public divisor of the released sum
+  state: PrivatizerState   # the next round's
+  metrics: dict            # the noise diagnostics; C_t under adaptive clipping
+
+
+def noise_diagnostics(clean_sum, released_sum, denominator) -> dict:
+  """The round's NON-private diagnostics (they read the un-noised sum): `noise_std`, the root mean
+  square over coordinates of the noise on the average (released - clipped sum) / m, and
+  `signal_to_noise`, ||mean clipped update|| / ||noise on the average|| (inf without noise)."""
+  noise = jax.tree.map(jnp.subtract, released_sum, clean_sum)
+  noise_norm = trees.global_norm(noise)
+  size = sum(x.size for x in jax.tree.leaves(noise))
+  return {'noise_std': noise_norm / math.sqrt(max(size, 1)) / denominator,
+          'signal_to_noise': trees.global_norm(clean_sum) / noise_norm}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,16 +197,46 @@ class Privatizer:
     """The same privatizer over `num_clients` clients (the audit adds its canaries); the class stays."""
     return dataclasses.replace(self, noise=dataclasses.replace(self.noise, num_clients=num_clients))
 
-  def init(self, shared) -> dict:
-    """What the server carries for this privatizer between rounds, as ServerState's fields:
-    noise_state (BandMF's buffer) and clip_state (C_t under adaptive clipping); () where none."""
-    return {'noise_state': self.init_noise_state(shared), 'clip_state': self.init_clip_state()}
+  # ------------------------------------------------------- what the round step calls, and no more
+  def init(self, shared) -> PrivatizerState:
+    """What the server carries for this privatizer between rounds: BandMF's noise buffer, C_0 under
+    adaptive clipping; () where none."""
+    return PrivatizerState(self.init_noise_state(shared), self.init_clip_state())
 
   def sample(self, key: jax.Array, round_index=0, root: jax.Array | None = None) -> jax.Array:
     """bool[num_clients]: the cohort of round `round_index` (`root`: the run's key, whose public
     schedule the correlated mechanisms' samplers follow)."""
     return self.noise.sample(key, round_index, root)
 
+  def clip_norm_at(self, state: PrivatizerState):
+    """The round's C_t (traced under adaptive clipping), which the clients' regularizers read."""
+    return self.at_clip_state(state.clip_state).clip_norm
+
+  def client(self, state: PrivatizerState, key: jax.Array, delta, cohort: jax.Array,
+             support=None) -> ClientUpload:
+    """The client half: a client's update clipped to C_t and, where the noise is distributed, with
+    its share (on `support` where one is given), and its statistics."""
+    at = self.at_clip_state(state.clip_state)
+    upload, norm = at.clip(delta)                                      # line 18
+    noised = at.privatize_upload(key, upload, cohort, support)         # line 19 (distributed)
+    return ClientUpload(noised, ClientStatistics(norm, at.clipped(norm), at.client_sums(upload, norm)))
+
+  def server(self, state: PrivatizerState, ctx: NoiseContext, total, sums: dict, cohort: jax.Array,
+             support=None) -> Release:
+    """The server half: (the sum of the uploads and of their `sums`, |S|, the noise support, the
+    state, the round's randomness) -> the released sum with its public divisor, the next state and
+    the metrics. Central: the server adds all the noise. Distributed: the clients did (the server
+    adds it only if nobody was sampled, so the release is the mechanism the accountant assumed)."""
+    at = self.at_clip_state(state.clip_state)
+    released, noise_state = at.privatize_sum(ctx, total, cohort, support, state.noise_state)
+    # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
+    denominator = at.denominator(cohort)
+    diagnostics = noise_diagnostics(sums.get('clean', total), released, denominator)
+    clip_state = at.next_clip_state(ctx.count_key, state.clip_state, sums.get('unclipped'), cohort)
+    return Release(released, denominator, PrivatizerState(noise_state, clip_state),
+                   {**diagnostics, **at.round_metrics()})
+
+  # ------------------------------------------------------------------------------------------------
   def schedule(self, round_index, root: jax.Array) -> jax.Array:
     """bool[num_clients]: who may be sampled in round `round_index`, a public fact (BandMF: the
     round's group; the tree: its block; independent: everyone). The audit's scores may use it."""
@@ -208,21 +270,17 @@ class NonPrivate(Privatizer):
     """(the update as it is, its global norm)."""
     return delta, trees.global_norm(delta)
 
-  def privatize_client(self, key: jax.Array, delta, cohort: jax.Array, support=None) -> ClientUpload:
+  def privatize_upload(self, key: jax.Array, upload, cohort: jax.Array, support=None):
     del key, cohort, support
-    upload, norm = self.clip(delta)
-    return ClientUpload(upload, None, norm)
+    return upload
 
-  def clipped(self, norms: jax.Array) -> jax.Array:
-    return jnp.zeros_like(norms, dtype=bool)
+  def clipped(self, norm: jax.Array) -> jax.Array:
+    return jnp.zeros_like(norm, dtype=bool)
 
-  def count_unclipped(self, norms: jax.Array, valid: jax.Array) -> None:
-    del norms, valid
-
-  def zero_sums(self, zeros) -> dict:
-    """The sums of its own the round accumulates: none."""
-    del zeros
-    return {'clean_sum': None, 'unclipped': None}
+  def client_sums(self, upload, norm) -> dict:
+    """The sums of its own the round accumulates for it: none."""
+    del upload, norm
+    return {}
 
   def privatize_sum(self, ctx: NoiseContext, total, cohort: jax.Array, support=None, noise_state=()):
     del ctx, cohort, support
@@ -316,24 +374,14 @@ class DPMechanism(Privatizer):
     """A client's clipped upload plus its noise share (distributed placement; else unchanged)."""
     return self.placement.add_client_share(key, upload, self.client_noise_std(cohort), support)
 
-  def privatize_client(self, key: jax.Array, delta, cohort: jax.Array, support=None) -> ClientUpload:
-    """A client's update clipped and, where the noise is distributed, with its share on `support`."""
-    upload, norm = self.clip(delta)                                          # line 18
-    noised = self.privatize_upload(key, upload, cohort, support)             # line 19 (distributed)
-    return ClientUpload(noised, self.placement.clean(upload), norm)
+  def clipped(self, norm: jax.Array) -> jax.Array:
+    """Whether a client's update of this pre-clip norm was clipped."""
+    return norm > self.clip_norm
 
-  def clipped(self, norms: jax.Array) -> jax.Array:
-    """bool[...]: which of these pre-clip norms were clipped."""
-    return norms > self.clip_norm
-
-  def count_unclipped(self, norms: jax.Array, valid: jax.Array):
-    """The clip rule's count of the valid slots' unclipped clients (None for a fixed C)."""
-    return self.clipping.count_unclipped(norms, valid, self.clip_norm)
-
-  def zero_sums(self, zeros) -> dict:
-    """The sums of its own the round accumulates, at zero: the clean sum of the uploads where the
-    clients add noise (the diagnostics), the unclipped count where C moves (else None)."""
-    return {'clean_sum': self.placement.clean(zeros), 'unclipped': self.clipping.zero_count()}
+  def client_sums(self, upload, norm) -> dict:
+    """One client's part of the sums the server half reads: its clipped upload before its noise
+    share where the clients add noise (the diagnostics), its bit 1[norm <= C] where C moves."""
+    return {**self.placement.client_sums(upload), **self.clipping.client_sums(norm, self.clip_norm)}
 
   # --------------------------------------------------------------------------------- server half
   def server_noise_std(self, cohort: jax.Array) -> jax.Array:

@@ -52,10 +52,10 @@ class CentralNoise:
     del key, stddev, support
     return upload
 
-  def clean(self, upload):
-    """The un-noised upload for the diagnostics: None, since the upload itself carries no noise."""
+  def client_sums(self, upload) -> dict:
+    """Nothing for the diagnostics: the upload itself carries no noise, its sum is the clean sum."""
     del upload
-    return None
+    return {}
 
   def server_noise_std(self, noise_std, cohort: jax.Array) -> jax.Array:
     del cohort
@@ -74,8 +74,9 @@ class DistributedNoise:
   def add_client_share(self, key: jax.Array, upload, stddev, support=None):
     return add_gaussian_noise(key, upload, stddev, support)
 
-  def clean(self, upload):
-    return upload
+  def client_sums(self, upload) -> dict:
+    """The upload before its noise share, whose sum the diagnostics compare the release with."""
+    return {'clean': upload}
 
   def server_noise_std(self, noise_std, cohort: jax.Array) -> jax.Array:
     """All of it only if nobody was sampled, so the release is the Gaussian the accountant assumes
