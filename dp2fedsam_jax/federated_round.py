@@ -49,7 +49,7 @@ from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import executors, keys
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
-from dp2fedsam_jax.privacy.mechanism import ClientStatistics, Privatizer
+from dp2fedsam_jax.privacy.mechanism import Privatizer
 from dp2fedsam_jax.privacy.noise import noise_support
 from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
 from dp2fedsam_jax import server_optimizer
@@ -223,13 +223,16 @@ class RoundEnv(NamedTuple):
 
 
 class ClientResult(NamedTuple):
-  """One sampled client's part of the round (stacked over a chunk's slots by the executor)."""
+  """One sampled client's part of the round (stacked over a chunk's slots by the executor). The
+  fields keep the order the mapped function's outputs had before the privatizer's halves: XLA's
+  fusion, and with it the order of the cohort's float sums, follows it (the exact golden)."""
   upload: Any            # clipped, plus its noise share where the noise is distributed
+  privatizer_sums: dict  # its part of the privatizer's sums (ClientUpload.sums)
   personal: Any          # its new personal head (the old one if its training diverged)
+  norm: jax.Array        # the global norm of its update before clipping
   train_loss: jax.Array  # 0 if its training diverged
-  finite: jax.Array      # False if its local training diverged
   support: Any           # where the server's noise may go on its upload (None: everywhere)
-  stats: ClientStatistics  # the privatizer's: pre-clip norm, clipped or not, its own sums
+  finite: jax.Array      # False if its local training diverged
 
 
 class ChunkCarry(NamedTuple):
@@ -276,21 +279,23 @@ def train_client(rc: RoundConfig, env: RoundEnv, personal, client_id) -> ClientR
   # line 18: clip to C_t; line 19: [distributed] plus the client's share of the noise
   sent = privatizer.client(privatizer_state, upload_key, delta, cohort, support)
   upload = spec.postprocess.client(sent.upload)  # e.g. top-k of its noised upload
-  return ClientResult(upload, new_personal, jnp.where(finite, result.train_loss, 0.0), finite,
-                      support, sent.stats)
+  return ClientResult(upload, sent.sums, new_personal, sent.norm,
+                      jnp.where(finite, result.train_loss, 0.0), support, finite)
 
 
 def zero_privatizer_sums(privatizer: Privatizer, env: RoundEnv, zeros) -> dict:
   """The privatizer's sums before the first chunk: zeros shaped as its client half reports them."""
-  sums = jax.eval_shape(lambda: privatizer.client(env.state.privatizer_state, env.streams.clients,
-                                                  zeros, env.cohort).stats.sums)
+  state = env.state.privatizer_state
+  sums = jax.eval_shape(lambda: {
+      **privatizer.client(state, env.streams.clients, zeros, env.cohort).sums,
+      **privatizer.statistics(state, jnp.zeros((1,)), jnp.ones((1,), bool)).sums})
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums)
 
 
 def train_chunk(rc: RoundConfig, num_clients: int, capacity: int, id_blocks, env: RoundEnv,
                 carry: ChunkCarry) -> ChunkCarry:
   """Trains the chunk's sampled clients (padded to `capacity` slots) and adds them to the carry."""
-  k = carry.index
+  k, privatizer = carry.index, at_hyperparameters(rc, env.hyperparameters).mechanism
   ids = chunk_ids(id_blocks, k * capacity, capacity, num_clients)
   valid = k * capacity + jnp.arange(capacity) < env.cohort
   safe_ids = jnp.where(valid, ids, 0)
@@ -302,9 +307,10 @@ def train_chunk(rc: RoundConfig, num_clients: int, capacity: int, id_blocks, env
   personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
                           carry.personal, clients.personal)
   counted = valid & clients.finite  # training statistics are over the clients that did not diverge
+  of_norms = privatizer.statistics(env.state.privatizer_state, clients.norm, valid)
   stats = jax.tree.map(jnp.add, carry.stats, {
-      'norm_sum': jnp.sum(jnp.where(counted, clients.stats.norm, 0.0)),
-      'clipped': jnp.sum(counted & clients.stats.clipped, dtype=jnp.int32),
+      'norm_sum': jnp.sum(jnp.where(counted, clients.norm, 0.0)),
+      'clipped': jnp.sum(counted & of_norms.clipped, dtype=jnp.int32),
       'loss_sum': jnp.sum(jnp.where(counted, clients.train_loss, 0.0)),
       'nonfinite': jnp.sum(valid & ~clients.finite, dtype=jnp.int32),
   })
@@ -312,7 +318,8 @@ def train_chunk(rc: RoundConfig, num_clients: int, capacity: int, id_blocks, env
   # <= C] are of the update as sent to clipping: a diverged client's zero counts as unclipped, as
   # under TFF's zeroing ahead of its adaptive DP sum. Divergence then shrinks C and the noise; bit 0
   # instead ran away (docs/privacy.md s. 8).
-  privatizer_sums = jax.tree.map(jnp.add, carry.privatizer_sums, _masked_sum(clients.stats.sums, valid))
+  privatizer_sums = jax.tree.map(jnp.add, carry.privatizer_sums,
+                                 {**_masked_sum(clients.privatizer_sums, valid), **of_norms.sums})
   return ChunkCarry(k + 1, jax.tree.map(jnp.add, carry.upload_sum, _masked_sum(clients.upload, valid)),
                     rc.support.merge(carry.support, clients.support, valid), personal, stats,
                     privatizer_sums)

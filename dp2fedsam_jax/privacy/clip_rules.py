@@ -60,9 +60,9 @@ class FixedClip:
     del key, unclipped, cohort, divisor
     return state
 
-  def client_sums(self, norm, clip_norm) -> dict:
+  def client_sums(self, norms, valid, clip_norm) -> dict:
     """No count to release: nothing moves C."""
-    del norm, clip_norm
+    del norms, valid, clip_norm
     return {}
 
   def round_metrics(self, clip_norm) -> dict:
@@ -135,11 +135,10 @@ class AdaptiveClip:
     fraction = self.noised_unclipped_fraction(key, unclipped, cohort, divisor)
     return state * jnp.exp(-self.clip_lr * (fraction - self.target_quantile))
 
-  def client_sums(self, norm, clip_norm) -> dict:
-    """A client's bit b_i = 1[||Delta_i|| <= C_t]; summed over the cohort's valid slots (a padded
-    slot is nobody: counting it would move C as if the capacity were sampled), it is next_state's
-    `unclipped`."""
-    return {'unclipped': (norm <= clip_norm).astype(jnp.int32)}
+  def client_sums(self, norms, valid, clip_norm) -> dict:
+    """sum_i b_i, b_i = 1[||Delta_i|| <= C_t], over the chunk's sampled clients: what next_state's
+    `unclipped` count is made of."""
+    return {'unclipped': unclipped_count(norms, valid, clip_norm)}
 
   def round_metrics(self, clip_norm) -> dict:
     return {'clip_norm': clip_norm}  # the C this round clipped to
@@ -171,6 +170,12 @@ class AdaptiveClip:
 
 # config.dp.clipping -> its class.
 CLIP_RULES = {cls.name: cls for cls in (FixedClip, AdaptiveClip)}
+
+
+def unclipped_count(norms, valid, clip_norm) -> jax.Array:
+  """The count of sampled clients with ||Delta_i|| <= C: over the chunk's valid slots only (a padded
+  slot is nobody; counting it would move C as if the capacity were sampled)."""
+  return jnp.sum(valid & (norms <= clip_norm), dtype=jnp.int32)
 
 
 def check_fields(target_quantile, clip_lr, count_noise_std, initial_clip_norm=1.0) -> None:

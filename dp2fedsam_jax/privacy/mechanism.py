@@ -60,18 +60,19 @@ class PrivatizerState(NamedTuple):
   clip_state: Any = ()   # the clip rule's (C_t under adaptive clipping); () for a fixed C
 
 
-class ClientStatistics(NamedTuple):
-  """What the client half reports of one client besides its upload."""
-  norm: jax.Array     # the update's global norm before clipping
-  clipped: jax.Array  # bool: whether clipping moved it
-  sums: dict          # the privatizer's own entries, summed over the cohort for the server half:
-                      # 'clean' (the upload before its noise share), 'unclipped' (1[norm <= C_t])
-
-
 class ClientUpload(NamedTuple):
   """The client half's result for one client."""
-  upload: Any  # what it sends: clipped, plus its noise share where the noise is distributed
-  stats: ClientStatistics
+  upload: Any      # what it sends: clipped, plus its noise share where the noise is distributed
+  norm: jax.Array  # the update's global norm before clipping
+  sums: dict       # its part of the privatizer's sums: 'clean', the upload before its noise share
+                   # where the clients add noise (the diagnostics); else nothing
+
+
+class ClientStatistics(NamedTuple):
+  """What the client half reads off the pre-clip norms of a chunk's clients."""
+  clipped: jax.Array  # bool[chunk]: whether clipping moved each update
+  sums: dict          # the chunk's part of the privatizer's sums, over its valid slots: 'unclipped',
+                      # the count of norms <= C_t, where C moves; else nothing
 
 
 class Release(NamedTuple):
@@ -214,12 +215,18 @@ class Privatizer:
 
   def client(self, state: PrivatizerState, key: jax.Array, delta, cohort: jax.Array,
              support=None) -> ClientUpload:
-    """The client half: a client's update clipped to C_t and, where the noise is distributed, with
-    its share (on `support` where one is given), and its statistics."""
+    """The client half, for one client: its update clipped to C_t and, where the noise is
+    distributed, with its share (on `support` where one is given)."""
     at = self.at_clip_state(state.clip_state)
     upload, norm = at.clip(delta)                                      # line 18
     noised = at.privatize_upload(key, upload, cohort, support)         # line 19 (distributed)
-    return ClientUpload(noised, ClientStatistics(norm, at.clipped(norm), at.client_sums(upload, norm)))
+    return ClientUpload(noised, norm, at.placement.client_sums(upload))
+
+  def statistics(self, state: PrivatizerState, norms: jax.Array, valid: jax.Array) -> ClientStatistics:
+    """The client half's statistics of a chunk's pre-clip `norms`, `valid` its sampled slots (taken
+    on the chunk, outside the mapped clients: XLA's fusion follows the mapped function's outputs)."""
+    at = self.at_clip_state(state.clip_state)
+    return ClientStatistics(at.clipped(norms), at.clipping.client_sums(norms, valid, at.clip_norm))
 
   def server(self, state: PrivatizerState, ctx: NoiseContext, total, sums: dict, cohort: jax.Array,
              support=None) -> Release:
@@ -274,13 +281,8 @@ class NonPrivate(Privatizer):
     del key, cohort, support
     return upload
 
-  def clipped(self, norm: jax.Array) -> jax.Array:
-    return jnp.zeros_like(norm, dtype=bool)
-
-  def client_sums(self, upload, norm) -> dict:
-    """The sums of its own the round accumulates for it: none."""
-    del upload, norm
-    return {}
+  def clipped(self, norms: jax.Array) -> jax.Array:
+    return jnp.zeros_like(norms, dtype=bool)
 
   def privatize_sum(self, ctx: NoiseContext, total, cohort: jax.Array, support=None, noise_state=()):
     del ctx, cohort, support
@@ -374,14 +376,9 @@ class DPMechanism(Privatizer):
     """A client's clipped upload plus its noise share (distributed placement; else unchanged)."""
     return self.placement.add_client_share(key, upload, self.client_noise_std(cohort), support)
 
-  def clipped(self, norm: jax.Array) -> jax.Array:
-    """Whether a client's update of this pre-clip norm was clipped."""
-    return norm > self.clip_norm
-
-  def client_sums(self, upload, norm) -> dict:
-    """One client's part of the sums the server half reads: its clipped upload before its noise
-    share where the clients add noise (the diagnostics), its bit 1[norm <= C] where C moves."""
-    return {**self.placement.client_sums(upload), **self.clipping.client_sums(norm, self.clip_norm)}
+  def clipped(self, norms: jax.Array) -> jax.Array:
+    """bool[...]: which of these pre-clip norms were clipped."""
+    return norms > self.clip_norm
 
   # --------------------------------------------------------------------------------- server half
   def server_noise_std(self, cohort: jax.Array) -> jax.Array:

@@ -53,7 +53,8 @@ class CentralNoise:
     return upload
 
   def client_sums(self, upload) -> dict:
-    """Nothing for the diagnostics: the upload itself carries no noise, its sum is the clean sum."""
+    """The client's part of the privatizer's sums: nothing (its upload carries no noise, so the
+    sum of the uploads is the clean sum the diagnostics read)."""
     del upload
     return {}
 
