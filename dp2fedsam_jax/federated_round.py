@@ -15,11 +15,15 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
     [adaptive clipping] C <- C exp(-eta (b~ - gamma)), b~ the noised fraction of clients with
                         ||Delta_i|| <= C (privacy/clip_rules.py); C is ServerState.clip_state
 
-Sampling, clipping, noise and the divisor are the methods of one privatizer (privacy/mechanism.py:
-NonPrivate or DPMechanism, the same object whose `dp_event` the accountant composes), with a client
-half (`privatize_client`, lines 18-19) and a server half (`privatize_sum`, `denominator`,
-`next_clip_state`); where the noise goes is the method's support object (privacy/noise.py). The
-round asks neither which kind it holds. It is three functions:
+Sampling, clipping, noise and the divisor are one privatizer's (privacy/mechanism.py: NonPrivate or
+DPMechanism, the same object whose `dp_event` the accountant composes). The round calls five of its
+members and asks neither which kind it holds: `sample` (line 2), `clip_norm_at` (C_t, which the
+clients' regularizers read), the client half `client` (lines 18-19, for one client) and
+`statistics` (its clipped bits and own sums, on a chunk's norms), and the server half `server` (the
+server's noise, the public divisor, the next privatizer state, its metrics). Where the noise goes
+is the method's support object (privacy/noise.py). The round reads one bag per role: RoundConfig
+(static), Hyperparameters (the searched scalars, traced in a search; None: the config's) and the
+ServerState. It is three functions:
 
     train_client   lines 3-19 for one sampled client -> ClientResult (named fields, no tuple order)
     train_chunk    a chunk of slots through the executor, summed into the ChunkCarry

@@ -157,9 +157,9 @@ def test_each_privatizer_kind_answers_the_rounds_calls_without_a_flag():
   DPMechanism clips and, only where the noise is distributed, adds the client's share and reports
   the clean upload; its server half noises the sum (central) and divides by q N."""
   from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax.privacy.mechanism import (DPMechanism, NonPrivate,  # pylint: disable=import-outside-toplevel
-                                               PrivatizerState)
-  from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate, PrivatizerState
+  from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
   update, cohort, key = {'w': np.full((4,), 3.0, np.float32)}, jax.numpy.int32(3), jax.random.key(0)
   ctx = NoiseContext(jax.random.key(1), 0, key, jax.random.key(2))
   plain = DPMechanism.from_config(tiny_config(method='fedavg'), 10, METHODS['fedavg'])
@@ -167,7 +167,9 @@ def test_each_privatizer_kind_answers_the_rounds_calls_without_a_flag():
   state = plain.init({'w': update['w']})
   assert state == PrivatizerState((), ())
   sent = plain.client(state, key, update, cohort)
-  assert sent.stats.sums == {} and float(sent.stats.norm) == 6.0 and not sent.stats.clipped
+  of_norms = plain.statistics(state, jax.numpy.asarray([6.0, 1.0]), jax.numpy.asarray([True, True]))
+  assert sent.sums == {} and float(sent.norm) == 6.0 and of_norms.sums == {}
+  assert not np.any(of_norms.clipped)  # nothing is clipped without privacy
   np.testing.assert_array_equal(sent.upload['w'], update['w'])
   out = plain.server(state, ctx, update, {}, cohort)
   np.testing.assert_array_equal(out.released['w'], update['w'])
@@ -179,14 +181,15 @@ def test_each_privatizer_kind_answers_the_rounds_calls_without_a_flag():
     state = private.init({'w': update['w']})
     sent = private.client(state, key, update, cohort)
     clipped = update['w'] / 4  # norm 6 clipped to 1.5
-    assert bool(sent.stats.clipped) and float(sent.stats.norm) == 6.0
+    of_norms = private.statistics(state, jax.numpy.asarray([6.0, 1.0]), jax.numpy.asarray([True, True]))
+    assert float(sent.norm) == 6.0 and list(np.asarray(of_norms.clipped)) == [True, False]
     if placement == 'central':
-      assert sent.stats.sums == {}
+      assert sent.sums == {}
       np.testing.assert_allclose(sent.upload['w'], clipped, rtol=1e-6)
     else:
-      np.testing.assert_allclose(sent.stats.sums['clean']['w'], clipped, rtol=1e-6)
-      assert np.all(np.asarray(sent.upload['w']) != np.asarray(sent.stats.sums['clean']['w']))
-    out = private.server(state, ctx, sent.upload, sent.stats.sums, cohort)
+      np.testing.assert_allclose(sent.sums['clean']['w'], clipped, rtol=1e-6)
+      assert np.all(np.asarray(sent.upload['w']) != np.asarray(sent.sums['clean']['w']))
+    out = private.server(state, ctx, sent.upload, sent.sums, cohort)
     assert float(out.denominator) == 5.0  # q N, whoever was sampled
     server_noised = np.any(np.asarray(out.released['w']) != np.asarray(sent.upload['w']))
     assert server_noised == (placement == 'central')  # distributed: the clients added it all

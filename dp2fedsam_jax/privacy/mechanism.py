@@ -14,23 +14,31 @@ round executes is what the accountant composes: one object, built by `DPMechanis
                   ServerState.clip_state, moved by the noised count of unclipped clients)
 
 Noise on a mask is the round's `support` object (noise.py: EveryCoordinate | OnUploadMask), passed
-to both halves. What the round step calls, on either kind:
+to both halves. The privatizer's state is one pytree, PrivatizerState(noise_state, clip_state),
+which ServerState carries; `init(shared) -> PrivatizerState` starts it (Experiment.init_state).
+The five members the round step calls, on either kind (and no others):
 
-    init          init(shared) -> {noise_state, clip_state}: what ServerState carries
-                  at_clip_state(clip_state)   this privatizer at the round's C_t (traced)
-                  sample(key, round, root)    who takes part
-    client half   privatize_client(key, delta, |S|, support) -> ClientUpload(upload, clean, norm):
-                  clip (line 18) and, where the noise is distributed, the client's share (line 19)
-                  clipped(norms), count_unclipped(norms, valid)   the chunk's statistics;
-                  zero_sums(zeros): its own sums at 0 (the clean sum, the unclipped count; or None)
-    server half   privatize_sum(ctx, sum, |S|, support, noise_state) -> (released, noise_state)
-                  denominator(|S|)    the public divisor of the released sum
-                  next_clip_state(key, clip_state, unclipped, |S|)   C_{t+1} (adaptive clipping)
-                  round_metrics()     what the round reports of it (C_t under adaptive clipping)
+    sample        sample(key, round, root) -> bool[N]: who takes part (line 2)
+    clip_norm_at  clip_norm_at(state) -> C_t, which the clients' regularizers read
+    client half   client(state, key, delta, |S|, support) -> ClientUpload(upload, norm, sums): clip
+                  (line 18) and, where the noise is distributed, the client's share (line 19)
+                  statistics(state, norms, valid) -> ClientStatistics(clipped, sums): a chunk's
+                  clipped bits, and adaptive clipping's count of its unclipped clients
+    server half   server(state, ctx, sum, sums, |S|, support) -> Release(released, denominator,
+                  state, metrics): the server's noise, the public divisor, the next state
+                  (C_{t+1} under adaptive clipping), the noise diagnostics and C_t
 
-and the accountant's facade (dp_event, epsilon, calibrate, record). Adaptive clipping's part of the
-accounting is `effective_noise_multiplier`: the sum at sigma and the count at s_b are one Gaussian
-of multiplier (sigma^-2 + (2 s_b)^-2)^(-1/2).
+`sums` are the privatizer's own entries, which the round adds with a tree add over the cohort and
+hands to the server half: the clean uploads where the clients add noise, the unclipped count where
+C moves; none for what a privatizer lacks. The halves follow jax_privacy's GradientPrivatizer
+(noise_addition: `init(params) -> noise_state`, `privatize(sum_of_clipped_grads, noise_state) ->
+(noised sum, noise_state)`), widened by what a federated round adds: the clients' side, the cohort,
+the support, the clip state and the divisor.
+
+Beside them sits the accountant's facade (dp_event, neighboring_relation, epsilon, calibrate,
+record), which the round never calls. Adaptive clipping's part of the accounting is
+`effective_noise_multiplier`: the sum at sigma and the count at s_b are one Gaussian of multiplier
+(sigma^-2 + (2 s_b)^-2)^(-1/2).
 """
 
 from __future__ import annotations
@@ -261,6 +269,11 @@ class NonPrivate(Privatizer):
   adaptive = False
   noise_std = 0.0
   effective_noise_multiplier = 0.0
+
+  @property
+  def placement(self):
+    """CentralNoise's client side: no share on the upload, so no clean sum to keep."""
+    return PLACEMENTS['central']
 
   def init_noise_state(self, shared):
     del shared
