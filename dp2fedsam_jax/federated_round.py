@@ -246,10 +246,11 @@ class ChunkCarry(NamedTuple):
   support: Any      # the union of the clients' noise supports (None: noise everywhere)
   personal: Any     # every client's personal head; the sampled ones' written back
   stats: dict       # the training statistics, summed
-  privatizer_sums: dict  # the privatizer's own sums (ClientStatistics.sums), for its server half
+  privatizer_sums: dict  # the privatizer's own sums (its client half's `sums`), for its server half
 
 
 def at_hyperparameters(rc: RoundConfig, hyperparameters: Hyperparameters | None) -> RoundConfig:
+  """The round's config at its traced scalars (None: the config's own, so a run compiles as ever)."""
   return rc if hyperparameters is None else rc.with_hyperparameters(hyperparameters)
 
 
