@@ -23,7 +23,8 @@ from dp2fedsam_jax.privacy import sparsify
 from dp2fedsam_jax.state import model_params
 
 
-class ClientResult(NamedTuple):
+class LocalUpdate(NamedTuple):
+  """What one client's local training produces (the round makes its ClientResult of it)."""
   delta: object      # shared params after local training minus the received ones
   personal: object   # the client's new personal params (empty dict for global methods)
   train_loss: jax.Array  # mean minibatch loss of the shared phase
@@ -62,7 +63,7 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
       DSU's adaptive norm penalise against; other methods leave it None.
 
   Returns:
-    `client_update(shared, personal, x, y, count, key, round_index) -> ClientResult` for one
+    `client_update(shared, personal, x, y, count, key, round_index) -> LocalUpdate` for one
     client: `x`, `y` its padded training data, `count` its number of real examples (padding is
     never trained on), `key` its TRAIN stream, `round_index` the 0-based round (learning-rate
     decay). The result holds the raw shared update `delta` (unclipped), the new personal
@@ -96,6 +97,6 @@ def make_client_update(spec: MethodSpec, model, local_config: local.LocalConfig,
     new_shared, loss = local.run_phase(shared_phase, shared_loss, shared, inputs, y, count, shared_key,
                                        local_config.lr_shared * decay)
     delta = jax.tree.map(jnp.subtract, new_shared, shared)
-    return ClientResult(delta, personal, loss, weight_mask(new_shared))
+    return LocalUpdate(delta, personal, loss, weight_mask(new_shared))
 
   return client_update

@@ -15,11 +15,15 @@ The data flow (Algorithm 2 of dp2-fedsam.txt, docs/papers.md; WORKSPACE.md, "One
     [adaptive clipping] C <- C exp(-eta (b~ - gamma)), b~ the noised fraction of clients with
                         ||Delta_i|| <= C (privacy/clip_rules.py); C is ServerState.clip_state
 
-Sampling, clipping, noise and the divisor are the methods of one privatizer (privacy/mechanism.py:
-NonPrivate or DPMechanism, the same object whose `dp_event` the accountant composes), with a client
-half (`privatize_client`, lines 18-19) and a server half (`privatize_sum`, `denominator`,
-`next_clip_state`); where the noise goes is the method's support object (privacy/noise.py). The
-round asks neither which kind it holds. It is three functions:
+Sampling, clipping, noise and the divisor are one privatizer's (privacy/mechanism.py: NonPrivate or
+DPMechanism, the same object whose `dp_event` the accountant composes). The round calls five of its
+members and asks neither which kind it holds: `sample` (line 2), `clip_norm_at` (C_t, which the
+clients' regularizers read), the client half `client` (lines 18-19, for one client) and
+`statistics` (its clipped bits and own sums, on a chunk's norms), and the server half `server` (the
+server's noise, the public divisor, the next privatizer state, its metrics). Where the noise goes
+is the method's support object (privacy/noise.py). The round reads one bag per role: RoundConfig
+(static), Hyperparameters (the searched scalars, traced in a search; None: the config's) and the
+ServerState. It is three functions:
 
     train_client   lines 3-19 for one sampled client -> ClientResult (named fields, no tuple order)
     train_chunk    a chunk of slots through the executor, summed into the ChunkCarry
@@ -39,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -47,7 +50,7 @@ import jax.numpy as jnp
 
 from dp2fedsam_jax.algorithms.specs import METHODS, MethodSpec
 from dp2fedsam_jax.client import make_client_update
-from dp2fedsam_jax import executors, keys, trees
+from dp2fedsam_jax import executors, keys
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import sampling, sparsify
 from dp2fedsam_jax.privacy.mechanism import Privatizer
@@ -87,9 +90,20 @@ def fitting_chunk_size(capacity: int, bytes_at_1: int, bytes_at_2: int, memory_b
   return min(chunk, capacity)
 
 
+class Hyperparameters(NamedTuple):
+  """The round's searched scalars, one pytree: Python floats from the config in a run, traced where a
+  search maps its trials (search_program.py), so one compile serves every trial."""
+  lr_shared: Any    # the clients' shared-phase learning rate
+  lr_personal: Any  # their head-phase learning rate
+  sam_rho: Any      # SAM's radius
+  server_lr: Any    # line 25's step
+  clip_norm: Any    # C (C_0 under adaptive clipping)
+
+
 @dataclasses.dataclass(frozen=True)
 class RoundConfig:
-  """Everything static a round needs, resolved from the experiment config."""
+  """Everything static a round needs: the privatizer, the server step, how the cohort runs, and the
+  method's pieces (make_round_step fills spec, model, local_config and update_hook)."""
   mechanism: Privatizer  # sampling, clipping, noise, divisor: the privatizer that is accounted
   server_lr: float
   executor: executors.Executor = executors.Vmap()  # how the cohort runs: mapping, sizing, placement
@@ -97,6 +111,11 @@ class RoundConfig:
   # The step on the released average (line 25): the method's own server step, else the run's
   # config.server_optimizer (server_optimizer.py).
   server_step: ServerStep = server_optimizer.SGDStep()
+  spec: MethodSpec | None = None      # the method's pieces (shared part, optimizers, masks)
+  model: Any = None                   # the SplitModel
+  local_config: LocalConfig | None = None  # the clients' local training
+  # `(client_id, delta) -> delta` before clipping: the privacy audit's canary; training sets none.
+  update_hook: Callable | None = None
 
   @property
   def server_optimizer(self) -> ServerStep:
@@ -115,6 +134,25 @@ class RoundConfig:
     else:
       capacity = sampling.default_capacity(m.cohort_sampling, m.sampling_rate, m.num_clients)
     return self.executor.slots(capacity)
+
+  @property
+  def support(self):
+    """Where the method's noise goes (noise.py: EveryCoordinate | OnUploadMask)."""
+    return noise_support(self.spec.noise_on_mask)
+
+  @property
+  def hyperparameters(self) -> Hyperparameters:
+    """The searched scalars as this config holds them."""
+    lc = self.local_config
+    return Hyperparameters(lc.lr_shared, lc.lr_personal, lc.sam_rho, self.server_lr,
+                           self.mechanism.clip_norm)
+
+  def with_hyperparameters(self, hp: Hyperparameters) -> 'RoundConfig':
+    """This config with `hp` in place of its scalars (the engine only does arithmetic on them)."""
+    local_config = dataclasses.replace(self.local_config, lr_shared=hp.lr_shared,
+                                       lr_personal=hp.lr_personal, sam_rho=hp.sam_rho)
+    return dataclasses.replace(self, server_lr=hp.server_lr, local_config=local_config,
+                               mechanism=dataclasses.replace(self.mechanism, clip_norm=hp.clip_norm))
 
 
 def server_step_of(config) -> ServerStep:
@@ -171,31 +209,29 @@ def _masked_sum(tree, valid):
   return jax.tree.map(leaf_sum, tree)
 
 
-def noise_diagnostics(clean_sum, released_sum, denominator) -> dict:
-  """The round's NON-private diagnostics (they read the un-noised sum): `noise_std`, the root mean
-  square over coordinates of the noise on the average (released - clipped sum) / m, and
-  `signal_to_noise`, ||mean clipped update|| / ||noise on the average|| (inf without noise)."""
-  noise = jax.tree.map(jnp.subtract, released_sum, clean_sum)
-  noise_norm = trees.global_norm(noise)
-  size = sum(x.size for x in jax.tree.leaves(noise))
-  return {'noise_std': noise_norm / math.sqrt(max(size, 1)) / denominator,
-          'signal_to_noise': trees.global_norm(clean_sum) / noise_norm}
+def _zero_stats() -> dict:
+  """The round's training statistics before its first chunk."""
+  return {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
+          'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32)}
 
 
 class RoundEnv(NamedTuple):
   """What every client of a round reads. It is handed to each client explicitly, never through a
   closure: the sharded CPU executor gives it to every device as a replicated input."""
   state: ServerState
-  data: Any         # the FederatedData
-  streams: Any      # the round's keys.RoundKeys
+  data: Any          # the FederatedData
+  streams: Any       # the round's keys.RoundKeys
   cohort: jax.Array  # |S|
-  round_mask: Any   # a public rand-k mask, the same for every client (None if the method has none)
+  round_mask: Any    # a public rand-k mask, the same for every client (None if the method has none)
+  hyperparameters: Hyperparameters | None = None  # traced scalars (None: the config's own)
 
 
 class ClientResult(NamedTuple):
-  """One sampled client's part of the round (stacked over a chunk's slots by the executor)."""
+  """One sampled client's part of the round (stacked over a chunk's slots by the executor). The
+  fields keep the order the mapped function's outputs had before the privatizer's halves: XLA's
+  fusion, and with it the order of the cohort's float sums, follows it (the exact golden)."""
   upload: Any            # clipped, plus its noise share where the noise is distributed
-  clean: Any             # the upload before its noise share (the diagnostics; None if un-noised)
+  privatizer_sums: dict  # its part of the privatizer's sums (ClientUpload.sums)
   personal: Any          # its new personal head (the old one if its training diverged)
   norm: jax.Array        # the global norm of its update before clipping
   train_loss: jax.Array  # 0 if its training diverged
@@ -210,27 +246,23 @@ class ChunkCarry(NamedTuple):
   support: Any      # the union of the clients' noise supports (None: noise everywhere)
   personal: Any     # every client's personal head; the sampled ones' written back
   stats: dict       # the training statistics, summed
+  privatizer_sums: dict  # the privatizer's own sums (its client half's `sums`), for its server half
 
 
-@dataclasses.dataclass(frozen=True)
-class RoundParts:
-  """The static pieces of a round step: the method, its model and local training, the privatizer of
-  the run and where the method's noise goes (noise.py: EveryCoordinate | OnUploadMask)."""
-  spec: MethodSpec
-  model: Any
-  local_config: LocalConfig
-  privatizer: Privatizer
-  support: Any
-  update_hook: Callable | None = None
+def at_hyperparameters(rc: RoundConfig, hyperparameters: Hyperparameters | None) -> RoundConfig:
+  """The round's config at its traced scalars (None: the config's own, so a run compiles as ever)."""
+  return rc if hyperparameters is None else rc.with_hyperparameters(hyperparameters)
 
 
-def train_client(parts: RoundParts, env: RoundEnv, personal, client_id) -> ClientResult:
+def train_client(rc: RoundConfig, env: RoundEnv, personal, client_id) -> ClientResult:
   """Lines 3-19 for one sampled client: gather its data, train, clip and (distributed) noise."""
-  spec, local_config = parts.spec, parts.local_config
-  state, data, streams, cohort, round_mask = env
-  privatizer = parts.privatizer.at_clip_state(state.clip_state)  # C_t, traced under adaptive clipping
-  client_update = make_client_update(spec, parts.model, local_config, data.normalize,
-                                     target_mask=data.loss_mask, clip_norm=privatizer.clip_norm)
+  rc = at_hyperparameters(rc, env.hyperparameters)
+  spec, local_config, privatizer = rc.spec, rc.local_config, rc.mechanism
+  state, data, streams, cohort, round_mask, _ = env
+  privatizer_state = state.privatizer_state
+  client_update = make_client_update(spec, rc.model, local_config, data.normalize,
+                                     target_mask=data.loss_mask,
+                                     clip_norm=privatizer.clip_norm_at(privatizer_state))
   budget = local_config.budget(data.max_train)  # examples per client slot (static)
   # Keys belong to client ids, not to slots, so chunking and executors cannot change a client's
   # run; its examples are gathered here, so a slot holds [budget] examples, never the data.
@@ -242,76 +274,73 @@ def train_client(parts: RoundParts, env: RoundEnv, personal, client_id) -> Clien
   # A diverged client is a failed client: it uploads zero and keeps its old head.
   finite = _all_finite((result.delta, result.personal, result.train_loss))
   delta = jax.tree.map(lambda d: jnp.where(finite, d, 0), result.delta)
-  if parts.update_hook is not None:  # after the check: an audit canary uploads its vector even if
-    delta = parts.update_hook(client_id, delta)  # its own training diverged
+  if rc.update_hook is not None:  # after the check: an audit canary uploads its vector even if
+    delta = rc.update_hook(client_id, delta)  # its own training diverged
   new_personal = jax.tree.map(lambda new, old: jnp.where(finite, new, old), result.personal, personal)
   mask = spec.upload_mask.client_mask(delta, result.mask, round_mask)
   if mask is not None:
     delta = sparsify.apply_mask(delta, mask)
-  support = parts.support.client_support(mask)
-  # line 18: clip to C; line 19: [distributed] plus the client's share of the noise
-  sent = privatizer.privatize_client(upload_key, delta, cohort, support)
+  support = rc.support.client_support(mask)
+  # line 18: clip to C_t; line 19: [distributed] plus the client's share of the noise
+  sent = privatizer.client(privatizer_state, upload_key, delta, cohort, support)
   upload = spec.postprocess.client(sent.upload)  # e.g. top-k of its noised upload
-  return ClientResult(upload, sent.clean, new_personal, sent.norm,
+  return ClientResult(upload, sent.sums, new_personal, sent.norm,
                       jnp.where(finite, result.train_loss, 0.0), support, finite)
 
 
-def zero_stats(privatizer: Privatizer, zeros) -> dict:
-  """The round's statistics before its first chunk, with the privatizer's own sums (None where it
-  keeps none: the clean sum under central noise, the unclipped count for a fixed C)."""
-  return {'norm_sum': jnp.zeros(()), 'clipped': jnp.zeros((), jnp.int32),
-          'loss_sum': jnp.zeros(()), 'nonfinite': jnp.zeros((), jnp.int32),
-          **privatizer.zero_sums(zeros)}
+def zero_privatizer_sums(privatizer: Privatizer, env: RoundEnv, zeros) -> dict:
+  """The privatizer's sums before the first chunk: zeros shaped as its client half reports them."""
+  state = env.state.privatizer_state
+  sums = jax.eval_shape(lambda: {
+      **privatizer.client(state, env.streams.clients, zeros, env.cohort).sums,
+      **privatizer.statistics(state, jnp.zeros((1,)), jnp.ones((1,), bool)).sums})
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums)
 
 
-def train_chunk(parts: RoundParts, privatizer: Privatizer, map_clients: Callable, capacity: int,
-                id_blocks, env: RoundEnv, carry: ChunkCarry) -> ChunkCarry:
+def train_chunk(rc: RoundConfig, num_clients: int, capacity: int, id_blocks, env: RoundEnv,
+                carry: ChunkCarry) -> ChunkCarry:
   """Trains the chunk's sampled clients (padded to `capacity` slots) and adds them to the carry."""
-  k, num_clients = carry.index, privatizer.num_clients
+  k, privatizer = carry.index, at_hyperparameters(rc, env.hyperparameters).mechanism
   ids = chunk_ids(id_blocks, k * capacity, capacity, num_clients)
   valid = k * capacity + jnp.arange(capacity) < env.cohort
   safe_ids = jnp.where(valid, ids, 0)
   take = lambda tree: jax.tree.map(lambda a: a[safe_ids], tree)
-  clients = map_clients(functools.partial(train_client, parts), env, take(carry.personal), safe_ids)
+  clients = rc.executor.map_clients(functools.partial(train_client, rc), env, take(carry.personal),
+                                    safe_ids)
   # Only sampled clients' heads are written; padded slots point past the end and are dropped.
   write_ids = jnp.where(valid, ids, num_clients)
   personal = jax.tree.map(lambda p, new: p.at[write_ids].set(new, mode='drop'),
                           carry.personal, clients.personal)
   counted = valid & clients.finite  # training statistics are over the clients that did not diverge
+  of_norms = privatizer.statistics(env.state.privatizer_state, clients.norm, valid)
   stats = jax.tree.map(jnp.add, carry.stats, {
       'norm_sum': jnp.sum(jnp.where(counted, clients.norm, 0.0)),
-      'clipped': jnp.sum(counted & privatizer.clipped(clients.norm), dtype=jnp.int32),
+      'clipped': jnp.sum(counted & of_norms.clipped, dtype=jnp.int32),
       'loss_sum': jnp.sum(jnp.where(counted, clients.train_loss, 0.0)),
       'nonfinite': jnp.sum(valid & ~clients.finite, dtype=jnp.int32),
-      'clean_sum': _masked_sum(clients.clean, valid),
-      # Adaptive clipping's bits b_i = 1[||Delta_i|| <= C] of the update as sent to clipping: a
-      # diverged client's zero counts as unclipped, as under TFF's zeroing ahead of its adaptive DP
-      # sum. Divergence then shrinks C and the noise; bit 0 instead ran away (docs/privacy.md s. 8).
-      'unclipped': privatizer.count_unclipped(clients.norm, valid),
   })
+  # The privatizer's sums are over every valid slot. Adaptive clipping's bits b_i = 1[||Delta_i||
+  # <= C] are of the update as sent to clipping: a diverged client's zero counts as unclipped, as
+  # under TFF's zeroing ahead of its adaptive DP sum. Divergence then shrinks C and the noise; bit 0
+  # instead ran away (docs/privacy.md s. 8).
+  privatizer_sums = jax.tree.map(jnp.add, carry.privatizer_sums,
+                                 {**_masked_sum(clients.privatizer_sums, valid), **of_norms.sums})
   return ChunkCarry(k + 1, jax.tree.map(jnp.add, carry.upload_sum, _masked_sum(clients.upload, valid)),
-                    parts.support.merge(carry.support, clients.support, valid), personal, stats)
+                    rc.support.merge(carry.support, clients.support, valid), personal, stats,
+                    privatizer_sums)
 
 
-def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: RoundEnv, key,
-            sampled, done: ChunkCarry):
+def release(rc: RoundConfig, env: RoundEnv, key, sampled, done: ChunkCarry):
   """After the chunks: the privatizer's server half (noise on the sum, the public divisor, the next
-  clip state) and the server step (line 25); -> (the new ServerState, the round's metrics)."""
+  privatizer state) and the server step (line 25); -> (the new ServerState, the round's metrics)."""
   state, streams, cohort, stats = env.state, env.streams, env.cohort, done.stats
-  clean_sum = done.upload_sum if stats['clean_sum'] is None else stats['clean_sum']
-  # Central: the server adds all the noise. Distributed: the clients did (the server adds it only
-  # if nobody was sampled, so the release is the mechanism the accountant assumed).
-  released, noise_state = privatizer.privatize_sum(NoiseContext(streams.noise, state.round, key),
-                                                   done.upload_sum, cohort, done.support,
-                                                   state.noise_state)
-  # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
-  denominator = privatizer.denominator(cohort)
-  diagnostics = noise_diagnostics(clean_sum, released, denominator)
-  released = parts.spec.postprocess.server(released)  # e.g. top-k of it
+  # [central] + N(0, s^2 C_t^2) on the sum; the public divisor; [adaptive] C_{t+1}
+  ctx = NoiseContext(streams.noise, state.round, key, streams.count_noise)
+  out = rc.mechanism.server(state.privatizer_state, ctx, done.upload_sum, done.privatizer_sums, cohort,
+                            done.support)
+  released = rc.spec.postprocess.server(out.released)  # e.g. top-k of it
   shared, server_opt_state = rc.server_step.apply(                               # line 25
-      state.shared, released, denominator, rc.server_lr, state.server_opt_state)
-  clip_state = privatizer.next_clip_state(streams.count_noise, state.clip_state, stats['unclipped'],
-                                          cohort)
+      state.shared, released, out.denominator, rc.server_lr, state.server_opt_state)
   finite_clients = cohort - stats['nonfinite']
   n = jnp.maximum(finite_clients, 1).astype(jnp.float32)
   # Means over the clients that trained; none did (an empty cohort, or every client diverged): NaN,
@@ -323,14 +352,13 @@ def release(parts: RoundParts, rc: RoundConfig, privatizer: Privatizer, env: Rou
       'mean_update_norm': mean(stats['norm_sum']),
       'clipped_fraction': mean(stats['clipped']),
       'nonfinite_clients': stats['nonfinite'],
-      **diagnostics,
-      **privatizer.round_metrics(),  # under adaptive clipping the C this round clipped to
+      **out.metrics,  # the noise diagnostics; under adaptive clipping the C this round clipped to
       'finite': _all_finite(shared),  # the run stops only if the release itself is non-finite
   }
   new_state = ServerState(round=state.round + 1, shared=shared, personal=done.personal,
                           times_sampled=state.times_sampled + sampled.astype(jnp.int32),
-                          noise_state=noise_state, server_opt_state=server_opt_state,
-                          clip_state=clip_state)
+                          noise_state=out.state.noise_state, server_opt_state=server_opt_state,
+                          clip_state=out.state.clip_state)
   return new_state, metrics
 
 
@@ -347,35 +375,37 @@ def make_round_step(spec: MethodSpec, model, local_config: LocalConfig, rc: Roun
       the privacy audit plants its canary with it, training never sets it.
 
   Returns:
-    `round_step(state, data, key) -> (state, metrics)`, a pure function to jit: `state` a
-    ServerState, `data` the FederatedData, `key` the run's root key (the round's streams are folded
-    from it and `state.round`, see keys.py); `metrics` the round's scalars (train_loss,
-    cohort_size, mean_update_norm, clipped_fraction, nonfinite_clients, finite, and the NON-private
-    diagnostics noise_std and signal_to_noise of `noise_diagnostics`).
+    `round_step(state, data, key, hyperparameters=None) -> (state, metrics)`, a pure function to
+    jit: `state` a ServerState, `data` the FederatedData, `key` the run's root key (the round's
+    streams are folded from it and `state.round`, see keys.py), `hyperparameters` the searched
+    scalars as a traced Hyperparameters (None: the config's); `metrics` the round's scalars
+    (train_loss, cohort_size, mean_update_norm, clipped_fraction, nonfinite_clients, finite, and
+    the NON-private diagnostics noise_std and signal_to_noise of mechanism.noise_diagnostics).
   """
   if rc.mechanism.private != spec.private:
     raise ValueError(f'method {spec.name!r} cannot run with a {type(rc.mechanism).__name__} '
                      'privatizer: build both from one config.')
-  parts = RoundParts(spec, model, local_config, rc.mechanism,
-                     noise_support(spec.noise_on_mask), update_hook)
+  rc = dataclasses.replace(rc, spec=spec, model=model, local_config=local_config,
+                           update_hook=update_hook)
   capacity = rc.capacity
 
-  def round_step(state: ServerState, data, key):
-    privatizer = rc.mechanism.at_clip_state(state.clip_state)
+  def round_step(state: ServerState, data, key, hyperparameters: Hyperparameters | None = None):
+    config = at_hyperparameters(rc, hyperparameters)
     streams = keys.round_keys(key, state.round)
-    sampled = privatizer.sample(streams.sample, state.round, key)                # line 2
+    sampled = config.mechanism.sample(streams.sample, state.round, key)         # line 2
     cohort = jnp.sum(sampled, dtype=jnp.int32)
     # A public rand-k mask, the same for every client: drawn from its own stream, never from data.
     round_mask = spec.upload_mask.round_mask(streams.public_mask, state.shared)
-    env = RoundEnv(state, data, streams, cohort, round_mask)
+    env = RoundEnv(state, data, streams, cohort, round_mask, hyperparameters)
     # Sampled ids (ascending), a chunk at a time, padded with the out-of-range id N: no sort over N.
-    chunk = functools.partial(train_chunk, parts, privatizer, rc.executor.map_clients, capacity,
-                              sampled_id_blocks(sampled), env)
+    chunk = functools.partial(train_chunk, rc, sampled.shape[0], capacity, sampled_id_blocks(sampled),
+                              env)
     zeros = jax.tree.map(jnp.zeros_like, state.shared)
-    start = ChunkCarry(jnp.zeros((), jnp.int32), zeros, parts.support.round_support(round_mask, state.shared),
-                       state.personal, zero_stats(privatizer, zeros))
+    start = ChunkCarry(jnp.zeros((), jnp.int32), zeros,
+                       config.support.round_support(round_mask, state.shared), state.personal,
+                       _zero_stats(), zero_privatizer_sums(config.mechanism, env, zeros))
     done = jax.lax.while_loop(lambda carry: carry.index * capacity < cohort, chunk, start)
-    new_state, metrics = release(parts, rc, privatizer, env, key, sampled, done)
+    new_state, metrics = release(config, env, key, sampled, done)
     return rc.executor.constrain((new_state, metrics))
 
   return round_step

@@ -1,7 +1,8 @@
 """The server state: everything a round reads and writes, as one pytree (so it jits, donates, saves).
 
 `ServerState(round, shared, personal[N], times_sampled[N], noise_state, server_opt_state,
-clip_state)`; `init_state` builds round 0.
+clip_state)`; `init_state` builds round 0. The privatizer's part (noise_state, clip_state) is its
+PrivatizerState (privacy/mechanism.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from dp2fedsam_jax.algorithms.specs import MethodSpec
+from dp2fedsam_jax.privacy.mechanism import PrivatizerState
 
 
 @flax.struct.dataclass
@@ -29,6 +31,11 @@ class ServerState:
   # The clip rule's state (privacy/clip_rules.py): adaptive clipping's C_t, a float32 scalar; () for
   # a fixed clip norm.
   clip_state: Any = ()
+
+  @property
+  def privatizer_state(self) -> PrivatizerState:
+    """The privatizer's part of the state (noise_state, clip_state), as its halves read it."""
+    return PrivatizerState(self.noise_state, self.clip_state)
 
 
 def split_params(spec: MethodSpec, params: dict) -> tuple[dict, dict]:

@@ -75,7 +75,7 @@ class Experiment:
     round_config = round_config or self.round_config
     init = self.init_key if root is None else keys.init_key(root)
     state = init_state(self.spec, model, init, self.data.num_clients)
-    return state.replace(**round_config.mechanism.init(state.shared),
+    return state.replace(**round_config.mechanism.init(state.shared)._asdict(),
                          server_opt_state=round_config.server_optimizer.init(state.shared))
 
   @property

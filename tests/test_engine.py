@@ -387,3 +387,26 @@ def test_fit_chunk_size_keeps_the_compiled_round_within_a_fake_device_memory():
   assert 1 <= chunk < 8 and bytes_at(chunk) <= 0.8 * fake
   if jax.default_backend() == 'cpu':  # no memory size reported: nothing to fit, nothing compiled
     assert train.device_memory_bytes() is None and train.fit_chunk_size(exp) is None
+
+
+def test_one_compiled_step_runs_each_configs_hyperparameters_as_traced_data():
+  """round_step(state, data, key, Hyperparameters): the searched scalars (local lrs, SAM's rho, the
+  server lr, C) as traced data. One compiled step at another config's values computes that
+  config's own rounds (to float32 rounding: constants fold differently), and compiles once."""
+  from dp2fedsam_jax.federated_round import Hyperparameters  # pylint: disable=import-outside-toplevel
+  base = build(**{'dp.clip_norm': 5.0})
+  other = build(**{'server_lr': 0.5, 'dp.clip_norm': 0.05, 'local.lr_shared': 0.03,
+                   'local.lr_personal': 0.02, 'local.sam_rho': 0.1})
+  step = jax.jit(base.make_round_step())
+  for exp in (base, other):
+    config = dataclasses.replace(exp.round_config, local_config=exp.local_config)
+    traced = Hyperparameters(*(jnp.float32(v) for v in config.hyperparameters))
+    want_state, want = run_rounds(exp, rounds=2)
+    state = exp.init_state()
+    for _ in range(2):
+      state, metrics = step(state, base.data, base.root_key, traced)
+    for name in ('train_loss', 'mean_update_norm', 'clipped_fraction', 'cohort_size'):
+      np.testing.assert_allclose(metrics[name], want[name], rtol=1e-4, err_msg=name)
+    chex.assert_trees_all_close(state.shared, want_state.shared, rtol=1e-4, atol=1e-6)
+    assert float(metrics['clipped_fraction']) == (1.0 if exp is other else 0.0)  # C is the traced one
+  assert step._cache_size() == 1  # pylint: disable=protected-access

@@ -153,31 +153,47 @@ def test_the_rounds_cohorts_are_the_accounted_sampler(sampling):
 
 def test_each_privatizer_kind_answers_the_rounds_calls_without_a_flag():
   """from_config builds the kind the method needs; each answers the client and server halves itself:
-  NonPrivate passes the update through and divides by the actual cohort (epsilon inf), DPMechanism
-  clips and, only where the noise is distributed, adds the client's share and keeps the clean upload."""
+  NonPrivate passes the update through and releases the sum over the actual cohort (epsilon inf),
+  DPMechanism clips and, only where the noise is distributed, adds the client's share and reports
+  the clean upload; its server half noises the sum (central) and divides by q N."""
   from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
-  from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from dp2fedsam_jax.privacy.mechanism import DPMechanism, NonPrivate, PrivatizerState
+  from dp2fedsam_jax.privacy.noise_mechanisms import NoiseContext
   update, cohort, key = {'w': np.full((4,), 3.0, np.float32)}, jax.numpy.int32(3), jax.random.key(0)
+  ctx = NoiseContext(jax.random.key(1), 0, key, jax.random.key(2))
   plain = DPMechanism.from_config(tiny_config(method='fedavg'), 10, METHODS['fedavg'])
   assert isinstance(plain, NonPrivate) and plain.dp_event(5) is None and plain.epsilon(5) == np.inf
-  sent = plain.privatize_client(key, update, cohort)
-  assert sent.clean is None and float(sent.norm) == 6.0
+  state = plain.init({'w': update['w']})
+  assert state == PrivatizerState((), ())
+  sent = plain.client(state, key, update, cohort)
+  of_norms = plain.statistics(state, jax.numpy.asarray([6.0, 1.0]), jax.numpy.asarray([True, True]))
+  assert sent.sums == {} and float(sent.norm) == 6.0 and of_norms.sums == {}
+  assert not np.any(of_norms.clipped)  # nothing is clipped without privacy
   np.testing.assert_array_equal(sent.upload['w'], update['w'])
-  assert float(plain.denominator(cohort)) == 3.0 and plain.init({'w': update['w']}) == {
-      'noise_state': (), 'clip_state': ()}
+  out = plain.server(state, ctx, update, {}, cohort)
+  np.testing.assert_array_equal(out.released['w'], update['w'])
+  assert float(out.denominator) == 3.0 and out.state == state and float(out.metrics['noise_std']) == 0
   for placement in ('central', 'distributed'):
     private = DPMechanism.from_config(tiny_config(**{'dp.noise_placement': placement,
                                                      'dp.clip_norm': 1.5}), 10, METHODS['dp2fedsam'])
     assert isinstance(private, DPMechanism) and private.dp_event(5) is not None
-    sent = private.privatize_client(key, update, cohort)
+    state = private.init({'w': update['w']})
+    sent = private.client(state, key, update, cohort)
     clipped = update['w'] / 4  # norm 6 clipped to 1.5
+    of_norms = private.statistics(state, jax.numpy.asarray([6.0, 1.0]), jax.numpy.asarray([True, True]))
+    assert float(sent.norm) == 6.0 and list(np.asarray(of_norms.clipped)) == [True, False]
     if placement == 'central':
-      assert sent.clean is None
+      assert sent.sums == {}
       np.testing.assert_allclose(sent.upload['w'], clipped, rtol=1e-6)
     else:
-      np.testing.assert_allclose(sent.clean['w'], clipped, rtol=1e-6)
-      assert np.all(np.asarray(sent.upload['w']) != np.asarray(sent.clean['w']))
-    assert float(private.denominator(cohort)) == 5.0  # q N, whoever was sampled
+      np.testing.assert_allclose(sent.sums['clean']['w'], clipped, rtol=1e-6)
+      assert np.all(np.asarray(sent.upload['w']) != np.asarray(sent.sums['clean']['w']))
+    out = private.server(state, ctx, sent.upload, sent.sums, cohort)
+    assert float(out.denominator) == 5.0  # q N, whoever was sampled
+    server_noised = np.any(np.asarray(out.released['w']) != np.asarray(sent.upload['w']))
+    assert server_noised == (placement == 'central')  # distributed: the clients added it all
+    assert float(out.metrics['noise_std']) > 0
 
 
 def test_a_round_refuses_a_privatizer_of_the_other_kind():

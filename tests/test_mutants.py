@@ -5,8 +5,9 @@ test (conftest.py); a mutant that survives fails the run.
 A mutant is a monkeypatch of a name the engine looks up while a round step is traced: a method of
 DPMechanism, or an attribute of `keys`, `noise`, `round` or `state`. The patches so survive
 refactors that keep these seams, and every killer builds and jits a fresh round step, so no jit
-cache hides a patch. Adaptive clipping's mutants patch its clip rule (clip_rules.AdaptiveClip,
-clip_rules.unclipped_count) or the DPMechanism calls that reach it.
+cache hides a patch. The round calls the privatizer's halves (DPMechanism.client, .server), which
+reach the patched methods by name. Adaptive clipping's mutants patch its clip rule
+(clip_rules.AdaptiveClip, clip_rules.unclipped_count) or the DPMechanism calls that reach it.
 
 A kill is an AssertionError from a killer that passes on the real code (it passed earlier in the
 session, or it is run unpatched here first); any other exception means the patch is broken and fails
@@ -181,9 +182,9 @@ def _count_weighting(mp):
     traced['weight'] = count / (self.train_offsets[-1] / self.num_clients)  # n_i / mean n
     return x, y, count
 
-  def clip(self, delta):
+  def clip(self, delta):  # pop: a clip outside a client's trace (the round's zero sums) weighs 1
     upload, norm = real_clip(self, delta)
-    weight = traced.get('weight', 1.0)
+    weight = traced.pop('weight', 1.0)
     return jax.tree.map(lambda u: (u * weight).astype(u.dtype), upload), norm
   mp.setattr(FederatedData, 'train_examples', train_examples)
   mp.setattr(DPMechanism, 'clip', clip)

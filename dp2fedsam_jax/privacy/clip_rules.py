@@ -60,12 +60,10 @@ class FixedClip:
     del key, unclipped, cohort, divisor
     return state
 
-  def count_unclipped(self, norms, valid, clip_norm) -> None:
+  def client_sums(self, norms, valid, clip_norm) -> dict:
     """No count to release: nothing moves C."""
     del norms, valid, clip_norm
-
-  def zero_count(self) -> None:
-    return None
+    return {}
 
   def round_metrics(self, clip_norm) -> dict:
     del clip_norm
@@ -137,12 +135,10 @@ class AdaptiveClip:
     fraction = self.noised_unclipped_fraction(key, unclipped, cohort, divisor)
     return state * jnp.exp(-self.clip_lr * (fraction - self.target_quantile))
 
-  def count_unclipped(self, norms, valid, clip_norm) -> jax.Array:
-    """sum_i b_i over the chunk's sampled clients (what next_state's count is made of)."""
-    return unclipped_count(norms, valid, clip_norm)
-
-  def zero_count(self) -> jax.Array:
-    return jnp.zeros((), jnp.int32)
+  def client_sums(self, norms, valid, clip_norm) -> dict:
+    """sum_i b_i, b_i = 1[||Delta_i|| <= C_t], over the chunk's sampled clients: what next_state's
+    `unclipped` count is made of."""
+    return {'unclipped': unclipped_count(norms, valid, clip_norm)}
 
   def round_metrics(self, clip_norm) -> dict:
     return {'clip_norm': clip_norm}  # the C this round clipped to

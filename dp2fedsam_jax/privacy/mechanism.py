@@ -14,23 +14,31 @@ round executes is what the accountant composes: one object, built by `DPMechanis
                   ServerState.clip_state, moved by the noised count of unclipped clients)
 
 Noise on a mask is the round's `support` object (noise.py: EveryCoordinate | OnUploadMask), passed
-to both halves. What the round step calls, on either kind:
+to both halves. The privatizer's state is one pytree, PrivatizerState(noise_state, clip_state),
+which ServerState carries; `init(shared) -> PrivatizerState` starts it (Experiment.init_state).
+The five members the round step calls, on either kind (and no others):
 
-    init          init(shared) -> {noise_state, clip_state}: what ServerState carries
-                  at_clip_state(clip_state)   this privatizer at the round's C_t (traced)
-                  sample(key, round, root)    who takes part
-    client half   privatize_client(key, delta, |S|, support) -> ClientUpload(upload, clean, norm):
-                  clip (line 18) and, where the noise is distributed, the client's share (line 19)
-                  clipped(norms), count_unclipped(norms, valid)   the chunk's statistics;
-                  zero_sums(zeros): its own sums at 0 (the clean sum, the unclipped count; or None)
-    server half   privatize_sum(ctx, sum, |S|, support, noise_state) -> (released, noise_state)
-                  denominator(|S|)    the public divisor of the released sum
-                  next_clip_state(key, clip_state, unclipped, |S|)   C_{t+1} (adaptive clipping)
-                  round_metrics()     what the round reports of it (C_t under adaptive clipping)
+    sample        sample(key, round, root) -> bool[N]: who takes part (line 2)
+    clip_norm_at  clip_norm_at(state) -> C_t, which the clients' regularizers read
+    client half   client(state, key, delta, |S|, support) -> ClientUpload(upload, norm, sums): clip
+                  (line 18) and, where the noise is distributed, the client's share (line 19)
+                  statistics(state, norms, valid) -> ClientStatistics(clipped, sums): a chunk's
+                  clipped bits, and adaptive clipping's count of its unclipped clients
+    server half   server(state, ctx, sum, sums, |S|, support) -> Release(released, denominator,
+                  state, metrics): the server's noise, the public divisor, the next state
+                  (C_{t+1} under adaptive clipping), the noise diagnostics and C_t
 
-and the accountant's facade (dp_event, epsilon, calibrate, record). Adaptive clipping's part of the
-accounting is `effective_noise_multiplier`: the sum at sigma and the count at s_b are one Gaussian
-of multiplier (sigma^-2 + (2 s_b)^-2)^(-1/2).
+`sums` are the privatizer's own entries, which the round adds with a tree add over the cohort and
+hands to the server half: the clean uploads where the clients add noise, the unclipped count where
+C moves; none for what a privatizer lacks. The halves follow jax_privacy's GradientPrivatizer
+(noise_addition: `init(params) -> noise_state`, `privatize(sum_of_clipped_grads, noise_state) ->
+(noised sum, noise_state)`), widened by what a federated round adds: the clients' side, the cohort,
+the support, the clip state and the divisor.
+
+Beside them sits the accountant's facade (dp_event, neighboring_relation, epsilon, calibrate,
+record), which the round never calls. Adaptive clipping's part of the accounting is
+`effective_noise_multiplier`: the sum at sigma and the count at s_b are one Gaussian of multiplier
+(sigma^-2 + (2 s_b)^-2)^(-1/2).
 """
 
 from __future__ import annotations
@@ -54,11 +62,44 @@ NoiseMechanism = Independent | BandMF | TreeAggregation
 ClipRule = FixedClip | AdaptiveClip
 
 
+class PrivatizerState(NamedTuple):
+  """What the server carries for the privatizer between rounds (ServerState's two fields)."""
+  noise_state: Any = ()  # the noise mechanism's (BandMF's buffer of b-1 draws); () where none
+  clip_state: Any = ()   # the clip rule's (C_t under adaptive clipping); () for a fixed C
+
+
 class ClientUpload(NamedTuple):
   """The client half's result for one client."""
   upload: Any      # what it sends: clipped, plus its noise share where the noise is distributed
-  clean: Any       # the upload before its noise share (the diagnostics); None: the upload is clean
   norm: jax.Array  # the update's global norm before clipping
+  sums: dict       # its part of the privatizer's sums: 'clean', the upload before its noise share
+                   # where the clients add noise (the diagnostics); else nothing
+
+
+class ClientStatistics(NamedTuple):
+  """What the client half reads off the pre-clip norms of a chunk's clients."""
+  clipped: jax.Array  # bool[chunk]: whether clipping moved each update
+  sums: dict          # the chunk's part of the privatizer's sums, over its valid slots: 'unclipped',
+                      # the count of norms <= C_t, where C moves; else nothing
+
+
+class Release(NamedTuple):
+  """The server half's result: what the server step reads, and what the server carries on."""
+  released: Any            # the sum of the uploads with the server's noise
+  denominator: jax.Array   # the public divisor of the released sum
+  state: PrivatizerState   # the next round's
+  metrics: dict            # the noise diagnostics; C_t under adaptive clipping
+
+
+def noise_diagnostics(clean_sum, released_sum, denominator) -> dict:
+  """The round's NON-private diagnostics (they read the un-noised sum): `noise_std`, the root mean
+  square over coordinates of the noise on the average (released - clipped sum) / m, and
+  `signal_to_noise`, ||mean clipped update|| / ||noise on the average|| (inf without noise)."""
+  noise = jax.tree.map(jnp.subtract, released_sum, clean_sum)
+  noise_norm = trees.global_norm(noise)
+  size = sum(x.size for x in jax.tree.leaves(noise))
+  return {'noise_std': noise_norm / math.sqrt(max(size, 1)) / denominator,
+          'signal_to_noise': trees.global_norm(clean_sum) / noise_norm}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,16 +206,52 @@ class Privatizer:
     """The same privatizer over `num_clients` clients (the audit adds its canaries); the class stays."""
     return dataclasses.replace(self, noise=dataclasses.replace(self.noise, num_clients=num_clients))
 
-  def init(self, shared) -> dict:
-    """What the server carries for this privatizer between rounds, as ServerState's fields:
-    noise_state (BandMF's buffer) and clip_state (C_t under adaptive clipping); () where none."""
-    return {'noise_state': self.init_noise_state(shared), 'clip_state': self.init_clip_state()}
+  # ------------------------------------------------------- what the round step calls, and no more
+  def init(self, shared) -> PrivatizerState:
+    """What the server carries for this privatizer between rounds: BandMF's noise buffer, C_0 under
+    adaptive clipping; () where none."""
+    return PrivatizerState(self.init_noise_state(shared), self.init_clip_state())
 
   def sample(self, key: jax.Array, round_index=0, root: jax.Array | None = None) -> jax.Array:
     """bool[num_clients]: the cohort of round `round_index` (`root`: the run's key, whose public
     schedule the correlated mechanisms' samplers follow)."""
     return self.noise.sample(key, round_index, root)
 
+  def clip_norm_at(self, state: PrivatizerState):
+    """The round's C_t (traced under adaptive clipping), which the clients' regularizers read."""
+    return self.at_clip_state(state.clip_state).clip_norm
+
+  def client(self, state: PrivatizerState, key: jax.Array, delta, cohort: jax.Array,
+             support=None) -> ClientUpload:
+    """The client half, for one client: its update clipped to C_t and, where the noise is
+    distributed, with its share (on `support` where one is given)."""
+    at = self.at_clip_state(state.clip_state)
+    upload, norm = at.clip(delta)                                      # line 18
+    noised = at.privatize_upload(key, upload, cohort, support)         # line 19 (distributed)
+    return ClientUpload(noised, norm, at.placement.client_sums(upload))
+
+  def statistics(self, state: PrivatizerState, norms: jax.Array, valid: jax.Array) -> ClientStatistics:
+    """The client half's statistics of a chunk's pre-clip `norms`, `valid` its sampled slots (taken
+    on the chunk, outside the mapped clients: XLA's fusion follows the mapped function's outputs)."""
+    at = self.at_clip_state(state.clip_state)
+    return ClientStatistics(at.clipped(norms), at.clipping.client_sums(norms, valid, at.clip_norm))
+
+  def server(self, state: PrivatizerState, ctx: NoiseContext, total, sums: dict, cohort: jax.Array,
+             support=None) -> Release:
+    """The server half: (the sum of the uploads and of their `sums`, |S|, the noise support, the
+    state, the round's randomness) -> the released sum with its public divisor, the next state and
+    the metrics. Central: the server adds all the noise. Distributed: the clients did (the server
+    adds it only if nobody was sampled, so the release is the mechanism the accountant assumed)."""
+    at = self.at_clip_state(state.clip_state)
+    released, noise_state = at.privatize_sum(ctx, total, cohort, support, state.noise_state)
+    # Dividing by the *expected* cohort size keeps the sensitivity of the mean fixed (Poisson).
+    denominator = at.denominator(cohort)
+    diagnostics = noise_diagnostics(sums.get('clean', total), released, denominator)
+    clip_state = at.next_clip_state(ctx.count_key, state.clip_state, sums.get('unclipped'), cohort)
+    return Release(released, denominator, PrivatizerState(noise_state, clip_state),
+                   {**diagnostics, **at.round_metrics()})
+
+  # ------------------------------------------------------------------------------------------------
   def schedule(self, round_index, root: jax.Array) -> jax.Array:
     """bool[num_clients]: who may be sampled in round `round_index`, a public fact (BandMF: the
     round's group; the tree: its block; independent: everyone). The audit's scores may use it."""
@@ -193,6 +270,11 @@ class NonPrivate(Privatizer):
   noise_std = 0.0
   effective_noise_multiplier = 0.0
 
+  @property
+  def placement(self):
+    """CentralNoise's client side: no share on the upload, so no clean sum to keep."""
+    return PLACEMENTS['central']
+
   def init_noise_state(self, shared):
     del shared
     return ()
@@ -208,21 +290,12 @@ class NonPrivate(Privatizer):
     """(the update as it is, its global norm)."""
     return delta, trees.global_norm(delta)
 
-  def privatize_client(self, key: jax.Array, delta, cohort: jax.Array, support=None) -> ClientUpload:
+  def privatize_upload(self, key: jax.Array, upload, cohort: jax.Array, support=None):
     del key, cohort, support
-    upload, norm = self.clip(delta)
-    return ClientUpload(upload, None, norm)
+    return upload
 
   def clipped(self, norms: jax.Array) -> jax.Array:
     return jnp.zeros_like(norms, dtype=bool)
-
-  def count_unclipped(self, norms: jax.Array, valid: jax.Array) -> None:
-    del norms, valid
-
-  def zero_sums(self, zeros) -> dict:
-    """The sums of its own the round accumulates: none."""
-    del zeros
-    return {'clean_sum': None, 'unclipped': None}
 
   def privatize_sum(self, ctx: NoiseContext, total, cohort: jax.Array, support=None, noise_state=()):
     del ctx, cohort, support
@@ -316,24 +389,9 @@ class DPMechanism(Privatizer):
     """A client's clipped upload plus its noise share (distributed placement; else unchanged)."""
     return self.placement.add_client_share(key, upload, self.client_noise_std(cohort), support)
 
-  def privatize_client(self, key: jax.Array, delta, cohort: jax.Array, support=None) -> ClientUpload:
-    """A client's update clipped and, where the noise is distributed, with its share on `support`."""
-    upload, norm = self.clip(delta)                                          # line 18
-    noised = self.privatize_upload(key, upload, cohort, support)             # line 19 (distributed)
-    return ClientUpload(noised, self.placement.clean(upload), norm)
-
   def clipped(self, norms: jax.Array) -> jax.Array:
     """bool[...]: which of these pre-clip norms were clipped."""
     return norms > self.clip_norm
-
-  def count_unclipped(self, norms: jax.Array, valid: jax.Array):
-    """The clip rule's count of the valid slots' unclipped clients (None for a fixed C)."""
-    return self.clipping.count_unclipped(norms, valid, self.clip_norm)
-
-  def zero_sums(self, zeros) -> dict:
-    """The sums of its own the round accumulates, at zero: the clean sum of the uploads where the
-    clients add noise (the diagnostics), the unclipped count where C moves (else None)."""
-    return {'clean_sum': self.placement.clean(zeros), 'unclipped': self.clipping.zero_count()}
 
   # --------------------------------------------------------------------------------- server half
   def server_noise_std(self, cohort: jax.Array) -> jax.Array:

@@ -52,10 +52,11 @@ class CentralNoise:
     del key, stddev, support
     return upload
 
-  def clean(self, upload):
-    """The un-noised upload for the diagnostics: None, since the upload itself carries no noise."""
+  def client_sums(self, upload) -> dict:
+    """The client's part of the privatizer's sums: nothing (its upload carries no noise, so the
+    sum of the uploads is the clean sum the diagnostics read)."""
     del upload
-    return None
+    return {}
 
   def server_noise_std(self, noise_std, cohort: jax.Array) -> jax.Array:
     del cohort
@@ -74,8 +75,9 @@ class DistributedNoise:
   def add_client_share(self, key: jax.Array, upload, stddev, support=None):
     return add_gaussian_noise(key, upload, stddev, support)
 
-  def clean(self, upload):
-    return upload
+  def client_sums(self, upload) -> dict:
+    """The upload before its noise share, whose sum the diagnostics compare the release with."""
+    return {'clean': upload}
 
   def server_noise_std(self, noise_std, cohort: jax.Array) -> jax.Array:
     """All of it only if nobody was sampled, so the release is the Gaussian the accountant assumes

@@ -34,12 +34,13 @@ from dp2fedsam_jax.privacy import sampling as sampling_lib
 
 
 class NoiseContext(NamedTuple):
-  """Where a round's server noise comes from: the round's noise stream, the round's index and the
-  run's root key (the tree folds its node keys from the root; BandMF and independent noise draw
-  from `key`)."""
+  """Where a round's server randomness comes from: the round's noise stream, the round's index and
+  the run's root key (the tree folds its node keys from the root; BandMF and independent noise draw
+  from `key`), and the stream of adaptive clipping's count noise."""
   key: jax.Array
   round_index: Any = 0
   root: jax.Array | None = None
+  count_key: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
