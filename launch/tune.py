@@ -516,8 +516,10 @@ def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed,
     if secret is None:  # before the study starts: K and the candidates are not drawn yet
       configs = [c for _, c in trial_runs(module, config_path, spec, [candidate(spec, 0, 0)],
                                           directory, overrides)]
-      return _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
-                         int(configs[0].num_rounds))
+      printed = _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
+                            int(configs[0].num_rounds))
+      print(expected_execution(spec, configs[0], one_program))
+      return printed
     k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
                                                secret)
     return _print_plan(plan, cost, list(zip(runs, candidates)), spec, path, k,
@@ -604,6 +606,18 @@ def execution_plan(runs, one_program: str = 'auto') -> list[list[int]]:
     if run.status == 'new' and not run.missing_data and runs_in_a_program(config):
       groups.setdefault(search_program.one_program_key(config), []).append(index)
   return [group for group in groups.values() if len(group) >= 2]
+
+
+def expected_execution(spec: dict, config, one_program: str = 'auto') -> str:
+  """How the study's trials will run, said before K and the candidates are drawn."""
+  from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
+  if one_program == 'never' or not runs_in_a_program(config):
+    return 'execution: every trial in its own process'
+  static = sorted(set(spec['space']) - set(search_program.SEARCHED))
+  if not static:
+    return 'execution: the trials as one compiled program (a single trial: its own process)'
+  return (f'execution: one compiled program per value of {", ".join(static)} (not searched '
+          'scalars: they change the program) with >= 2 trials; the others each in their own process')
 
 
 def execute_trials(config_path: str, runs, parallel: int, cache_dir: str,

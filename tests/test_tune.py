@@ -129,6 +129,7 @@ def test_plan_shows_the_laws_before_the_start_and_k_and_the_candidates_to_the_op
   tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True)
   out = capsys.readouterr().out
   assert 'E[K] = 2.00' in out and 'fresh secret' in out and 'K = 2 trials' not in out
+  assert 'execution: the trials as one compiled program' in out
   assert 'selection eps' in out and 'naive 2-fold at E[K]' in out
   tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True, secret_seed=SECRET_K2)
   out = capsys.readouterr().out
@@ -478,6 +479,7 @@ def test_a_search_space_from_the_command_line_replaces_the_studys_and_prints_a_c
   assert out.returncode == 0, out.stderr[-3000:]
   assert "local.lr_shared: ['uniform', 0.02, 0.04]" in out.stdout
   assert "local.personal_epochs: ['choice', [1, 2]]" in out.stdout
+  assert 'one compiled program per value of local.personal_epochs' in out.stdout
   assert 'dp.clip_norm' not in out.stdout and '(E[K] = 16.00)' in out.stdout
   assert 'failed to converge' not in out.stdout + out.stderr
   default = os.path.join(ROOT, 'experiments', 'configs', 'default.py')
