@@ -17,8 +17,8 @@ import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
 
-from dp2fedsam_jax import checkpoint, keys
-from experiments import report
+from dp2fedsam_jax import checkpoint, keys, metric_writers
+from experiments import config_files, report
 from launch import sweep, trial_program, tune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -602,3 +602,20 @@ def test_trials_that_differ_in_a_static_field_or_are_finished_run_outside_the_pr
   with open(os.path.join(workdirs[0], 'metrics.jsonl'), 'w') as f:  # trial 0 finished
     f.write(json.dumps({'round': 2, 'validation_accuracy_sum': 3.0}) + '\n')
   assert tune.execution_plan(runs) == []  # trial 2 is alone in its group now
+
+
+def test_a_trial_of_the_program_whose_release_turns_inf_fails_alone(tmp_path):
+  """A trial whose release is not finite ends with failure.json (as a run alone); the other trial of
+  its program finishes, with its records and the checkpoint of its last round."""
+  module = sweep.load_config_module(CONFIG)
+  configs = [config_files.apply_overrides(module.get_config(None), [
+      '--config.validation_fraction=0.25', f'--config.server_lr={lr}',
+      f'--config.training_seed={2**40 + i}']) for i, lr in enumerate([1.0, 1e38])]
+  workdirs = [str(tmp_path / f'trial={i}') for i in range(2)]
+  assert trial_program.run_trials(configs, workdirs) == {
+      workdirs[0]: 'ran', workdirs[1]: 'failed (FloatingPointError: see failure.json)'}
+  failure = json.load(open(os.path.join(workdirs[1], 'failure.json')))
+  assert failure['error'] == 'FloatingPointError' and failure['round'] == 1
+  assert not os.path.exists(os.path.join(workdirs[0], 'failure.json'))
+  assert [r['round'] for r in metric_writers.read_jsonl(os.path.join(workdirs[0], 'metrics.jsonl'))] == [2]
+  assert checkpoint.latest_round(workdirs[0]) == 2 and not checkpoint.exists(workdirs[1])
