@@ -149,6 +149,7 @@ def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]
 
     _log(f'program: {len(trials)} trials of {configs[0].method} in one program '
          f'({"a loop" if program.in_loop else "vmapped"} over the trials), {num_rounds} rounds')
+
     def on_start():  # compiled: the rounds' time starts now
       clock.update(window=time.perf_counter(), round=time.perf_counter())
 
