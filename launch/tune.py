@@ -837,6 +837,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   search = parse_search_flags(FLAGS.space, FLAGS.trials, FLAGS.score_noise)
+  if FLAGS.one_program != 'never' and not FLAGS.plan:
+    # The programs compiled here share the sweep runs' cache: a restarted program loads its own.
+    from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
+    chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
+    compilation_cache.enable(None if chosen else os.path.join(FLAGS.root, '.jax_cache'))
   tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
        FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None,
        FLAGS.one_program)
