@@ -841,7 +841,13 @@ def main(argv):
     # The programs compiled here share the sweep runs' cache: a restarted program loads its own.
     from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
     chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
-    compilation_cache.enable(None if chosen else os.path.join(FLAGS.root, '.jax_cache'))
+    jax_cache_log = logging.getLogger('jax._src.compilation_cache')
+    level = jax_cache_log.level
+    jax_cache_log.setLevel(logging.WARNING)  # its 'Resetting cache' line is no news to the operator
+    try:
+      compilation_cache.enable(None if chosen else os.path.join(FLAGS.root, '.jax_cache'))
+    finally:
+      jax_cache_log.setLevel(level)
   tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
        FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None,
        FLAGS.one_program)
