@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dp2fedsam_jax import executors, keys, run_files
+from dp2fedsam_jax import executors, keys, run_files, stopping
 from dp2fedsam_jax.evaluation import make_validation_evaluate
 
 # config field -> (the engine object that holds it, its attribute there)
@@ -144,20 +144,35 @@ class SearchProgram:
     return lambda states, data, roots, values, round_index: mapped((states, roots, values),
                                                                     (data, round_index))
 
+  def compiled(self, states) -> tuple[Callable, Callable, Callable | None]:
+    """(round step, evaluation, validation evaluation or None), compiled before the first round (as
+    a run alone compiles ahead: a round's time is then a round's, not the compiler's)."""
+    data, at = self.exp.data, jnp.int32(0)
+    args = (self.roots, self.values)
+    with stopping.critical():  # a second stop signal waits for the compiler
+      step = jax.jit(self.round_step(), donate_argnums=0).lower(states, data, *args).compile()
+      # The round index is traced (fold_in takes it as data): one compile serves every evaluation.
+      evaluate = jax.jit(self.evaluate()).lower(states, data, *args, at).compile()
+      validate = None
+      if self.exp.validation is not None:
+        validate = jax.jit(self.evaluate(validation=True)).lower(
+            states, self.exp.validation, *args, at).compile()
+    return step, evaluate, validate
+
   def run(self, num_rounds: int | None = None, eval_every: int | None = None,
-          on_round: Callable | None = None, on_eval: Callable | None = None):
+          on_round: Callable | None = None, on_eval: Callable | None = None,
+          on_start: Callable | None = None):
     """All trials for num_rounds rounds (the config's by default) in one jitted round step and one
-    jitted evaluation; on_round(done, metrics [K]) after each round, on_eval(done, records [K])
-    at each evaluation (every eval_every rounds and the last). Returns the final states."""
+    jitted evaluation; on_start() once they are compiled, on_round(done, metrics [K]) after each
+    round, on_eval(done, records [K]) at each evaluation (every eval_every rounds and the last).
+    Returns the final states."""
     config = self.exp.config
     num_rounds = config.num_rounds if num_rounds is None else num_rounds
     eval_every = config.eval_every if eval_every is None else eval_every
-    step = jax.jit(self.round_step(), donate_argnums=0)
-    # The round index is traced (fold_in takes it as data): one compile serves every evaluation.
-    evaluate = jax.jit(self.evaluate())
-    validate = (jax.jit(self.evaluate(validation=True))
-                if self.exp.validation is not None else None)
     states = self.init_states()
+    step, evaluate, validate = self.compiled(states)
+    if on_start is not None:
+      on_start()
     for r in range(num_rounds):
       states, metrics = step(states, self.exp.data, self.roots, self.values)
       done = r + 1

@@ -305,6 +305,18 @@ def _command(config_path: str, run: Run, overrides: list[str]) -> list[str]:
           f'--config={path}', f'--workdir={run.workdir}', *overrides]
 
 
+def write_run_record(config_path: str, run: Run, **extra) -> list[str]:
+  """<workdir>/sweep.json: the run's arguments and overrides (what Run.conflict compares) and its
+  command; returns the command."""
+  os.makedirs(run.workdir, exist_ok=True)
+  command = _command(config_path, run, list(run.overrides))
+  with open(os.path.join(run.workdir, 'sweep.json'), 'w') as f:
+    json.dump({'config': config_path.partition(':')[0], 'config_name': run.config_name,
+               'args': run.args, 'overrides': list(run.overrides), 'command': command, **extra}, f,
+              indent=2)
+  return command
+
+
 def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
@@ -422,12 +434,7 @@ def _run_pending(config_path, parallel, pending, running, results, env, total) -
         results[run.workdir] = 'skipped (done)'
         _log(f'skip    {run.workdir} (finished since the plan: round {run.num_rounds})')
         continue
-      os.makedirs(run.workdir, exist_ok=True)
-      command = _command(config_path, run, list(run.overrides))
-      with open(os.path.join(run.workdir, 'sweep.json'), 'w') as f:
-        json.dump({'config': config_path.partition(':')[0], 'config_name': run.config_name,
-                   'args': run.args, 'overrides': list(run.overrides), 'command': command}, f,
-                  indent=2)
+      command = write_run_record(config_path, run)
       log = open(os.path.join(run.workdir, 'train.log'), 'a')
       log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} {run.status}: {" ".join(command)}\n')
       log.flush()

@@ -51,9 +51,15 @@ trials' workdirs also stay with the operator: publish the selected run's only, w
 validation_* metrics (un-noised, they give its score's noise back; experiments/report.py's copy
 drops them).
 
-Each trial is a sweep run (launch/sweep.py's execute: one workdir each, resumable, one writer,
-skipped when finished). The best finished trial by its noised score is selected; a failed trial
-counts as a trial and is never selected. K = 0 (Poisson) trains nothing: the procedure outputs
+Each trial has its own workdir (one writer; skipped when finished). With --one_program=auto (the
+default) the new trials that differ only in searched scalars (search_program.SEARCHED) and their
+training seed run as one compiled program in the tuner's process (launch/trial_program.py), each
+writing its workdir's files as a run alone; a program stopped mid-way runs its unfinished trials
+again from round 0. Every other trial (alone in its group, differing in a static field such as
+epochs or a keep fraction, stopped with a checkpoint, or all with --one_program=never) is a sweep
+run (launch/sweep.py's execute: its own process, resumable). --plan shows which. The best
+finished trial by its noised score is selected; a failed trial counts as a trial and is never
+selected. K = 0 (Poisson) trains nothing: the procedure outputs
 nothing, which tuning.json says without telling K = 0 from every trial failed.
 """
 
@@ -455,12 +461,17 @@ def _secret_for(directory: str, plan: dict, secret_seed, plan_only: bool):
 
 
 def tune(config_path: str, root: str, study: str | None = None, overrides=(), plan_only=False,
-         parallel: int = 1, secret_seed: int | None = None, search: dict | None = None) -> dict:
+         parallel: int = 1, secret_seed: int | None = None, search: dict | None = None,
+         one_program: str = 'auto') -> dict:
   """Runs (or resumes, or with plan_only describes) a study; returns tuning.json's content (the
   operator's record is in OPERATOR_FILE beside it). `search`: parse_search_flags's command-line
-  space, law of K and score noise."""
+  space, law of K and score noise. `one_program`: 'auto' runs the trials that execution_plan
+  groups as one program each, 'never' every trial in its own process."""
+  if one_program not in ONE_PROGRAM_MODES:
+    raise ValueError(f'--one_program={one_program}: choose one of {ONE_PROGRAM_MODES}.')
   with _accountant_warnings_counted() as excluded:
-    result = _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed, search)
+    result = _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed, search,
+                   one_program)
   if excluded:
     _log(f'dp_accounting: {len(excluded)} RDP orders did not converge and were left out of the '
          'epsilon (it is computed over the others, an upper bound still).')
@@ -492,7 +503,8 @@ def _accountant_warnings_counted():
     logger.removeFilter(counter)
 
 
-def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed, search) -> dict:
+def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed, search,
+          one_program) -> dict:
   from dp2fedsam_jax import run_files  # pylint: disable=import-outside-toplevel
   module, study, num_studies, spec = load_study(config_path, study, search)
   directory = tuning_dir(root, config_path, study, num_studies)
@@ -504,12 +516,14 @@ def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed,
     if secret is None:  # before the study starts: K and the candidates are not drawn yet
       configs = [c for _, c in trial_runs(module, config_path, spec, [candidate(spec, 0, 0)],
                                           directory, overrides)]
-      return _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
-                         int(configs[0].num_rounds))
+      printed = _print_plan(plan, privacy_cost(spec, configs, 1), [], spec, path, None,
+                            int(configs[0].num_rounds))
+      print(expected_execution(spec, configs[0], one_program))
+      return printed
     k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
                                                secret)
     return _print_plan(plan, cost, list(zip(runs, candidates)), spec, path, k,
-                       int(configs[0].num_rounds))
+                       int(configs[0].num_rounds), execution_plan(runs, one_program))
   operator_path = os.path.join(directory, OPERATOR_FILE)
   with run_files.hold(directory):  # one writer: the secret is read or drawn under the lock
     secret, source = _secret_for(directory, plan, secret_seed, plan_only=False)
@@ -522,8 +536,8 @@ def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed,
         'secret_seed': secret, 'secret_source': source, 'num_trials': k,
         'candidates': candidates, 'runs': names, 'training_seeds': _training_seeds(runs)})
     run_files.write_json_atomic(path, {'status': 'running', 'plan': plan})
-    results = sweep.execute(config_path, [r for r, _ in runs], parallel,
-                            os.path.join(root, '.jax_cache')) if runs else {}
+    results = execute_trials(config_path, runs, parallel, os.path.join(root, '.jax_cache'),
+                             one_program) if runs else {}
     outcomes = [_trial_outcome(r, c, spec, i, secret) for i, (r, c) in enumerate(runs)]
     unfinished = [i for i, o in enumerate(outcomes) if o['status'] == 'not finished']
     if unfinished:
@@ -566,6 +580,64 @@ def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[
   configs = [c for _, c in runs] or [c for _, c in trial_runs(
       module, config_path, spec, [candidate(spec, secret, 0)], directory, overrides)]
   return k, candidates, runs, configs, privacy_cost(spec, configs, naive_trials=k)
+
+
+ONE_PROGRAM_MODES = ('auto', 'never')
+
+
+def runs_in_a_program(config) -> bool:
+  """Whether a trial's config can be a trial of a search program: a federated method (local_only
+  has no rounds) on an executor the trial axis can map (not the sharded mesh)."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  return METHODS[config.method].federated and config.executor != 'sharded'
+
+
+def execution_plan(runs, one_program: str = 'auto') -> list[list[int]]:
+  """The trials that run as one program: each group (>= 2 indices into `runs`, [(run, config)]) of
+  new trials (a finished one is skipped; one with a checkpoint resumes in its own process) with one
+  search_program.one_program_key. Every other trial runs in its own process (launch.sweep): a trial
+  alone in its group, one that differs from the others in a static field (epochs, keep fraction,
+  method, ...), or every trial with one_program='never'."""
+  if one_program == 'never':
+    return []
+  from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
+  groups: dict[tuple, list[int]] = {}
+  for index, (run, config) in enumerate(runs):
+    if run.status == 'new' and not run.missing_data and runs_in_a_program(config):
+      groups.setdefault(search_program.one_program_key(config), []).append(index)
+  return [group for group in groups.values() if len(group) >= 2]
+
+
+def expected_execution(spec: dict, config, one_program: str = 'auto') -> str:
+  """How the study's trials will run, said before K and the candidates are drawn."""
+  from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
+  if one_program == 'never' or not runs_in_a_program(config):
+    return 'execution: every trial in its own process'
+  static = sorted(set(spec['space']) - set(search_program.SEARCHED))
+  if not static:
+    return 'execution: the trials as one compiled program (a single trial: its own process)'
+  return (f'execution: one compiled program per value of {", ".join(static)} (not searched '
+          'scalars: they change the program) with >= 2 trials; the others each in their own process')
+
+
+def execute_trials(config_path: str, runs, parallel: int, cache_dir: str,
+                   one_program: str = 'auto') -> dict:
+  """Runs the unfinished trials of `runs` ([(run, config)]): each group of execution_plan as one
+  program in this process (launch/trial_program.py), then the others through launch.sweep, one
+  process each (finished ones skipped); returns {workdir: status}."""
+  from launch import trial_program  # pylint: disable=import-outside-toplevel
+  results, in_programs = {}, set()
+  for group in execution_plan(runs, one_program):
+    for index in group:  # the trial's arguments and overrides, as a run alone records them
+      sweep.write_run_record(config_path, runs[index][0],
+                             ran_as='a trial of one program with other trials (launch.tune)')
+    results.update(trial_program.run_trials([runs[i][1] for i in group],
+                                            [runs[i][0].workdir for i in group]))
+    in_programs.update(group)
+  alone = [run for index, (run, _) in enumerate(runs) if index not in in_programs]
+  if alone:
+    results.update(sweep.execute(config_path, alone, parallel, cache_dir))
+  return results
 
 
 def _read(path: str):
@@ -689,7 +761,7 @@ def published_record(record: dict) -> dict:
           'operator_file': f'{OPERATOR_FILE}: every trial and K, the operator\'s; never published'}
 
 
-def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int) -> dict:
+def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int, programs=()) -> dict:
   """The plan: with the secret (the operator's view) K and the candidates; before the study starts
   the laws only (K and the candidates are drawn when it starts)."""
   law = plan['trial_distribution']
@@ -702,9 +774,16 @@ def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int) -> dict:
     print(f"study {plan['study']}: K = {k} trials drawn from {law} (E[K] = "
           f"{cost['expected_trials']:.2f}; the operator's view: K and the candidates are secret) "
           f'-> {path}')
-    for (run, _), values in runs:
-      print(f'{run.status:24s} {run.workdir}  ' + ', '.join(f'{f}={v}' for f, v in values.items())
+    how = {i: f'program {g}' for g, group in enumerate(programs, 1) for i in group}
+    for i, ((run, _), values) in enumerate(runs):
+      where = how.get(i, 'own process' if run.status != 'done' else '-')
+      print(f'{run.status:24s} {where:14s} {run.workdir}  '
+            + ', '.join(f'{f}={v}' for f, v in values.items())
             + (f'  [no data: {run.missing_data}]' if run.missing_data else ''))
+    if programs:
+      print(f'execution: {len(programs)} program(s) of {sum(len(g) for g in programs)} trials '
+            '(they differ only in searched scalars: search_program.SEARCHED); the others each in '
+            'its own process')
   count = k if k is not None else cost['naive_trials_at_mean_k']
   rounds = count * rounds_per_run
   seconds = spec.get('seconds_per_run')
@@ -740,6 +819,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "geometric:MEAN | tnb:ETA:MEAN; replaces the study's.", **fv)
   flags.DEFINE_float('score_noise', None, "The score's noise s on the sum over clients (private "
                      "methods: > 0); replaces the study's.", **fv)
+  flags.DEFINE_enum('one_program', 'auto', ONE_PROGRAM_MODES, 'auto: the new trials that differ only '
+                    'in searched scalars (search_program.SEARCHED: lrs, rho, server lr, C) and their '
+                    'training seed run as one compiled program in this process, the others each in '
+                    'its own process; never: every trial in its own process (launch.sweep).', **fv)
 
 
 _overrides: list[str] = []
@@ -754,8 +837,20 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   search = parse_search_flags(FLAGS.space, FLAGS.trials, FLAGS.score_noise)
+  if FLAGS.one_program != 'never' and not FLAGS.plan:
+    # The programs compiled here share the sweep runs' cache: a restarted program loads its own.
+    from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
+    chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
+    jax_cache_log = logging.getLogger('jax._src.compilation_cache')
+    level = jax_cache_log.level
+    jax_cache_log.setLevel(logging.WARNING)  # its 'Resetting cache' line is no news to the operator
+    try:
+      compilation_cache.enable(None if chosen else os.path.join(FLAGS.root, '.jax_cache'))
+    finally:
+      jax_cache_log.setLevel(level)
   tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
-       FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None)
+       FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None,
+       FLAGS.one_program)
 
 
 if __name__ == '__main__':

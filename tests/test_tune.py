@@ -17,9 +17,9 @@ import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
 
-from dp2fedsam_jax import keys
-from experiments import report
-from launch import sweep, tune
+from dp2fedsam_jax import checkpoint, keys, metric_writers
+from experiments import config_files, report
+from launch import sweep, trial_program, tune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, 'experiments', 'configs', 'tune_tiny.py')
@@ -129,10 +129,12 @@ def test_plan_shows_the_laws_before_the_start_and_k_and_the_candidates_to_the_op
   tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True)
   out = capsys.readouterr().out
   assert 'E[K] = 2.00' in out and 'fresh secret' in out and 'K = 2 trials' not in out
+  assert 'execution: the trials as one compiled program' in out
   assert 'selection eps' in out and 'naive 2-fold at E[K]' in out
   tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True, secret_seed=SECRET_K2)
   out = capsys.readouterr().out
   assert 'K = 2 trials' in out and sum(l.startswith('new ') for l in out.splitlines()) == 2
+  assert sum(' program 1 ' in l for l in out.splitlines()) == 2  # the two trials: one program
   k, candidates = tune.draw_plan(tune.load_study(CONFIG, 'tiny')[3], SECRET_K2)
   assert k == 2 and all(f'local.lr_shared={c["local.lr_shared"]}' in out for c in candidates)
   assert 'cost: 2 runs, 4 rounds' in out and 'selection eps' in out
@@ -321,18 +323,21 @@ def test_a_study_mixing_private_and_non_private_trials_is_refused():
 # -- The secret draw and the two files, on fake trials (no training: the harness's killers) --------
 
 def _fake_execute(monkeypatch):
-  """sweep.execute writing each run a finished metrics.jsonl with distinct, many-digit metrics."""
-  def execute(config_path, runs, parallel, cache):
-    del config_path, parallel, cache
-    for index, run in enumerate(runs):
-      os.makedirs(run.workdir, exist_ok=True)
+  """sweep.execute and the one-program runner writing each run a finished metrics.jsonl with
+  distinct, many-digit metrics."""
+  def finish(workdirs, rounds):
+    for index, (workdir, num_rounds) in enumerate(zip(workdirs, rounds)):
+      os.makedirs(workdir, exist_ok=True)
       accuracy = 0.31234567 + 0.1 * index
-      with open(os.path.join(run.workdir, 'metrics.jsonl'), 'w') as f:
-        f.write(json.dumps({'round': run.num_rounds, 'validation_accuracy': accuracy,
+      with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+        f.write(json.dumps({'round': num_rounds, 'validation_accuracy': accuracy,
                             'validation_accuracy_sum': 6 * accuracy, 'validation_clients': 6,
                             'test_accuracy': accuracy - 0.0123}) + '\n')
     return {}
-  monkeypatch.setattr(sweep, 'execute', execute)
+  monkeypatch.setattr(sweep, 'execute', lambda config_path, runs, parallel, cache: finish(
+      [r.workdir for r in runs], [r.num_rounds for r in runs]))
+  monkeypatch.setattr(trial_program, 'run_trials', lambda configs, workdirs: finish(
+      workdirs, [c.num_rounds for c in configs]))
 
 
 def test_the_score_noise_k_and_candidates_come_from_the_operators_secret_not_the_public_seed(
@@ -474,6 +479,7 @@ def test_a_search_space_from_the_command_line_replaces_the_studys_and_prints_a_c
   assert out.returncode == 0, out.stderr[-3000:]
   assert "local.lr_shared: ['uniform', 0.02, 0.04]" in out.stdout
   assert "local.personal_epochs: ['choice', [1, 2]]" in out.stdout
+  assert 'one compiled program per value of local.personal_epochs' in out.stdout
   assert 'dp.clip_norm' not in out.stdout and '(E[K] = 16.00)' in out.stdout
   assert 'failed to converge' not in out.stdout + out.stderr
   default = os.path.join(ROOT, 'experiments', 'configs', 'default.py')
@@ -503,3 +509,113 @@ def test_the_tuner_prints_the_selected_values(tmp_path, monkeypatch, capsys):
   assert line == [tune.selection_text(result)]
   for field, value in result['selected_values'].items():
     assert f'{field}={value}' in line[0]
+
+
+# -- A study as one compiled program (launch/trial_program.py) ---------------------------------------
+
+def _trial_files(directory, run):
+  path = os.path.join(directory, run)
+  return (json.load(open(os.path.join(path, 'config.json'))),
+          [json.loads(l) for l in open(os.path.join(path, 'metrics.jsonl'))])
+
+
+def test_a_study_run_as_one_program_selects_and_scores_as_one_process_per_trial(tmp_path,
+                                                                                monkeypatch):
+  """The K = 2 trials of tiny as one program (in this process) against each in its own process
+  (experiments.train): the same selection, per-trial scores and test accuracies (relative 1e-4:
+  the searched scalars are traced in the program), the same config.json and evaluation records;
+  a rerun skips the finished trials; a program stopped mid-way runs its trials again."""
+  calls = []
+  run_trials = trial_program.run_trials
+  monkeypatch.setattr(trial_program, 'run_trials',
+                      lambda configs, workdirs: calls.append(workdirs) or run_trials(configs, workdirs))
+  results = {mode: tune.tune(CONFIG, str(tmp_path / mode), 'tiny', secret_seed=SECRET_LARGE_K2,
+                             one_program=mode) for mode in ('auto', 'never')}
+  assert len(calls) == 1 and len(calls[0]) == 2  # auto: one program of both trials; never: none
+  directories = {mode: tmp_path / mode / 'tune_tiny' / 'tiny' for mode in results}
+  operators = {mode: _operator(d) for mode, d in directories.items()}
+  assert results['auto']['selected_run'] == results['never']['selected_run'] is not None
+  assert operators['auto']['runs'] == operators['never']['runs']
+  for program, alone in zip(operators['auto']['trials'], operators['never']['trials']):
+    assert program['status'] == alone['status'] == 'finished'
+    for key in ('score', 'metric', 'test_accuracy'):
+      assert program[key] == pytest.approx(alone[key], rel=1e-4), key
+  for run in operators['auto']['runs']:
+    config, records = _trial_files(directories['auto'], run)
+    config_alone, records_alone = _trial_files(directories['never'], run)
+    assert config == config_alone  # its own values and training_seed, sigma and delta resolved
+    assert [r['round'] for r in records] == [r['round'] for r in records_alone] == [2]
+    assert set(records[-1]) == set(records_alone[-1])
+    assert records[-1]['epsilon'] == records_alone[-1]['epsilon']
+    # The checkpoint of its last round, as a finished run alone leaves (experiments.train: done).
+    assert checkpoint.latest_round(str(directories['auto'] / run)) == 2
+
+  # A rerun skips the finished trials: nothing runs, nothing is rewritten.
+  directory = directories['auto']
+  metrics = [directory / run / 'metrics.jsonl' for run in operators['auto']['runs']]
+  written = [p.stat().st_mtime_ns for p in metrics]
+  (directory / 'tuning.json').write_text(json.dumps({'status': 'running',
+                                                     'plan': results['auto']['plan']}))
+  assert tune.tune(CONFIG, str(tmp_path / 'auto'), 'tiny')['selected_run'] == \
+      results['auto']['selected_run']
+  assert len(calls) == 1 and [p.stat().st_mtime_ns for p in metrics] == written
+
+  # Stopped before its evaluation (no record, no checkpoint): both trials run again as one program.
+  for path in metrics:
+    path.write_text('')
+    shutil.rmtree(path.parent / 'checkpoints')
+  (directory / 'tuning.json').write_text(json.dumps({'status': 'running',
+                                                     'plan': results['auto']['plan']}))
+  again = tune.tune(CONFIG, str(tmp_path / 'auto'), 'tiny')
+  assert len(calls) == 2 and again['selected_score'] == results['auto']['selected_score']
+
+
+def test_trials_that_differ_in_a_static_field_or_are_finished_run_outside_the_program(
+    tmp_path, monkeypatch):
+  """execution_plan: one program per group of new trials that share one_program_key; a trial whose
+  epochs differ, one that finished, or every trial with --one_program=never runs through
+  launch.sweep (its own process)."""
+  spec = tune.load_study(CONFIG, 'tiny')[3]
+  candidates = [{'local.lr_shared': 0.05, 'local.personal_epochs': 1},
+                {'local.lr_shared': 0.1, 'local.personal_epochs': 2},
+                {'local.lr_shared': 0.2, 'local.personal_epochs': 1}]
+  runs = tune.trial_runs(sweep.load_config_module(CONFIG), CONFIG, spec, candidates, str(tmp_path),
+                         [], seeds=[tune.trial_seed(SECRET_K2, i) for i in range(3)])
+  assert tune.execution_plan(runs) == [[0, 2]]
+  assert tune.execution_plan(runs, 'never') == []
+  ran = {}
+
+  def program(configs, workdirs):
+    ran['program'] = workdirs
+    return {}
+
+  def alone(config_path, runs, parallel, cache):
+    ran['alone'] = [r.workdir for r in runs]
+    return {}
+  monkeypatch.setattr(trial_program, 'run_trials', program)
+  monkeypatch.setattr(sweep, 'execute', alone)
+  tune.execute_trials(CONFIG, runs, 1, str(tmp_path / 'cache'))
+  workdirs = [r.workdir for r, _ in runs]
+  assert ran == {'program': [workdirs[0], workdirs[2]], 'alone': [workdirs[1]]}
+  # The program's trials record their arguments and overrides as a sweep run does.
+  assert runs[0][0].conflict() is None and os.path.exists(os.path.join(workdirs[2], 'sweep.json'))
+  with open(os.path.join(workdirs[0], 'metrics.jsonl'), 'w') as f:  # trial 0 finished
+    f.write(json.dumps({'round': 2, 'validation_accuracy_sum': 3.0}) + '\n')
+  assert tune.execution_plan(runs) == []  # trial 2 is alone in its group now
+
+
+def test_a_trial_of_the_program_whose_release_turns_inf_fails_alone(tmp_path):
+  """A trial whose release is not finite ends with failure.json (as a run alone); the other trial of
+  its program finishes, with its records and the checkpoint of its last round."""
+  module = sweep.load_config_module(CONFIG)
+  configs = [config_files.apply_overrides(module.get_config(None), [
+      '--config.validation_fraction=0.25', f'--config.server_lr={lr}',
+      f'--config.training_seed={2**40 + i}']) for i, lr in enumerate([1.0, 1e38])]
+  workdirs = [str(tmp_path / f'trial={i}') for i in range(2)]
+  assert trial_program.run_trials(configs, workdirs) == {
+      workdirs[0]: 'ran', workdirs[1]: 'failed (FloatingPointError: see failure.json)'}
+  failure = json.load(open(os.path.join(workdirs[1], 'failure.json')))
+  assert failure['error'] == 'FloatingPointError' and failure['round'] == 1
+  assert not os.path.exists(os.path.join(workdirs[0], 'failure.json'))
+  assert [r['round'] for r in metric_writers.read_jsonl(os.path.join(workdirs[0], 'metrics.jsonl'))] == [2]
+  assert checkpoint.latest_round(workdirs[0]) == 2 and not checkpoint.exists(workdirs[1])

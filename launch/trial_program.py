@@ -1,0 +1,162 @@
+"""A study's trials as one compiled program (dp2fedsam_jax/search_program.py), each trial's files in
+its own workdir as `experiments.train` writes them.
+
+launch/tune.py runs a group of >= 2 unfinished trials that share search_program.one_program_key this
+way (--one_program=auto). Trial i's workdir gets what a run alone leaves there and the tuner, the
+report and a rerun read: config.json (its own searched values and training_seed; sigma, delta and the
+executor resolved), metrics.jsonl (round, epsilon, the window's training means, the test and
+validation metrics at the same rounds), train_metrics.jsonl (every round), hosts.jsonl and, when it
+finishes, the checkpoint of its last round (experiments.train then finds it finished). A trial whose
+release turns NaN/Inf gets failure.json, as a run alone does; the others go on.
+
+The program writes no checkpoint before the end: a program stopped mid-way leaves its trials
+unfinished, and the next start runs them again from round 0 (their metrics files rewritten), while
+trials that finished are skipped. `seconds` in a record is the program's wall time per round (all
+its trials together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from dp2fedsam_jax import checkpoint, executors, run_files, search_program, stopping, train
+from experiments import train as train_binary
+
+
+def _log(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def with_resolved_executor(configs: list) -> list:
+  """The configs with executor 'auto' replaced by what a fresh run alone picks on this backend (one
+  choice for all: the trial axis is mapped as that executor maps clients)."""
+  name, chunk_size, how = executors.choose_for_run(configs[0].executor, configs[0].chunk_size, {})
+  if not how:
+    return configs
+  out = []
+  for config in configs:
+    config = config.copy_and_resolve_references()
+    config.executor, config.chunk_size = name, chunk_size
+    out.append(config)
+  return out
+
+
+@dataclasses.dataclass
+class _Trial:
+  """One trial's workdir and what its run alone would hold in memory between evaluations."""
+  workdir: str
+  writers: tuple           # (train, eval) metric writers
+  records: list = dataclasses.field(default_factory=list)
+  window: list = dataclasses.field(default_factory=list)
+  failed: bool = False
+
+  def round_done(self, done: int, metrics: dict, seconds: float, private_only: bool) -> None:
+    """Round `done`'s line of train_metrics.jsonl; a non-finite release ends the trial with
+    failure.json (train._check_finite's error), as it ends a run alone."""
+    self.writers[0].write_scalars(done, train._train_scalars(metrics, seconds, private_only))
+    try:
+      train._check_finite(metrics, done, self.workdir)
+    except FloatingPointError as e:
+      self.writers[0].flush()
+      train_binary._write_failure(self.workdir, e)
+      self.failed = True
+      return
+    self.window.append({} if private_only else {k: metrics[k] for k in train.TRAIN_SCALARS})
+
+  def evaluated(self, exp, done: int, metrics: dict, seconds: float, private_only: bool) -> None:
+    """The evaluation record of round `done`, as train._CompiledRun.evaluation_record writes it."""
+    record = {'round': done, 'epsilon': exp.epsilon_after(done),
+              **({} if private_only else train._window_means(self.window)),
+              **{k: train._json_number(v) for k, v in metrics.items()}}
+    if exp.privacy_caveat:
+      record['epsilon_caveat'] = exp.privacy_caveat
+    record['seconds'] = seconds
+    if private_only:
+      record = train.private_record(record)
+    self.records.append(record)
+    self.window = []
+    self.writers[1].write_scalars(done, {k: v for k, v in record.items() if k != 'round'})
+    self.writers[1].flush()
+
+
+def _start(exp, config, workdir: str) -> None:
+  """A fresh start in the trial's workdir: its config.json, its metrics files emptied (an earlier,
+  unfinished start of the program is run again), no failure.json of an earlier start."""
+  resolved = train._resolved_config(dataclasses.replace(exp, config=config))
+  run_files.check_same_mechanism(workdir, exp.mechanism.record())
+  run_files.write_config(workdir, resolved)
+  run_files.cut_back_metrics(workdir, 0, [])
+  run_files.record_host(workdir, 0)
+  failure = os.path.join(workdir, train_binary.FAILURE_FILE)
+  if os.path.exists(failure):
+    os.remove(failure)
+
+
+def _stopped(*unused, **unused_kwargs) -> str:
+  del unused, unused_kwargs
+  return (f'{stopping.stopped_by()}: the program\'s unfinished trials start again from round 0 at '
+          'the next start; its finished trials are kept')
+
+
+@stopping.interruptible(_stopped)
+def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]:
+  """Runs `configs` (trials that share search_program.one_program_key and have no checkpoint) as one
+  program for their num_rounds, trial i's files in workdirs[i]; returns {workdir: 'ran' | 'failed
+  (...)'}. Holds every trial's workdir lock while it runs."""
+  for workdir in workdirs:
+    if checkpoint.exists(workdir):
+      raise ValueError(f'{workdir} holds a checkpoint: a trial stopped in its own process resumes '
+                       'there (launch.sweep), not in a program that starts at round 0.')
+  configs = with_resolved_executor(configs)
+  program = search_program.SearchProgram.of_configs(configs, build)
+  exp, num_rounds = program.exp, int(configs[0].num_rounds)
+  private_only = bool(configs[0].get('private_metrics_only', False))
+  with contextlib.ExitStack() as stack:
+    for workdir in workdirs:
+      stack.enter_context(run_files.hold(workdir))
+    trials = []
+    for config, workdir in zip(configs, workdirs):
+      _start(exp, config, workdir)
+      trials.append(_Trial(workdir, stack.enter_context(run_files.metric_writers_for(workdir, 0))))
+    clock = {'round': time.perf_counter(), 'window': time.perf_counter(), 'rounds': 0}
+
+    def on_round(done, metrics):
+      if stopping.stop_requested():  # Ctrl-C / SIGTERM: between two rounds
+        raise stopping.interrupted(_stopped())
+      seconds = time.perf_counter() - clock['round']
+      for i, trial in enumerate(trials):
+        if not trial.failed:
+          trial.round_done(done, {k: np.asarray(v)[i] for k, v in metrics.items()}, seconds,
+                           private_only)
+      clock['rounds'] += 1
+      clock['round'] = time.perf_counter()
+
+    def on_eval(done, records):
+      seconds = (time.perf_counter() - clock['window']) / max(clock['rounds'], 1)
+      for i, trial in enumerate(trials):
+        if not trial.failed:
+          trial.evaluated(exp, done, search_program.trial_records(records, i), seconds, private_only)
+      _log(f'program round {done}/{num_rounds}: {sum(not t.failed for t in trials)} of '
+           f'{len(trials)} trials running')
+      clock.update(window=time.perf_counter(), round=time.perf_counter(), rounds=0)
+
+    _log(f'program: {len(trials)} trials of {configs[0].method} in one program '
+         f'({"a loop" if program.in_loop else "vmapped"} over the trials), {num_rounds} rounds')
+
+    def on_start():  # compiled: the rounds' time starts now
+      clock.update(window=time.perf_counter(), round=time.perf_counter())
+
+    states = program.run(num_rounds, on_round=on_round, on_eval=on_eval, on_start=on_start)
+    for i, trial in enumerate(trials):
+      if not trial.failed:
+        checkpoint.save(trial.workdir, jax.tree.map(lambda leaf: leaf[i], states),  # noqa: B023
+                        trial.records, trial.window)
+  return {t.workdir: 'failed (FloatingPointError: see failure.json)' if t.failed else 'ran'
+          for t in trials}
