@@ -149,8 +149,7 @@ class RoundConfig:
 
   def with_hyperparameters(self, hp: Hyperparameters) -> 'RoundConfig':
     """This config with `hp` in place of its scalars (the engine only does arithmetic on them)."""
-    local_config = dataclasses.replace(self.local_config, lr_shared=hp.lr_shared,
-                                       lr_personal=hp.lr_personal, sam_rho=hp.sam_rho)
+    local_config = None if self.local_config is None else self.local_config.with_hyperparameters(hp)
     return dataclasses.replace(self, server_lr=hp.server_lr, local_config=local_config,
                                mechanism=dataclasses.replace(self.mechanism, clip_norm=hp.clip_norm))
 

@@ -122,6 +122,11 @@ class LocalConfig:
     """The [budget] buffer a client's training examples are gathered into: never above max_train."""
     return max_train if self.max_examples is None else min(self.max_examples, max_train)
 
+  def with_hyperparameters(self, hp) -> 'LocalConfig':
+    """This config at a search's traced scalars (federated_round.Hyperparameters)."""
+    return dataclasses.replace(self, lr_shared=hp.lr_shared, lr_personal=hp.lr_personal,
+                               sam_rho=hp.sam_rho)
+
   @classmethod
   def from_config(cls, config) -> 'LocalConfig':
     """From the experiment config's `local` block, which must have exactly these fields."""

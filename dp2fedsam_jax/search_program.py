@@ -24,14 +24,15 @@ import numpy as np
 
 from dp2fedsam_jax import executors, keys, run_files, stopping
 from dp2fedsam_jax.evaluation import make_validation_evaluate
+from dp2fedsam_jax.federated_round import Hyperparameters
 
-# config field -> (the engine object that holds it, its attribute there)
+# config field -> its field of the round's traced bag (federated_round.Hyperparameters)
 SEARCHED = {
-    'local.lr_shared': ('local', 'lr_shared'),
-    'local.lr_personal': ('local', 'lr_personal'),
-    'local.sam_rho': ('local', 'sam_rho'),
-    'server_lr': ('round', 'server_lr'),
-    'dp.clip_norm': ('mechanism', 'clip_norm'),
+    'local.lr_shared': 'lr_shared',
+    'local.lr_personal': 'lr_personal',
+    'local.sam_rho': 'sam_rho',
+    'server_lr': 'server_lr',
+    'dp.clip_norm': 'clip_norm',
 }
 # Differ across the trials without changing the program: their keys' seed.
 PER_TRIAL = ('training_seed',)
@@ -51,16 +52,11 @@ def one_program_key(config) -> tuple:
                       if k not in SEARCHED and k not in PER_TRIAL))
 
 
-def with_hyperparameters(exp, values: dict):
-  """(LocalConfig, RoundConfig) of `exp` with the searched scalars replaced by `values` (traced
-  inside the program; the engine only does arithmetic on them)."""
-  local = {a: values[f] for f, (where, a) in SEARCHED.items() if where == 'local'}
-  rc = exp.round_config
-  mechanism = dataclasses.replace(rc.mechanism, **{
-      a: values[f] for f, (where, a) in SEARCHED.items() if where == 'mechanism'})
-  round_fields = {a: values[f] for f, (where, a) in SEARCHED.items() if where == 'round'}
-  return (dataclasses.replace(exp.local_config, **local),
-          dataclasses.replace(rc, mechanism=mechanism, **round_fields))
+def stacked_hyperparameters(configs: list) -> Hyperparameters:
+  """The configs' searched scalars as the round's bag, each field float32[K]."""
+  values = [hyperparameters(c) for c in configs]
+  return Hyperparameters(**{name: jnp.asarray([v[field] for v in values], jnp.float32)
+                            for field, name in SEARCHED.items()})
 
 
 def maps_trials_in_a_loop(exp) -> bool:
@@ -80,7 +76,7 @@ def _over_trials(fn: Callable, in_loop: bool) -> Callable:
 class SearchProgram:
   """K trials of one experiment's program: their hyperparameters [K] and root keys [K]."""
   exp: object                      # train.Experiment of the first trial (the static part)
-  values: dict                     # field -> float32[K]
+  values: Hyperparameters          # each searched scalar, float32[K]
   roots: jax.Array                 # key[K]
 
   @classmethod
@@ -96,8 +92,7 @@ class SearchProgram:
         differ = sorted(dict(one_program_key(config)).items() ^ dict(first).items())
         raise ValueError(f'trial {i} differs from trial 0 in more than its searched scalars '
                          f'({sorted({k for k, _ in differ})}): it needs a program of its own.')
-    values = [hyperparameters(c) for c in configs]
-    stacked = {f: jnp.asarray([v[f] for v in values], jnp.float32) for f in SEARCHED}
+    stacked = stacked_hyperparameters(configs)
     roots = jnp.stack([keys.root_key(c.seed, c.get('training_seed')) for c in configs])
     return cls(build(configs[0]), stacked, roots)
 
@@ -114,17 +109,17 @@ class SearchProgram:
     exp = self.exp
 
     def one(root, values, _):
-      _, round_config = with_hyperparameters(exp, values)
-      return exp.init_state(root=root, round_config=round_config)
+      return exp.init_state(root=root, round_config=exp.round_config.with_hyperparameters(values))
     return jax.jit(_over_trials(one, self.in_loop))((self.roots, self.values), None)
 
   def round_step(self) -> Callable:
     """step(states, data, roots, values) -> (states, metrics [K]), to jit once."""
     exp = self.exp
 
+    step = exp.make_round_step()
+
     def one(state, root, values, data):
-      local, round_config = with_hyperparameters(exp, values)
-      return exp.make_round_step(local, round_config)(state, data, root)
+      return step(state, data, root, values)
     mapped = _over_trials(one, self.in_loop)
     return lambda states, data, roots, values: mapped((states, roots, values), data)
 
@@ -135,8 +130,7 @@ class SearchProgram:
 
     def one(state, root, values, data_and_round):
       data, round_index = data_and_round
-      local, _ = with_hyperparameters(exp, values)
-      evaluate = exp.make_evaluate(local)
+      evaluate = exp.make_evaluate(exp.local_config.with_hyperparameters(values))
       if validation:
         evaluate = make_validation_evaluate(evaluate)
       return evaluate(state, data, keys.eval_key(root, round_index))

@@ -97,12 +97,10 @@ class Experiment:
   def local_config(self) -> LocalConfig:
     return LocalConfig.from_config(self.config)
 
-  def make_round_step(self, local_config: LocalConfig | None = None, round_config=None):
+  def make_round_step(self):
     """The run's round step, a pure function to jit (federated_round.make_round_step); a search
-    program passes its trial's configs, whose searched scalars are traced."""
-    return federated_round.make_round_step(self.spec, self.model,
-                                           local_config or self.local_config,
-                                           round_config or self.round_config)
+    program passes each trial's searched scalars to it as traced data (its `hyperparameters`)."""
+    return federated_round.make_round_step(self.spec, self.model, self.local_config, self.round_config)
 
   def make_evaluate(self, local_config: LocalConfig | None = None):
     """The run's evaluation, a pure function to jit (evaluation.make_evaluate): each client tests
@@ -216,7 +214,7 @@ def _adaptive_header(mechanism: Privatizer) -> str:
           f'sigma_eff={mechanism.effective_noise_multiplier:.4f})')
 
 
-def _json_number(value) -> float | None:
+def json_number(value) -> float | None:
   """A float for metrics.jsonl; None where it is undefined (NaN: strict JSON has no NaN)."""
   value = float(value)
   return None if math.isnan(value) else value
@@ -283,7 +281,7 @@ def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
                                       headroom)
 
 
-def _check_finite(metrics: dict, round_index: int, workdir: str) -> None:
+def check_finite(metrics: dict, round_index: int, workdir: str) -> None:
   if not bool(metrics['finite']):
     raise FloatingPointError(
         f'round {round_index}: the new shared parameters are NaN/Inf. Lower '
@@ -312,7 +310,7 @@ def _hint_on_oom(config, where: str, workdir: str):
         'last checkpoint.') from e
 
 
-def _train_scalars(metrics: dict, seconds: float, private_only: bool = False) -> dict:
+def train_scalars(metrics: dict, seconds: float, private_only: bool = False) -> dict:
   """One round's line of train_metrics.jsonl (NaN becomes null there); with `private_only`, only
   PRIVATE_TRAIN_SCALARS."""
   if private_only:
@@ -324,7 +322,7 @@ def _train_scalars(metrics: dict, seconds: float, private_only: bool = False) ->
   return scalars
 
 
-def _window_means(window: list[dict]) -> dict:
+def window_means(window: list[dict]) -> dict:
   """The training scalars of the rounds since the last record, for its evaluation line: each a mean
   over the rounds where it is defined (NaN where none trained a client)."""
   means = {k: float(jnp.nanmean(jnp.array([m[k] for m in window])))
@@ -387,7 +385,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   exp, executor_choice = _fit_to_device(build_experiment(config, validated=True), executor_choice)
   config = exp.config
   os.makedirs(workdir, exist_ok=True)
-  resolved = _resolved_config(exp)
+  resolved = resolved_config(exp)
   run_files.check_same_run(workdir, resolved)
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
   if not exp.spec.federated:
@@ -442,7 +440,7 @@ def _fit_to_device(exp: Experiment, executor_choice: str) -> tuple[Experiment, s
   return exp, executor_choice + f'; chunks of {chunk_size} clients fit the device memory'
 
 
-def _resolved_config(exp: Experiment) -> dict:
+def resolved_config(exp: Experiment) -> dict:
   """config.json: the config as run, sigma, delta (and adaptive clipping's count noise) filled in."""
   config, resolved = exp.config, exp.config.to_dict()
   if exp.spec.private:
@@ -515,12 +513,12 @@ class _CompiledRun:
     record = {
         'round': done,
         'epsilon': self.exp.epsilon_after(done),
-        **({} if self.private_only else _window_means(window)),
-        **{k: _json_number(v)
+        **({} if self.private_only else window_means(window)),
+        **{k: json_number(v)
            for k, v in jax.device_get(self.evaluate(state, self.data, eval_key)).items()},
     }
     if self.validation is not None:  # the same key: a fine-tuned copy is the test's
-      record.update({k: _json_number(v) for k, v in jax.device_get(self.evaluate_validation(
+      record.update({k: json_number(v) for k, v in jax.device_get(self.evaluate_validation(
           state, self.validation, eval_key)).items()})
     if self.exp.privacy_caveat:
       record['epsilon_caveat'] = self.exp.privacy_caveat
@@ -550,11 +548,11 @@ class _CompiledRun:
           metrics = jax.device_get(metrics)  # a device error surfaces here at the latest
         done = r + 1
         # Also the line of a round whose release is NaN: the last thing a diverged run tells.
-        train_writer.write_scalars(done, _train_scalars(metrics, time.perf_counter() - round_start,
+        train_writer.write_scalars(done, train_scalars(metrics, time.perf_counter() - round_start,
                                                         private_only))
         if not bool(metrics['finite']):
           progress.close()  # end the progress line before the error
-        _check_finite(metrics, done, workdir)
+        check_finite(metrics, done, workdir)
         # The checkpoint keeps the window: with private_metrics_only it holds no scalar computed
         # from raw client data (noise_std, signal_to_noise, ...), as the metrics files hold none.
         window.append({} if private_only else {k: metrics[k] for k in TRAIN_SCALARS})
@@ -631,7 +629,7 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
   metrics = jax.device_get(evaluate(exp.data, exp.eval_key(config.num_rounds)))
   record = {'round': config.num_rounds, 'epsilon': LOCAL_ONLY_EPSILON,
             'released': local_only.RELEASED,
-            **{k: _json_number(v) for k, v in metrics.items()}}
+            **{k: json_number(v) for k, v in metrics.items()}}
   record['seconds'] = (time.perf_counter() - start) / max(config.num_rounds, 1)
   with run_files.metric_writers_for(workdir, 0) as (_, eval_writer):
     eval_writer.write_scalars(record['round'], {k: v for k, v in record.items() if k != 'round'})

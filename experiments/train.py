@@ -73,7 +73,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       flag_values=flag_values)
 
 
-def _write_failure(workdir: str, error: BaseException) -> None:
+def write_failure(workdir: str, error: BaseException) -> None:
   """failure.json: what stopped the run, for experiments/report/ (removed by the next start)."""
   match = re.search(r'\bround (\d+)\b', str(error))
   record = {'error': type(error).__name__, 'message': str(error),
@@ -141,7 +141,7 @@ def run(f: flags.FlagValues = flags.FLAGS) -> None:
     try:
       final = train.train_and_evaluate(config, workdir, validated=True)
     except Exception as e:  # pylint: disable=broad-except
-      _write_failure(workdir, e)
+      write_failure(workdir, e)
       raise
   print(train.summary(final, workdir))
 

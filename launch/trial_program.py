@@ -59,13 +59,13 @@ class _Trial:
 
   def round_done(self, done: int, metrics: dict, seconds: float, private_only: bool) -> None:
     """Round `done`'s line of train_metrics.jsonl; a non-finite release ends the trial with
-    failure.json (train._check_finite's error), as it ends a run alone."""
-    self.writers[0].write_scalars(done, train._train_scalars(metrics, seconds, private_only))
+    failure.json (train.check_finite's error), as it ends a run alone."""
+    self.writers[0].write_scalars(done, train.train_scalars(metrics, seconds, private_only))
     try:
-      train._check_finite(metrics, done, self.workdir)
+      train.check_finite(metrics, done, self.workdir)
     except FloatingPointError as e:
       self.writers[0].flush()
-      train_binary._write_failure(self.workdir, e)
+      train_binary.write_failure(self.workdir, e)
       self.failed = True
       return
     self.window.append({} if private_only else {k: metrics[k] for k in train.TRAIN_SCALARS})
@@ -73,8 +73,8 @@ class _Trial:
   def evaluated(self, exp, done: int, metrics: dict, seconds: float, private_only: bool) -> None:
     """The evaluation record of round `done`, as train._CompiledRun.evaluation_record writes it."""
     record = {'round': done, 'epsilon': exp.epsilon_after(done),
-              **({} if private_only else train._window_means(self.window)),
-              **{k: train._json_number(v) for k, v in metrics.items()}}
+              **({} if private_only else train.window_means(self.window)),
+              **{k: train.json_number(v) for k, v in metrics.items()}}
     if exp.privacy_caveat:
       record['epsilon_caveat'] = exp.privacy_caveat
     record['seconds'] = seconds
@@ -89,7 +89,7 @@ class _Trial:
 def _start(exp, config, workdir: str) -> None:
   """A fresh start in the trial's workdir: its config.json, its metrics files emptied (an earlier,
   unfinished start of the program is run again), no failure.json of an earlier start."""
-  resolved = train._resolved_config(dataclasses.replace(exp, config=config))
+  resolved = train.resolved_config(dataclasses.replace(exp, config=config))
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
   run_files.write_config(workdir, resolved)
   run_files.cut_back_metrics(workdir, 0, [])

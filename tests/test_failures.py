@@ -275,7 +275,7 @@ def test_a_round_where_every_client_diverged_reports_no_mean_loss():
   assert int(metrics['nonfinite_clients']) == int(metrics['cohort_size']) > 0
   for key in ('train_loss', 'mean_update_norm', 'clipped_fraction'):
     assert np.isnan(float(metrics[key])), key
-  assert train._window_means([metrics, {**metrics, 'train_loss': 2.0}])['train_loss'] == 2.0
+  assert train.window_means([metrics, {**metrics, 'train_loss': 2.0}])['train_loss'] == 2.0
 
 
 def test_diverging_clients_do_not_end_a_run(tmp_path):
