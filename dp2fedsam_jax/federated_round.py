@@ -290,8 +290,9 @@ def train_client(rc: RoundConfig, env: RoundEnv, personal, client_id) -> ClientR
 def zero_privatizer_sums(privatizer: Privatizer, env: RoundEnv, zeros) -> dict:
   """The privatizer's sums before the first chunk: zeros shaped as its client half reports them."""
   state = env.state.privatizer_state
+  # Only shapes are traced, but with a key of its own: no round stream is used twice, even here.
   sums = jax.eval_shape(lambda: {
-      **privatizer.client(state, env.streams.clients, zeros, env.cohort).sums,
+      **privatizer.client(state, jax.random.key(0), zeros, env.cohort).sums,
       **privatizer.statistics(state, jnp.zeros((1,)), jnp.ones((1,), bool)).sums})
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums)
 
