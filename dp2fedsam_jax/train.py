@@ -322,6 +322,18 @@ def train_scalars(metrics: dict, seconds: float, private_only: bool = False) -> 
   return scalars
 
 
+def evaluation_line(exp: Experiment, done: int, metrics: dict, window: list[dict],
+                    private_only: bool = False) -> dict:
+  """Round `done`'s line of metrics.jsonl but its `seconds`: epsilon after it, the training means
+  of the rounds since the last line, the evaluation's metrics and the method's privacy caveat."""
+  record = {'round': done, 'epsilon': exp.epsilon_after(done),
+            **({} if private_only else window_means(window)),
+            **{k: json_number(v) for k, v in metrics.items()}}
+  if exp.privacy_caveat:
+    record['epsilon_caveat'] = exp.privacy_caveat
+  return record
+
+
 def window_means(window: list[dict]) -> dict:
   """The training scalars of the rounds since the last record, for its evaluation line: each a mean
   over the rounds where it is defined (NaN where none trained a client)."""
@@ -510,19 +522,10 @@ class _CompiledRun:
   def evaluation_record(self, state, done: int, window: list[dict]) -> dict:
     """The evaluation record of round `done` (but its `seconds`)."""
     eval_key = self.place(self.exp.eval_key(done))
-    record = {
-        'round': done,
-        'epsilon': self.exp.epsilon_after(done),
-        **({} if self.private_only else window_means(window)),
-        **{k: json_number(v)
-           for k, v in jax.device_get(self.evaluate(state, self.data, eval_key)).items()},
-    }
+    metrics = dict(jax.device_get(self.evaluate(state, self.data, eval_key)))
     if self.validation is not None:  # the same key: a fine-tuned copy is the test's
-      record.update({k: json_number(v) for k, v in jax.device_get(self.evaluate_validation(
-          state, self.validation, eval_key)).items()})
-    if self.exp.privacy_caveat:
-      record['epsilon_caveat'] = self.exp.privacy_caveat
-    return record
+      metrics.update(jax.device_get(self.evaluate_validation(state, self.validation, eval_key)))
+    return evaluation_line(self.exp, done, metrics, window, self.private_only)
 
   def rounds(self, state, start: int, records: list[dict], window: list[dict]) -> dict:
     """Rounds start+1 .. num_rounds; returns the last evaluation record."""

@@ -71,12 +71,8 @@ class _Trial:
     self.window.append({} if private_only else {k: metrics[k] for k in train.TRAIN_SCALARS})
 
   def evaluated(self, exp, done: int, metrics: dict, seconds: float, private_only: bool) -> None:
-    """The evaluation record of round `done`, as train._CompiledRun.evaluation_record writes it."""
-    record = {'round': done, 'epsilon': exp.epsilon_after(done),
-              **({} if private_only else train.window_means(self.window)),
-              **{k: train.json_number(v) for k, v in metrics.items()}}
-    if exp.privacy_caveat:
-      record['epsilon_caveat'] = exp.privacy_caveat
+    """The evaluation record of round `done`, as a run alone writes it (train.evaluation_line)."""
+    record = train.evaluation_line(exp, done, metrics, self.window, private_only)
     record['seconds'] = seconds
     if private_only:
       record = train.private_record(record)
