@@ -48,6 +48,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dp2fedsam_jax.algorithms import pieces
 from dp2fedsam_jax.algorithms.specs import METHODS, MethodSpec
 from dp2fedsam_jax.client import make_client_update
 from dp2fedsam_jax import executors, keys
@@ -98,6 +99,7 @@ class Hyperparameters(NamedTuple):
   sam_rho: Any      # SAM's radius
   server_lr: Any    # line 25's step
   clip_norm: Any    # C (C_0 under adaptive clipping)
+  penalty_weight: Any = 0.0  # lam of the shared phase's penalty (BLUR, DSU's norm, PMTL; 0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,14 +146,29 @@ class RoundConfig:
   def hyperparameters(self) -> Hyperparameters:
     """The searched scalars as this config holds them."""
     lc = self.local_config
+    weight = self.spec.regularizer.lam if self.spec is not None and weighted(self.spec) else 0.0
     return Hyperparameters(lc.lr_shared, lc.lr_personal, lc.sam_rho, self.server_lr,
-                           self.mechanism.clip_norm)
+                           self.mechanism.clip_norm, weight)
 
   def with_hyperparameters(self, hp: Hyperparameters) -> 'RoundConfig':
     """This config with `hp` in place of its scalars (the engine only does arithmetic on them)."""
     local_config = None if self.local_config is None else self.local_config.with_hyperparameters(hp)
-    return dataclasses.replace(self, server_lr=hp.server_lr, local_config=local_config,
+    spec = self.spec
+    if spec is not None and weighted(spec):
+      spec = dataclasses.replace(spec, regularizer=dataclasses.replace(spec.regularizer,
+                                                                       lam=hp.penalty_weight))
+    return dataclasses.replace(self, server_lr=hp.server_lr, local_config=local_config, spec=spec,
                                mechanism=dataclasses.replace(self.mechanism, clip_norm=hp.clip_norm))
+
+
+def weighted(spec: MethodSpec) -> bool:
+  """Whether the method's shared-phase penalty has a weight lam a run sets from its config."""
+  return penalty_weight_field(spec) is not None
+
+
+def penalty_weight_field(spec: MethodSpec) -> str | None:
+  """The config field of the penalty's weight lam (e.g. 'blur_lambda'), None where it has none."""
+  return dict(pieces.knob_pairs(spec.regularizer)).get('lam')
 
 
 def server_step_of(config) -> ServerStep:

@@ -1,8 +1,9 @@
 """A search as one compiled program: the trials of a study (or a selection's final seeds) as an axis.
 
 Within a study every trial has the same method, model, data, sigma, q, T and delta; only scalars
-differ. Those scalars (SEARCHED) enter the round step as a traced pytree, so one compile serves
-every trial, and the trials run as one more mapped axis of the same XLA program:
+differ. Those scalars (SEARCHED, and the weight lam of a method's penalty) enter the round step as
+a traced pytree, so one compile serves every trial, and the trials run as one more mapped axis of
+the same XLA program:
 
     states[k], metrics[k] = round_step(states[k], data, roots[k], hyperparameters[k])   k = 1..K
 
@@ -10,7 +11,8 @@ The trial axis is vmapped where the run's executor vmaps its clients (an acceler
 inside the program (lax.map) where it runs them one by one (the CPU, where a vmapped convolution is a
 slow grouped one). Each trial keeps its own root key (keys.root_key of its training seed: its own
 cohorts, noise and init), clip state and server state. Static choices (method, model, shapes, T,
-sigma's calibration, epochs) must agree across the trials: `one_program_key` says which do.
+sigma's calibration, epochs, a top-k/rand-k keep fraction: k is a shape) must agree across the
+trials: `one_program_key` says which do.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import numpy as np
 
 from dp2fedsam_jax import executors, keys, run_files, stopping
 from dp2fedsam_jax.evaluation import make_validation_evaluate
-from dp2fedsam_jax.federated_round import Hyperparameters
+from dp2fedsam_jax.algorithms.specs import METHODS
+from dp2fedsam_jax.federated_round import Hyperparameters, penalty_weight_field
 
 # config field -> its field of the round's traced bag (federated_round.Hyperparameters)
 SEARCHED = {
@@ -38,25 +41,34 @@ SEARCHED = {
 PER_TRIAL = ('training_seed',)
 
 
+def searched(config) -> dict[str, str]:
+  """SEARCHED, plus the config field of the method's penalty weight lam where it has one
+  (blur_lambda, dsu.lam, pmtl_lambda -> 'penalty_weight')."""
+  field = penalty_weight_field(METHODS.lookup(config.method))
+  return {**SEARCHED, **({field: 'penalty_weight'} if field else {})}
+
+
 def hyperparameters(config) -> dict[str, float]:
-  """The searched scalars of one config, by field name."""
+  """The searched scalars of one config, by their name in the round's bag (a method without a
+  penalty: weight 0, which nothing reads)."""
   flat = run_files.flatten(config.to_dict())
-  return {field: float(flat[field]) for field in SEARCHED}
+  values = {name: float(flat[field]) for field, name in searched(config).items()}
+  return {'penalty_weight': 0.0, **values}
 
 
 def one_program_key(config) -> tuple:
-  """What must agree for two configs to run in one program: every field but SEARCHED and PER_TRIAL
-  (a trial of another method, epoch count or sigma target needs its own program)."""
+  """What must agree for two configs to run in one program: every field but the searched ones and
+  PER_TRIAL (a trial of another method, epoch count, keep fraction or sigma target needs its own)."""
   flat = run_files.flatten(config.to_dict())
-  return tuple(sorted((k, repr(v)) for k, v in flat.items()
-                      if k not in SEARCHED and k not in PER_TRIAL))
+  varying = set(searched(config)) | set(PER_TRIAL)
+  return tuple(sorted((k, repr(v)) for k, v in flat.items() if k not in varying))
 
 
 def stacked_hyperparameters(configs: list) -> Hyperparameters:
   """The configs' searched scalars as the round's bag, each field float32[K]."""
   values = [hyperparameters(c) for c in configs]
-  return Hyperparameters(**{name: jnp.asarray([v[field] for v in values], jnp.float32)
-                            for field, name in SEARCHED.items()})
+  return Hyperparameters(**{name: jnp.asarray([v[name] for v in values], jnp.float32)
+                            for name in Hyperparameters._fields})
 
 
 def maps_trials_in_a_loop(exp) -> bool:

@@ -52,7 +52,7 @@ validation_* metrics (un-noised, they give its score's noise back; experiments/r
 drops them).
 
 Each trial has its own workdir (one writer; skipped when finished). With --one_program=auto (the
-default) the new trials that differ only in searched scalars (search_program.SEARCHED) and their
+default) the new trials that differ only in searched scalars (search_program.searched) and their
 training seed run as one compiled program in the tuner's process (launch/trial_program.py), each
 writing its workdir's files as a run alone; a program stopped mid-way runs its unfinished trials
 again from round 0. Every other trial (alone in its group, differing in a static field such as
@@ -613,7 +613,7 @@ def expected_execution(spec: dict, config, one_program: str = 'auto') -> str:
   from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
   if one_program == 'never' or not runs_in_a_program(config):
     return 'execution: every trial in its own process'
-  static = sorted(set(spec['space']) - set(search_program.SEARCHED))
+  static = sorted(set(spec['space']) - set(search_program.searched(config)))
   if not static:
     return 'execution: the trials as one compiled program (a single trial: its own process)'
   return (f'execution: one compiled program per value of {", ".join(static)} (not searched '
@@ -782,7 +782,7 @@ def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int, programs=(
             + (f'  [no data: {run.missing_data}]' if run.missing_data else ''))
     if programs:
       print(f'execution: {len(programs)} program(s) of {sum(len(g) for g in programs)} trials '
-            '(they differ only in searched scalars: search_program.SEARCHED); the others each in '
+            '(they differ only in searched scalars: search_program.searched); the others each in '
             'its own process')
   count = k if k is not None else cost['naive_trials_at_mean_k']
   rounds = count * rounds_per_run
@@ -820,7 +820,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   flags.DEFINE_float('score_noise', None, "The score's noise s on the sum over clients (private "
                      "methods: > 0); replaces the study's.", **fv)
   flags.DEFINE_enum('one_program', 'auto', ONE_PROGRAM_MODES, 'auto: the new trials that differ only '
-                    'in searched scalars (search_program.SEARCHED: lrs, rho, server lr, C) and their '
+                    'in searched scalars (search_program.searched: lrs, rho, server lr, C, lam) and their '
                     'training seed run as one compiled program in this process, the others each in '
                     'its own process; never: every trial in its own process (launch.sweep).', **fv)
 

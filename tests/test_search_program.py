@@ -1,5 +1,7 @@
 """dp2fedsam_jax/search_program.py: K trials as one program equal each trial run alone."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -69,3 +71,32 @@ def test_trials_that_differ_in_more_than_their_searched_scalars_need_their_own_p
   configs[1].local.personal_epochs = 2
   with pytest.raises(ValueError, match='local.personal_epochs'):
     search_program.SearchProgram.of_configs(configs)
+
+
+@pytest.mark.parametrize('method,field', [('dp_fedavg_blur', 'blur_lambda'), ('pmtl_ft', 'pmtl_lambda')])
+def test_a_penalty_weight_is_searched_as_data(method, field):
+  """lam of the method's penalty is a traced scalar: trials at three lams share one program, and
+  trial i is the run alone at its own lam (a lam left at trial 0's would fail trials 1 and 2)."""
+  configs = _configs(method, executor='sequential')
+  for config, lam in zip(configs, (0.0, 0.5, 5.0)):
+    *parents, leaf = field.split('.')
+    setattr(functools.reduce(getattr, parents, config), leaf, lam)
+  assert search_program.searched(configs[0])[field] == 'penalty_weight'
+  assert len({search_program.one_program_key(c) for c in configs}) == 1
+  program = search_program.SearchProgram.of_configs(configs)
+  np.testing.assert_allclose(program.values.penalty_weight, [0.0, 0.5, 5.0])
+  states = program.run()
+  alone = [_alone(config)[0] for config in configs]
+  for i, state in enumerate(alone):
+    mine = jax.tree.map(lambda x: x[i], states)  # noqa: B023
+    for a, b in zip(jax.tree.leaves(mine.shared), jax.tree.leaves(state.shared)):
+      _close(a, b, f'trial {i} shared')
+  moved = [np.linalg.norm(np.concatenate([np.ravel(a - b) for a, b in zip(
+      jax.tree.leaves(s.shared), jax.tree.leaves(alone[0].shared))])) for s in alone[1:]]
+  assert min(moved) > 1e-4, moved  # lam changes the run: the test above can tell them apart
+
+
+def test_a_method_without_a_penalty_searches_no_weight():
+  config = _configs('dp2fedsam')[0]
+  assert 'penalty_weight' not in search_program.searched(config).values()
+  assert search_program.hyperparameters(config)['penalty_weight'] == 0.0
