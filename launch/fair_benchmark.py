@@ -16,6 +16,9 @@ config>/benchmark.json gathers the entries after each row: the block's law, eps 
 every row with its tuner seed, selected values and the selection's epsilon beside it (what a table
 row prints), and its final runs' status.
 
+A row's new final seeds run through launch.tune.execute_trials: as one compiled program where they
+differ only in config.training_seed (Block.final_seed_field), else one process each (--one_program).
+
 The plan counts E[K] trials a row (the law's mean: K is drawn by launch.tune, secret where it must
 be) plus the final seeds, and times them from committed measurements (COST_* below); it runs nothing.
 """
@@ -105,17 +108,28 @@ def row_dir(root: str, path: str, row) -> str:
   return os.path.join(root, config_name(path), row.name)
 
 
+FINAL_RAN_AS = ("a final seed of one program with the row's other final seeds "
+                '(launch.fair_benchmark)')  # a program's final run, in its sweep.json
+
+
 def final_runs(root: str, path: str, module, block, row, selected: dict) -> list:
-  """[(sweep.Run, config)] of the row's final seeds at the selected values, full training split."""
+  """[(sweep.Run, config)] of the row's final seeds at the selected values, full training split;
+  each seed in the config field block.final_seed_field names (its workdir final/seed=<s> either
+  way)."""
   values = {**block.final_fixed_for(row), **selected}
   texts = tuple(f'--config.{f}={"None" if v is None else config_files.format_value(v)}'
                 for f, v in sorted(values.items()))
   out = []
   for seed in block.final_seeds(row):
-    args = {**block.study(row)['args'], 'seed': seed}
-    config = config_files.apply_overrides(module.get_config(config_files.arg_string(args)), list(texts))
+    if block.final_seed_field == 'seed':  # its own split
+      args, overrides = {**block.study(row)['args'], 'seed': seed}, texts
+    else:  # the block's split; the seed keys cohorts, noise, init and shuffles only
+      args = dict(block.study(row)['args'])
+      overrides = texts + (f'--config.training_seed={config_files.format_value(seed)}',)
+    config = config_files.apply_overrides(module.get_config(config_files.arg_string(args)),
+                                          list(overrides))
     run = sweep.Run(args, os.path.join(row_dir(root, path, row), 'final', f'seed={seed}'),
-                    int(config.num_rounds), config.method, config_name(path), texts,
+                    int(config.num_rounds), config.method, config_name(path), overrides,
                     sweep.missing_data(config))
     out.append((run, config))
   sweep.validate_runs([r for r, _ in out], [c for _, c in out])
@@ -324,11 +338,13 @@ def _read(path: str):
     return json.load(f)
 
 
-def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str | None = None) -> dict:
+def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str | None = None,
+            one_program: str = 'auto') -> dict:
   """Tunes the row (launch.tune resumes or finds its finished search), then its final seeds; writes
   and returns its entry of the block's summary (<row>/row.json). `seed_from` (the block's published
   runs/): a search published there is not run again and its finished final runs count as done.
-  A variant whose base row already selected its pins runs nothing (subsumed_by)."""
+  A variant whose base row already selected its pins runs nothing (subsumed_by). `one_program`
+  (launch.tune's): the trials, and the new final seeds, that share one program's key run as one."""
   if seed_from:
     seed_search(letter, row_name, root, seed_from)
   path, module, block = load_block(letter)
@@ -345,7 +361,7 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
   if tuning is None:
     # Through the tuner, also for a finished search: it skips the finished trials and refuses a
     # plan that changed since (another seed, law or candidates), so no selection outlives its space.
-    tuning = tune.tune(path, root, row.name, parallel=parallel)
+    tuning = tune.tune(path, root, row.name, parallel=parallel, one_program=one_program)
   selected = tuning.get('selected_values')
   entry = {'method': row.method, 'mark': row.mark, 'paper_row': row.paper_row,
            'tuner_seed': row.seed, 'pinned': dict(row.pinned), 'space': block.study(row)['space'],
@@ -359,7 +375,8 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
     if seed_from:
       for workdir, source in sweep.seed_from([r for r, _ in runs], root, seed_from):
         _log(f'seeded  {workdir} from {source}')
-    results = sweep.execute(path, [r for r, _ in runs], parallel, os.path.join(root, '.jax_cache'))
+    results = tune.execute_trials(path, runs, parallel, os.path.join(root, '.jax_cache'),
+                                  one_program, ran_as=FINAL_RAN_AS)
     for run, _ in runs:
       # What the run is, not what this invocation did with it: a restart rewrites the same record.
       status = results.get(run.workdir)
@@ -422,9 +439,11 @@ def write_summary(letter: str, root: str) -> dict:
   return summary
 
 
-def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str | None = None) -> dict:
+def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str | None = None,
+              one_program: str = 'auto') -> dict:
   """The block's rows (all, or `rows`) in order, the summary rewritten after each; `seed_from`: an
-  out_root of --publish (e.g. experiments/results), whose finished pieces count as done."""
+  out_root of --publish (e.g. experiments/results), whose finished pieces count as done;
+  `one_program`: run_row's."""
   _, _, block = load_block(letter)
   source = None
   if seed_from:
@@ -434,7 +453,7 @@ def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str |
     published = os.path.join(published_dir(seed_from, letter), 'runs')
     source = published if os.path.isdir(published) else None  # nothing of the block published yet
   for name in rows or [r.name for r in block.all_rows()]:
-    run_row(letter, name, root, parallel, source)
+    run_row(letter, name, root, parallel, source, one_program)
     write_summary(letter, root)
     _log(f'block ({letter}): row {name} done')
   return write_summary(letter, root)
@@ -548,7 +567,8 @@ def smoke_configs(letter: str, rows=None) -> list[tuple[str, object]]:
     final = final_runs(names, path, module, block, row, candidates[0])[0]
     out += [(f'{letter}:{row.name} trial {k} {candidates[k]}', _cut_to_smoke(config))
             for k, (_, config) in enumerate(trials)]
-    out.append((f'{letter}:{row.name} final seed {final[1].seed}', _cut_to_smoke(final[1])))
+    out.append((f'{letter}:{row.name} final seed {block.final_seeds(row)[0]}',
+                _cut_to_smoke(final[1])))
   return out
 
 
@@ -593,6 +613,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       'reproduction from scratch.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the rows, runs, CPU hours and GPU estimate; run nothing.',
                     **fv)
+  flags.DEFINE_enum('one_program', 'auto', tune.ONE_PROGRAM_MODES, "auto: a row's new trials, and "
+                    'its new final seeds, that differ only in searched scalars and training seed '
+                    'run as one compiled program in this process (launch.tune); never: every run in '
+                    'its own process.', **fv)
   flags.DEFINE_bool('smoke', False, f'Run every config of the blocks (--rows: of those rows) for '
                     f'{SMOKE_ROUNDS} rounds with a small evaluation, in temporary workdirs (nothing '
                     'under --root): a failure shows before the hours are spent. Exit 1 if any fails.',
@@ -625,7 +649,8 @@ def main(argv):
       print(publish(letter, FLAGS.root, FLAGS.publish))
     return
   for letter in FLAGS.blocks:
-    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, seed_from)
+    run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, seed_from,
+              one_program=FLAGS.one_program)
 
 
 if __name__ == '__main__':

@@ -620,17 +620,20 @@ def expected_execution(spec: dict, config, one_program: str = 'auto') -> str:
           'scalars: they change the program) with >= 2 trials; the others each in their own process')
 
 
+PROGRAM_TRIAL = 'a trial of one program with other trials (launch.tune)'  # sweep.json's ran_as
+
+
 def execute_trials(config_path: str, runs, parallel: int, cache_dir: str,
-                   one_program: str = 'auto') -> dict:
+                   one_program: str = 'auto', ran_as: str = PROGRAM_TRIAL) -> dict:
   """Runs the unfinished trials of `runs` ([(run, config)]): each group of execution_plan as one
   program in this process (launch/trial_program.py), then the others through launch.sweep, one
-  process each (finished ones skipped); returns {workdir: status}."""
+  process each (finished ones skipped); returns {workdir: status}. `ran_as`: what a program's run
+  is, in its sweep.json."""
   from launch import trial_program  # pylint: disable=import-outside-toplevel
   results, in_programs = {}, set()
   for group in execution_plan(runs, one_program):
     for index in group:  # the trial's arguments and overrides, as a run alone records them
-      sweep.write_run_record(config_path, runs[index][0],
-                             ran_as='a trial of one program with other trials (launch.tune)')
+      sweep.write_run_record(config_path, runs[index][0], ran_as=ran_as)
     results.update(trial_program.run_trials([runs[i][1] for i in group],
                                             [runs[i][0].workdir for i in group]))
     in_programs.update(group)

@@ -380,7 +380,7 @@ def test_the_sweep_continues_from_the_published_blocks_unless_told_to_start_from
   --root=<fresh root>` never searches a published row again (a second privacy spend); '' turns it off."""
   from absl import flags  # pylint: disable=import-outside-toplevel
   seen = []
-  monkeypatch.setattr(fair_benchmark, 'run_block', lambda letter, root, parallel, rows, seed_from:
+  monkeypatch.setattr(fair_benchmark, 'run_block', lambda letter, root, parallel, rows, seed_from, **_:
                       seen.append(seed_from))
   for argv, expected in (([], fair_benchmark.PUBLISHED_ROOT), (['--seed_from='], None)):
     fv = flags.FlagValues()

@@ -38,6 +38,8 @@ from experiments.configs import _common
 COMMON_KNOBS = ('local.lr_shared', 'server_lr', 'dp.clip_norm')
 FINAL_SEEDS = _common.SEEDS
 CEILING_SEEDS = (0,)
+# The config field a final run's seed goes in (Block.final_seed_field).
+FINAL_SEED_FIELDS = ('seed', 'training_seed')
 VALIDATION_FRACTION = 0.1  # the trials' validation split; the final runs train on every row
 # The regime rule of every block: the non-private ceiling at least this many points above the best
 # private row, else the block is no test of the paper's order (its rows still shown).
@@ -190,8 +192,18 @@ class Block:
   # The ceiling row's own law of K (None: the block's). Only for a non-private ceiling: its trials
   # release unprotected models, so K costs no eps, and more trials measure the room better.
   ceiling_trials: dict | None = None
+  # Where a final run's seed goes. 'seed': config.seed, so each final seed is its own data split,
+  # validation rows and evaluated clients (one process per seed). 'training_seed': every final run
+  # at the block's split (config.seed as the block sets it) and the seed as config.training_seed,
+  # which keys only cohorts, noise, init and local shuffles, so a row's final seeds run as one
+  # program. Paired seeds then share cohorts across the block's rows (one sampling key, N and q).
+  # The final seeds are public and below 2**32: never the key of a tuner's trial (>= 2**32).
+  final_seed_field: str = 'seed'
 
   def __post_init__(self):
+    if self.final_seed_field not in FINAL_SEED_FIELDS:
+      raise ValueError(f'block {self.name}: final_seed_field={self.final_seed_field!r}; choose one '
+                       f'of {FINAL_SEED_FIELDS} (the config field a final run\'s seed sets).')
     if self.ceiling_trials is not None and (
         self.ceiling is None or METHODS[self.ceiling.method].private):
       raise ValueError(f'block {self.name}: ceiling_trials is for a non-private ceiling row; a '
