@@ -257,14 +257,18 @@ def device_memory_bytes() -> int | None:
 
 
 def fit_chunk_size(exp: Experiment, memory_bytes: int | None = None,
-                   headroom: float = 0.8) -> int | None:
+                   headroom: float = 0.8, trials: int = 1) -> int | None:
   """The chunk size that keeps a vmapped round within `headroom` of the device's memory (None: the
   whole cohort fits, or the device does not report its memory). From XLA's memory analysis of the
   compiled round step: once at the full capacity, and only if that does not fit, at chunk sizes 1
-  and 2 (federated_round.fitting_chunk_size extrapolates)."""
+  and 2 (federated_round.fitting_chunk_size extrapolates). `trials`: K trials vmapped in one program
+  (search_program.py) hold K states and K cohorts' chunks beside one copy of the data."""
   memory_bytes = memory_bytes or device_memory_bytes()
   if memory_bytes is None:
     return None
+  if trials > 1:  # each trial's share of what the one copy of the data leaves
+    data = exp.data.nbytes
+    memory_bytes = (data + (headroom * memory_bytes - data) / trials) / headroom
   state = jax.eval_shape(exp.init_state)
 
   def program_bytes(chunk_size):
@@ -394,7 +398,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     logging.info('Already finished: %s holds all %d rounds; nothing to do.', workdir,
                  finished['round'])
     return finished
-  exp, executor_choice = _fit_to_device(build_experiment(config, validated=True), executor_choice)
+  exp, executor_choice = fit_to_device(build_experiment(config, validated=True), executor_choice)
   config = exp.config
   os.makedirs(workdir, exist_ok=True)
   resolved = resolved_config(exp)
@@ -438,12 +442,14 @@ def _placement(executor: str) -> str:
   return f' (over {jax.device_count()} {jax.default_backend()} devices)'
 
 
-def _fit_to_device(exp: Experiment, executor_choice: str) -> tuple[Experiment, str]:
-  """'auto' on an accelerator fits the vmapped cohort to the device's memory (chunk_size)."""
+def fit_to_device(exp: Experiment, executor_choice: str, trials: int = 1,
+                  memory_bytes: int | None = None) -> tuple[Experiment, str]:
+  """'auto' on an accelerator fits the vmapped cohort (of each of `trials` trials vmapped in one
+  program) to the device's memory (chunk_size; `memory_bytes` in place of the device's)."""
   config, executor = exp.config, exp.round_config.executor
   if not (executor_choice and executor.vmaps_whole_chunk):
     return exp, executor_choice
-  chunk_size = fit_chunk_size(exp)
+  chunk_size = fit_chunk_size(exp, memory_bytes, trials=trials)
   if chunk_size is None:
     return exp, executor_choice
   config.chunk_size = chunk_size

@@ -34,18 +34,27 @@ def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def with_resolved_executor(configs: list) -> list:
-  """The configs with executor 'auto' replaced by what a fresh run alone picks on this backend (one
-  choice for all: the trial axis is mapped as that executor maps clients)."""
+def with_resolved_executor(configs: list) -> tuple[list, str]:
+  """(the configs with executor 'auto' replaced by what a fresh run alone picks on this backend, how
+  it was picked: '' when given). One choice for all: the trial axis is mapped as it maps clients."""
   name, chunk_size, how = executors.choose_for_run(configs[0].executor, configs[0].chunk_size, {})
-  if not how:
-    return configs
-  out = []
-  for config in configs:
-    config = config.copy_and_resolve_references()
-    config.executor, config.chunk_size = name, chunk_size
-    out.append(config)
-  return out
+  return [_with_executor(c, name, chunk_size) for c in configs] if how else configs, how
+
+
+def _with_executor(config, name: str, chunk_size: int | None):
+  config = config.copy_and_resolve_references()
+  config.executor, config.chunk_size = name, chunk_size
+  return config
+
+
+def fitted_to_device(program: search_program.SearchProgram, how: str) -> search_program.SearchProgram:
+  """An 'auto' program vmapping its trials on an accelerator: each trial's cohort in chunks that let
+  all K fit the device's memory at once (as a run alone fits its one cohort); the configs say so."""
+  exp, how = train.fit_to_device(program.exp, how, trials=program.num_trials)
+  if exp is program.exp:
+    return program
+  _log(f'program: {how}, K = {program.num_trials} trials at once')
+  return dataclasses.replace(program, exp=exp)
 
 
 @dataclasses.dataclass
@@ -110,8 +119,11 @@ def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]
     if checkpoint.exists(workdir):
       raise ValueError(f'{workdir} holds a checkpoint: a trial stopped in its own process resumes '
                        'there (launch.sweep), not in a program that starts at round 0.')
-  configs = with_resolved_executor(configs)
+  configs, how = with_resolved_executor(configs)
   program = search_program.SearchProgram.of_configs(configs, build)
+  if not program.in_loop:
+    program = fitted_to_device(program, how)
+    configs = [_with_executor(c, c.executor, program.exp.config.chunk_size) for c in configs]
   exp, num_rounds = program.exp, int(configs[0].num_rounds)
   private_only = bool(configs[0].get('private_metrics_only', False))
   with contextlib.ExitStack() as stack:

@@ -1,5 +1,6 @@
 """dp2fedsam_jax/search_program.py: K trials as one program equal each trial run alone."""
 
+import dataclasses
 import functools
 
 import jax
@@ -100,3 +101,25 @@ def test_a_method_without_a_penalty_searches_no_weight():
   config = _configs('dp2fedsam')[0]
   assert 'penalty_weight' not in search_program.searched(config).values()
   assert search_program.hyperparameters(config)['penalty_weight'] == 0.0
+
+
+def test_k_vmapped_trials_fit_the_memory_their_chunks_were_sized_for():
+  """On an accelerator the K trials' cohorts run at once: their chunks are sized for K, not for one
+  (a run alone's chunk would not fit K times beside the data)."""
+  from dp2fedsam_jax.federated_round import program_bytes  # pylint: disable=import-outside-toplevel
+  configs = _configs('dp2fedsam', executor='vmap')
+  program = search_program.SearchProgram.of_configs(configs)
+
+  def bytes_of(prog):
+    states = jax.eval_shape(prog.init_states)
+    return program_bytes(jax.jit(prog.round_step(), donate_argnums=0).lower(
+        states, prog.exp.data, prog.roots, prog.values).compile())
+
+  whole = bytes_of(program)
+  fake = 0.7 * whole / 0.8  # the three whole cohorts at once do not fit
+  exp, how = train.fit_to_device(program.exp, 'auto', trials=3, memory_bytes=fake)
+  chunk = exp.round_config.executor.chunk_size
+  assert chunk is not None and 'fit the device memory' in how, how
+  assert bytes_of(dataclasses.replace(program, exp=exp)) <= 0.8 * fake
+  alone = train.fit_chunk_size(program.exp, memory_bytes=fake)
+  assert alone is None or alone > chunk  # sized for one trial it would be larger
