@@ -23,6 +23,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dp2fedsam_jax import executors, keys, run_files, stopping
 from dp2fedsam_jax.evaluation import make_validation_evaluate
@@ -106,7 +107,7 @@ class SearchProgram:
                          f'({sorted({k for k, _ in differ})}): it needs a program of its own.')
     stacked = stacked_hyperparameters(configs)
     roots = jnp.stack([keys.root_key(c.seed, c.get('training_seed')) for c in configs])
-    return cls(build(configs[0]), stacked, roots)
+    return cls(build(configs[0]), stacked, roots).on_mesh()
 
   @property
   def num_trials(self) -> int:
@@ -116,13 +117,44 @@ class SearchProgram:
   def in_loop(self) -> bool:
     return maps_trials_in_a_loop(self.exp)
 
+  @property
+  def mesh(self) -> Mesh | None:
+    """The devices the trial axis is split over: every device where the trials are vmapped, there
+    are several and they divide K (JAX's SPMD engine partitions the program by trial); else None."""
+    devices = jax.devices()
+    if self.in_loop or len(devices) == 1 or self.num_trials % len(devices):
+      return None
+    return Mesh(np.array(devices), ('trials',))
+
+  @property
+  def trials_per_device(self) -> int:
+    mesh = self.mesh
+    return self.num_trials if mesh is None else self.num_trials // mesh.devices.size
+
+  def on_mesh(self) -> 'SearchProgram':
+    """This program with its per-trial arrays split by trial over the mesh and its data on every
+    device (itself where there is no mesh)."""
+    mesh = self.mesh
+    if mesh is None:
+      return self
+    everywhere = NamedSharding(mesh, PartitionSpec())
+    validation = self.exp.validation
+    exp = dataclasses.replace(self.exp, data=jax.device_put(self.exp.data, everywhere),
+                              validation=None if validation is None else jax.device_put(validation,
+                                                                                       everywhere))
+    by_trial = NamedSharding(mesh, PartitionSpec('trials'))
+    return dataclasses.replace(self, exp=exp, roots=jax.device_put(self.roots, by_trial),
+                               values=jax.device_put(self.values, by_trial))
+
   def init_states(self):
     """Each trial's initial state from its own root (its init key), stacked over the trials."""
     exp = self.exp
 
     def one(root, values, _):
       return exp.init_state(root=root, round_config=exp.round_config.with_hyperparameters(values))
-    return jax.jit(_over_trials(one, self.in_loop))((self.roots, self.values), None)
+    states = jax.jit(_over_trials(one, self.in_loop))((self.roots, self.values), None)
+    mesh = self.mesh
+    return states if mesh is None else jax.device_put(states, NamedSharding(mesh, PartitionSpec('trials')))
 
   def round_step(self) -> Callable:
     """step(states, data, roots, values) -> (states, metrics [K]), to jit once."""

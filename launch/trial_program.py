@@ -49,11 +49,11 @@ def _with_executor(config, name: str, chunk_size: int | None):
 
 def fitted_to_device(program: search_program.SearchProgram, how: str) -> search_program.SearchProgram:
   """An 'auto' program vmapping its trials on an accelerator: each trial's cohort in chunks that let
-  all K fit the device's memory at once (as a run alone fits its one cohort); the configs say so."""
-  exp, how = train.fit_to_device(program.exp, how, trials=program.num_trials)
+  a device's trials all fit its memory at once (as a run alone fits its one cohort)."""
+  exp, how = train.fit_to_device(program.exp, how, trials=program.trials_per_device)
   if exp is program.exp:
     return program
-  _log(f'program: {how}, K = {program.num_trials} trials at once')
+  _log(f'program: {how}, {program.trials_per_device} trials at once on a device')
   return dataclasses.replace(program, exp=exp)
 
 

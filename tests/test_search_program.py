@@ -123,3 +123,26 @@ def test_k_vmapped_trials_fit_the_memory_their_chunks_were_sized_for():
   assert bytes_of(dataclasses.replace(program, exp=exp)) <= 0.8 * fake
   alone = train.fit_chunk_size(program.exp, memory_bytes=fake)
   assert alone is None or alone > chunk  # sized for one trial it would be larger
+
+
+def test_the_trial_axis_is_split_over_the_devices_and_each_trial_is_its_run_alone():
+  """Vmapped trials on several devices (the tests' 8 forced CPU devices): JAX's SPMD engine splits
+  the program by trial; the data is on every device; trial i is still the run alone."""
+  devices = jax.device_count()
+  if devices == 1:
+    pytest.skip('one device: nothing to split (the tests force 8 CPU devices: conftest.py)')
+  configs = [tiny_config(method='dp2fedsam', num_clients=8, sampling_rate=0.5, num_rounds=2,
+                         executor='vmap', validation_fraction=0.25, training_seed=2**40 + i,
+                         **{'local.lr_shared': 0.02 * (i + 1)})
+             for i in range(devices)]
+  program = search_program.SearchProgram.of_configs(configs)
+  assert program.mesh is not None and program.trials_per_device == 1
+  states = program.run()
+  leaf = jax.tree.leaves(states.shared)[0]
+  assert len(leaf.sharding.device_set) == devices and not leaf.sharding.is_fully_replicated
+  for i in (0, devices - 1):
+    state = _alone(configs[i])[0]
+    for a, b in zip(jax.tree.leaves(jax.tree.map(lambda x: x[i], states).shared),  # noqa: B023
+                    jax.tree.leaves(state.shared)):
+      _close(a, b, f'trial {i} shared')
+  assert search_program.SearchProgram.of_configs(configs[:3]).mesh is None  # 3 trials, 8 devices
