@@ -74,7 +74,7 @@ def test_trials_that_differ_in_more_than_their_searched_scalars_need_their_own_p
     search_program.SearchProgram.of_configs(configs)
 
 
-@pytest.mark.parametrize('method,field', [('dp_fedavg_blur', 'blur_lambda'), ('pmtl_ft', 'pmtl_lambda')])
+@pytest.mark.parametrize('method,field', [('dp_fedavg_blur', 'blur_lambda')])  # every penalty's lam: one path
 def test_a_penalty_weight_is_searched_as_data(method, field):
   """lam of the method's penalty is a traced scalar: trials at three lams share one program, and
   trial i is the run alone at its own lam (a lam left at trial 0's would fail trials 1 and 2)."""
@@ -101,6 +101,8 @@ def test_a_method_without_a_penalty_searches_no_weight():
   config = _configs('dp2fedsam')[0]
   assert 'penalty_weight' not in search_program.searched(config).values()
   assert search_program.hyperparameters(config)['penalty_weight'] == 0.0
+  for method, field in (('pmtl_ft', 'pmtl_lambda'), ('dp_pfeddsu', 'dsu.lam')):  # the others' lam
+    assert search_program.searched(_configs(method)[0])[field] == 'penalty_weight'
 
 
 def test_k_vmapped_trials_fit_the_memory_their_chunks_were_sized_for():
