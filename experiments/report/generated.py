@@ -22,6 +22,7 @@ from experiments.report.summary import summarize
 from experiments.report.tables import tables_text
 from experiments.report.tuning import NO_FINITE_EPSILON, load_tunings, tuning_lines
 from experiments.report.workdirs import format_value, load_runs
+from experiments.studies import fair2_pilot
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join('experiments', 'results')
@@ -88,7 +89,7 @@ def fair_plots(repo: str = REPO) -> dict:
 
 def blocks(repo: str = REPO) -> dict:
   """{file relative to the repository: {block name: its lines}}: the generated parts of the two
-  READMEs and of docs/privacy.md."""
+  READMEs, docs/privacy.md and docs/benchmark.md."""
   published = fair_pages.published_blocks(os.path.join(repo, RESULTS))
   paper = study('fmnist_paper_regime', repo)
   field = study('shakespeare_field', repo)
@@ -102,6 +103,7 @@ def blocks(repo: str = REPO) -> dict:
           'tunings': tuning_table_lines(repo)},
       os.path.join('docs', 'privacy.md'): {'audit-seeds': privacy_tables.audit_seed_lines(repo),
                                            'selection-costs': privacy_tables.selection_cost_lines()},
+      os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo)},
   }
 
 

@@ -1,0 +1,75 @@
+"""experiments/studies/fair2_pilot.py: the regime rule and C by rule on runs written here."""
+
+import json
+import math
+import os
+
+import pytest
+
+from experiments.studies import fair2_pilot as pilot
+
+
+def _write_run(root, method, classes, eps, accuracies, norms, clip=0.05, rounds=200):
+  """A run's three files as a run writes them: evaluations every 20 rounds up to `rounds`."""
+  directory = os.path.join(root, method, f'S={classes},eps={eps:g}', 'seed=0')
+  os.makedirs(directory)
+  ends = range(rounds - 20 * (len(accuracies) - 1), rounds + 1, 20)
+  with open(os.path.join(directory, 'metrics.jsonl'), 'w') as f:
+    for end, accuracy in zip(ends, accuracies):
+      f.write(json.dumps({'round': end, 'test_accuracy': accuracy}) + '\n')
+  with open(os.path.join(directory, 'train_metrics.jsonl'), 'w') as f:
+    for index, norm in enumerate(norms, 1):
+      f.write(json.dumps({'round': index, 'mean_update_norm': norm}) + '\n')
+  with open(os.path.join(directory, 'config.json'), 'w') as f:
+    json.dump({'dp': {'clip_norm': clip}}, f)
+
+
+def _regime_runs(root, s5_private, s10_private=None, ceiling=0.80):
+  for classes, private in ((5, s5_private), (10, s10_private)):
+    if private is not None:
+      _write_run(root, 'p_fedsam', classes, math.inf, [ceiling] * 3, [0.2])
+      _write_run(root, 'dp2fedsam', classes, 0.25, [private] * 3, [0.1])
+
+
+def test_a_final_accuracy_is_the_mean_of_the_last_three_evaluations_and_c_the_median_norm(tmp_path):
+  _write_run(str(tmp_path), 'dp2fedsam', 5, 0.25, [0.1, 0.70, 0.72, 0.77], [0.3, 0.1, 0.2, 0.9, 0.05])
+  (run,) = pilot.read_runs(str(tmp_path))
+  assert run.final_accuracy == pytest.approx(73.0) and run.median_update_norm == pytest.approx(0.2)
+  assert (run.classes, run.eps, run.rounds, run.clip_norm, run.finished) == (5, 0.25, 200, 0.05, True)
+
+
+def test_the_first_regime_with_room_is_chosen_in_the_declared_order(tmp_path):
+  root = str(tmp_path)
+  _regime_runs(root, s5_private=0.79, s10_private=0.70)  # S = 5: 1 point of room; S = 10: 10
+  chosen = pilot.regime(pilot.read_runs(root))
+  assert (chosen.classes, chosen.eps) == (10, 0.25) and chosen.room == pytest.approx(10.0)
+
+
+def test_an_earlier_regime_still_running_leaves_the_choice_open(tmp_path):
+  root, running = str(tmp_path / 'finished'), str(tmp_path / 'running')
+  _regime_runs(root, s5_private=0.79, s10_private=0.70)
+  _write_run(running, 'dp2fedsam', 5, 0.25, [0.5], [0.1], rounds=120)
+  unfinished = [r for r in pilot.read_runs(root) if not (r.method == 'dp2fedsam' and r.classes == 5)]
+  unfinished += pilot.read_runs(running)  # S = 5's private run at round 120
+  chosen = pilot.regime(unfinished)
+  assert chosen.classes is None and 'S = 5' in chosen.open_because
+
+
+def test_no_room_anywhere_chooses_nothing(tmp_path):
+  root = str(tmp_path)
+  _regime_runs(root, s5_private=0.795, s10_private=0.79)
+  for classes in (5, 10):
+    _write_run(root, 'dp2fedsam', classes, 1.0, [0.80] * 3, [0.1])
+  chosen = pilot.regime(pilot.read_runs(root))
+  assert chosen.classes is None and chosen.room is None
+
+
+def test_c_by_rule_comes_from_each_familys_run_and_waits_for_it(tmp_path):
+  root = str(tmp_path)
+  _regime_runs(root, s5_private=0.70)
+  runs = pilot.read_runs(root)
+  chosen = pilot.regime(runs)
+  assert pilot.clip_norms(runs, chosen) == {'personal_head': pytest.approx(0.1), 'global_model': None}
+  _write_run(root, 'dp_fedavg', 5, 0.25, [0.6] * 3, [0.4, 0.5, 0.6])
+  runs = pilot.read_runs(root)
+  assert pilot.clip_norms(runs, chosen)['global_model'] == pytest.approx(0.5)
