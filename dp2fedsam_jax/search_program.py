@@ -152,7 +152,10 @@ class SearchProgram:
 
     def one(root, values, _):
       return exp.init_state(root=root, round_config=exp.round_config.with_hyperparameters(values))
-    states = jax.jit(_over_trials(one, self.in_loop))((self.roots, self.values), None)
+    return self.placed(jax.jit(_over_trials(one, self.in_loop))((self.roots, self.values), None))
+
+  def placed(self, states):
+    """Stacked states where the program reads them: split by trial over the mesh, if any."""
     mesh = self.mesh
     return states if mesh is None else jax.device_put(states, NamedSharding(mesh, PartitionSpec('trials')))
 
@@ -199,19 +202,21 @@ class SearchProgram:
 
   def run(self, num_rounds: int | None = None, eval_every: int | None = None,
           on_round: Callable | None = None, on_eval: Callable | None = None,
-          on_start: Callable | None = None):
-    """All trials for num_rounds rounds (the config's by default) in one jitted round step and one
-    jitted evaluation; on_start() once they are compiled, on_round(done, metrics [K]) after each
-    round, on_eval(done, records [K]) at each evaluation (every eval_every rounds and the last).
-    Returns the final states."""
+          on_start: Callable | None = None, on_state: Callable | None = None,
+          start: int = 0, states=None):
+    """All trials to round num_rounds (the config's by default) in one jitted round step and one
+    jitted evaluation, from round `start` at `states` (default: 0, init_states()); on_start() once
+    they are compiled, on_round(done, metrics [K]) after each round, on_eval(done, records [K]) at
+    each evaluation (every eval_every rounds and the last), then on_state(done, states). Returns
+    the final states."""
     config = self.exp.config
     num_rounds = config.num_rounds if num_rounds is None else num_rounds
     eval_every = config.eval_every if eval_every is None else eval_every
-    states = self.init_states()
+    states = self.init_states() if states is None else states
     step, evaluate, validate = self.compiled(states)
     if on_start is not None:
       on_start()
-    for r in range(num_rounds):
+    for r in range(start, num_rounds):
       states, metrics = step(states, self.exp.data, self.roots, self.values)
       done = r + 1
       if on_round is not None:
@@ -223,6 +228,8 @@ class SearchProgram:
           records.update(jax.device_get(validate(states, self.exp.validation, self.roots,
                                                  self.values, at)))
         on_eval(done, records)
+        if on_state is not None:
+          on_state(done, states)
     return states
 
 

@@ -62,6 +62,7 @@ _overrides: list[str] = []  # the --config.x=y flags, taken out before absl pars
 # Overrides a finished or unfinished run may change and still be the same run (see experiments.train).
 _RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.checkpoint_every=',
                         '--config.dp.target_epsilon=')
+RESUMES = 'resume from round '  # Run.status of a run with a checkpoint: RESUMES + its round
 
 
 @dataclasses.dataclass
@@ -112,7 +113,7 @@ class Run:
     # The run restarts from its last checkpoint, which may be past its last evaluation.
     from dp2fedsam_jax import checkpoint  # pylint: disable=import-outside-toplevel
     start = checkpoint.latest_round(self.workdir)
-    return f'resume from round {start}' if start else 'new'
+    return f'{RESUMES}{start}' if start else 'new'
 
 
 def current_names(overrides: list[str]) -> list[str]:

@@ -5,14 +5,14 @@ launch/tune.py runs a group of >= 2 unfinished trials that share search_program.
 way (--one_program=auto). Trial i's workdir gets what a run alone leaves there and the tuner, the
 report and a rerun read: config.json (its own searched values and training_seed; sigma, delta and the
 executor resolved), metrics.jsonl (round, epsilon, the window's training means, the test and
-validation metrics at the same rounds), train_metrics.jsonl (every round), hosts.jsonl and, when it
-finishes, the checkpoint of its last round (experiments.train then finds it finished). A trial whose
+validation metrics at the same rounds), train_metrics.jsonl (every round), hosts.jsonl and, at each
+evaluation, its checkpoint (experiments.train then finds a finished one finished). A trial whose
 release turns NaN/Inf gets failure.json, as a run alone does; the others go on.
 
-The program writes no checkpoint before the end: a program stopped mid-way leaves its trials
-unfinished, and the next start runs them again from round 0 (their metrics files rewritten), while
-trials that finished are skipped. `seconds` in a record is the program's wall time per round (all
-its trials together).
+A program stopped mid-way resumes at the next start from its trials' common last checkpoint (each
+restored, stacked and run on; their metrics files cut back to that round), while trials that
+finished are skipped. `seconds` in a record is the program's wall time per round (all its trials
+together).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dp2fedsam_jax import checkpoint, executors, run_files, search_program, stopping, train
@@ -91,14 +92,17 @@ class _Trial:
     self.writers[1].flush()
 
 
-def _start(exp, config, workdir: str) -> None:
-  """A fresh start in the trial's workdir: its config.json, its metrics files emptied (an earlier,
-  unfinished start of the program is run again), no failure.json of an earlier start."""
+def _start(exp, config, workdir: str, restored: checkpoint.Restored) -> None:
+  """The trial's workdir at the program's start round (its checkpoint's, or 0): config.json (a
+  checkpoint written under another config is refused), the metrics files cut back to that round,
+  no failure.json of an earlier start."""
+  start = int(restored.state.round)
   resolved = train.resolved_config(dataclasses.replace(exp, config=config))
+  run_files.check_same_run(workdir, resolved)
   run_files.check_same_mechanism(workdir, exp.mechanism.record())
   run_files.write_config(workdir, resolved)
-  run_files.cut_back_metrics(workdir, 0, [])
-  run_files.record_host(workdir, 0)
+  run_files.cut_back_metrics(workdir, start, restored.records)
+  run_files.record_host(workdir, start)
   failure = os.path.join(workdir, train_binary.FAILURE_FILE)
   if os.path.exists(failure):
     os.remove(failure)
@@ -106,19 +110,36 @@ def _start(exp, config, workdir: str) -> None:
 
 def _stopped(*unused, **unused_kwargs) -> str:
   del unused, unused_kwargs
-  return (f'{stopping.stopped_by()}: the program\'s unfinished trials start again from round 0 at '
-          'the next start; its finished trials are kept')
+  return (f'{stopping.stopped_by()}: the program\'s trials resume from their last evaluation\'s '
+          'checkpoint at the next start; its finished trials are kept')
+
+
+def start_round(workdirs: list[str]) -> int:
+  """The round the trials resume from together: their common latest checkpoint (0: none)."""
+  rounds = {checkpoint.latest_round(w) for w in workdirs}
+  if len(rounds) > 1:
+    raise ValueError(f'the trials hold checkpoints of different rounds {sorted(rounds)}: each '
+                     'resumes in its own process (launch.sweep), not in one program.')
+  return rounds.pop()
+
+
+def _restored(program, workdirs: list[str]) -> tuple[list[checkpoint.Restored], object]:
+  """Each trial's checkpoint (or its initial state, records and window), and the stacked states."""
+  initial = program.init_states()
+  restored = [checkpoint.restore_run(w, jax.tree.map(lambda x: x[i], initial))  # noqa: B023
+              for i, w in enumerate(workdirs)]
+  if not int(restored[0].state.round):
+    return restored, initial
+  return restored, program.placed(jax.tree.map(lambda *xs: jnp.stack(xs), *[r.state for r in restored]))
 
 
 @stopping.interruptible(_stopped)
 def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]:
-  """Runs `configs` (trials that share search_program.one_program_key and have no checkpoint) as one
-  program for their num_rounds, trial i's files in workdirs[i]; returns {workdir: 'ran' | 'failed
-  (...)'}. Holds every trial's workdir lock while it runs."""
-  for workdir in workdirs:
-    if checkpoint.exists(workdir):
-      raise ValueError(f'{workdir} holds a checkpoint: a trial stopped in its own process resumes '
-                       'there (launch.sweep), not in a program that starts at round 0.')
+  """Runs `configs` (trials that share search_program.one_program_key, with no checkpoint or with
+  checkpoints of one round) as one program to their num_rounds, trial i's files in workdirs[i], each
+  trial's checkpoint written at every evaluation; returns {workdir: 'ran' | 'failed (...)'}. Holds
+  every trial's workdir lock while it runs."""
+  start = start_round(workdirs)
   configs, how = with_resolved_executor(configs)
   program = search_program.SearchProgram.of_configs(configs, build)
   if not program.in_loop:
@@ -129,42 +150,56 @@ def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]
   with contextlib.ExitStack() as stack:
     for workdir in workdirs:
       stack.enter_context(run_files.hold(workdir))
+    restored, states = _restored(program, workdirs)
     trials = []
-    for config, workdir in zip(configs, workdirs):
-      _start(exp, config, workdir)
-      trials.append(_Trial(workdir, stack.enter_context(run_files.metric_writers_for(workdir, 0))))
-    clock = {'round': time.perf_counter(), 'window': time.perf_counter(), 'rounds': 0}
-
-    def on_round(done, metrics):
-      if stopping.stop_requested():  # Ctrl-C / SIGTERM: between two rounds
-        raise stopping.interrupted(_stopped())
-      seconds = time.perf_counter() - clock['round']
-      for i, trial in enumerate(trials):
-        if not trial.failed:
-          trial.round_done(done, {k: np.asarray(v)[i] for k, v in metrics.items()}, seconds,
-                           private_only)
-      clock['rounds'] += 1
-      clock['round'] = time.perf_counter()
-
-    def on_eval(done, records):
-      seconds = (time.perf_counter() - clock['window']) / max(clock['rounds'], 1)
-      for i, trial in enumerate(trials):
-        if not trial.failed:
-          trial.evaluated(exp, done, search_program.trial_records(records, i), seconds, private_only)
-      _log(f'program round {done}/{num_rounds}: {sum(not t.failed for t in trials)} of '
-           f'{len(trials)} trials running')
-      clock.update(window=time.perf_counter(), round=time.perf_counter(), rounds=0)
-
+    for config, workdir, back in zip(configs, workdirs, restored):
+      _start(exp, config, workdir, back)
+      writers = stack.enter_context(run_files.metric_writers_for(workdir, start))
+      trials.append(_Trial(workdir, writers, list(back.records), list(back.window)))
     _log(f'program: {len(trials)} trials of {configs[0].method} in one program '
-         f'({"a loop" if program.in_loop else "vmapped"} over the trials), {num_rounds} rounds')
-
-    def on_start():  # compiled: the rounds' time starts now
-      clock.update(window=time.perf_counter(), round=time.perf_counter())
-
-    states = program.run(num_rounds, on_round=on_round, on_eval=on_eval, on_start=on_start)
-    for i, trial in enumerate(trials):
-      if not trial.failed:
-        checkpoint.save(trial.workdir, jax.tree.map(lambda leaf: leaf[i], states),  # noqa: B023
-                        trial.records, trial.window)
+         f'({"a loop" if program.in_loop else "vmapped"} over the trials), rounds {start + 1}-'
+         f'{num_rounds}')
+    program.run(num_rounds, start=start, states=states,
+                **_callbacks(exp, trials, num_rounds, private_only))
   return {t.workdir: 'failed (FloatingPointError: see failure.json)' if t.failed else 'ran'
           for t in trials}
+
+
+def _callbacks(exp, trials: list[_Trial], num_rounds: int, private_only: bool) -> dict:
+  """SearchProgram.run's on_start, on_round, on_eval and on_state for the trials' files."""
+  clock = {'round': time.perf_counter(), 'window': time.perf_counter(), 'rounds': 0}
+
+  def on_start():  # compiled: the rounds' time starts now
+    clock.update(window=time.perf_counter(), round=time.perf_counter())
+
+  def on_round(done, metrics):
+    if stopping.stop_requested():  # Ctrl-C / SIGTERM: between two rounds
+      raise stopping.interrupted(_stopped())
+    seconds = time.perf_counter() - clock['round']
+    for i, trial in enumerate(trials):
+      if not trial.failed:
+        trial.round_done(done, {k: np.asarray(v)[i] for k, v in metrics.items()}, seconds,
+                         private_only)
+    clock['rounds'] += 1
+    clock['round'] = time.perf_counter()
+
+  def on_eval(done, records):
+    seconds = (time.perf_counter() - clock['window']) / max(clock['rounds'], 1)
+    for i, trial in enumerate(trials):
+      if not trial.failed:
+        trial.evaluated(exp, done, search_program.trial_records(records, i), seconds, private_only)
+    _log(f'program round {done}/{num_rounds}: {sum(not t.failed for t in trials)} of '
+         f'{len(trials)} trials running')
+    clock.update(window=time.perf_counter(), round=time.perf_counter(), rounds=0)
+
+  def on_state(done, states):  # after each evaluation, as a run alone checkpoints
+    del done
+    with stopping.critical():  # a second stop signal waits for the checkpoints
+      for i, trial in enumerate(trials):
+        if not trial.failed:
+          trial.writers[0].flush()  # on disk before the checkpoint claims these rounds
+          checkpoint.save(trial.workdir, jax.tree.map(lambda leaf: leaf[i], states),  # noqa: B023
+                          trial.records, trial.window)
+    clock.update(window=time.perf_counter(), round=time.perf_counter())
+
+  return dict(on_start=on_start, on_round=on_round, on_eval=on_eval, on_state=on_state)

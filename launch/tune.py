@@ -52,11 +52,11 @@ validation_* metrics (un-noised, they give its score's noise back; experiments/r
 drops them).
 
 Each trial has its own workdir (one writer; skipped when finished). With --one_program=auto (the
-default) the new trials that differ only in searched scalars (search_program.searched) and their
-training seed run as one compiled program in the tuner's process (launch/trial_program.py), each
-writing its workdir's files as a run alone; a program stopped mid-way runs its unfinished trials
-again from round 0. Every other trial (alone in its group, differing in a static field such as
-epochs or a keep fraction, stopped with a checkpoint, or all with --one_program=never) is a sweep
+default) the unfinished trials that differ only in searched scalars (search_program.searched) and
+their training seed run as one compiled program in the tuner's process (launch/trial_program.py),
+each writing its workdir's files as a run alone; a program stopped mid-way resumes from its trials'
+common last checkpoint. Every other trial (alone in its group, differing in a static field such as
+epochs or a keep fraction or in its checkpoint's round, or all with --one_program=never) is a sweep
 run (launch/sweep.py's execute: its own process, resumable). --plan shows which. The best
 finished trial by its noised score is selected; a failed trial counts as a trial and is never
 selected. K = 0 (Poisson) trains nothing: the procedure outputs
@@ -77,7 +77,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import cli, metric_writers
+from dp2fedsam_jax import checkpoint, cli, metric_writers
 from experiments import config_files
 from dp2fedsam_jax.privacy import selection
 from launch import sweep
@@ -594,8 +594,8 @@ def runs_in_a_program(config) -> bool:
 
 def execution_plan(runs, one_program: str = 'auto') -> list[list[int]]:
   """The trials that run as one program: each group (>= 2 indices into `runs`, [(run, config)]) of
-  new trials (a finished one is skipped; one with a checkpoint resumes in its own process) with one
-  search_program.one_program_key. Every other trial runs in its own process (launch.sweep): a trial
+  unfinished trials with one search_program.one_program_key and one latest checkpoint round (0:
+  none); a finished one is skipped. Every other trial runs in its own process (launch.sweep): a trial
   alone in its group, one that differs from the others in a static field (epochs, keep fraction,
   method, ...), or every trial with one_program='never'."""
   if one_program == 'never':
@@ -603,8 +603,12 @@ def execution_plan(runs, one_program: str = 'auto') -> list[list[int]]:
   from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
   groups: dict[tuple, list[int]] = {}
   for index, (run, config) in enumerate(runs):
-    if run.status == 'new' and not run.missing_data and runs_in_a_program(config):
-      groups.setdefault(search_program.one_program_key(config), []).append(index)
+    status = run.status
+    if ((status == 'new' or status.startswith(sweep.RESUMES)) and not run.missing_data
+        and runs_in_a_program(config)):
+      # Trials resume together from one round: their common checkpoint's.
+      key = (search_program.one_program_key(config), checkpoint.latest_round(run.workdir))
+      groups.setdefault(key, []).append(index)
   return [group for group in groups.values() if len(group) >= 2]
 
 

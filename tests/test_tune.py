@@ -17,7 +17,7 @@ import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
 
-from dp2fedsam_jax import checkpoint, keys, metric_writers
+from dp2fedsam_jax import checkpoint, keys, metric_writers, stopping
 from experiments import config_files, report
 from launch import sweep, trial_program, tune
 
@@ -619,3 +619,32 @@ def test_a_trial_of_the_program_whose_release_turns_inf_fails_alone(tmp_path):
   assert not os.path.exists(os.path.join(workdirs[0], 'failure.json'))
   assert [r['round'] for r in metric_writers.read_jsonl(os.path.join(workdirs[0], 'metrics.jsonl'))] == [2]
   assert checkpoint.latest_round(workdirs[0]) == 2 and not checkpoint.exists(workdirs[1])
+
+
+def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_same_result(
+    tmp_path, monkeypatch):
+  """Checkpoints at every evaluation: a program stopped in round 2 resumes from round 1's and ends
+  with the same states, records and per-round lines as a program never stopped."""
+  module = sweep.load_config_module(CONFIG)
+  configs = [config_files.apply_overrides(module.get_config(None), [
+      '--config.validation_fraction=0.25', '--config.num_rounds=3', '--config.eval_every=1',
+      f'--config.local.lr_shared={lr}', f'--config.training_seed={2**40 + i}'])
+      for i, lr in enumerate([0.05, 0.2])]
+  whole = [str(tmp_path / 'whole' / f'trial={i}') for i in range(2)]
+  stopped = [str(tmp_path / 'stopped' / f'trial={i}') for i in range(2)]
+  trial_program.run_trials(configs, whole)
+  asked = iter([False, True])  # a stop request arrives before round 2's lines are written
+  monkeypatch.setattr(stopping, 'stop_requested', lambda: next(asked, False))
+  with pytest.raises(KeyboardInterrupt):
+    trial_program.run_trials(configs, stopped)
+  assert [checkpoint.latest_round(w) for w in stopped] == [1, 1]
+  assert tune.execution_plan([(sweep.Run({}, w, 3, 'dp2fedsam', 'tiny'), c)
+                              for w, c in zip(stopped, configs)]) == [[0, 1]]
+  monkeypatch.undo()
+  assert trial_program.run_trials(configs, stopped) == {w: 'ran' for w in stopped}
+  for a, b in zip(whole, stopped):
+    for name in ('metrics.jsonl', 'train_metrics.jsonl'):
+      lines = [metric_writers.read_jsonl(os.path.join(w, name)) for w in (a, b)]
+      strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
+      assert strip(lines[0]) == strip(lines[1]), name
+    assert checkpoint.latest_round(b) == 3
