@@ -648,6 +648,8 @@ def main(argv):
     for letter in FLAGS.blocks:
       print(publish(letter, FLAGS.root, FLAGS.publish))
     return
+  if FLAGS.one_program != 'never':
+    tune.enable_program_cache(FLAGS.root)  # the rows' programs (searches, final seeds) compile here
   for letter in FLAGS.blocks:
     run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, seed_from,
               one_program=FLAGS.one_program)

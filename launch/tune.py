@@ -840,21 +840,26 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return FLAGS([a for a in argv if not a.startswith('--config.')])
 
 
+def enable_program_cache(root: str) -> None:
+  """The programs compiled in this process share the sweep runs' persistent cache (<root>/.jax_cache
+  unless the environment chose one): a restarted program loads its compiled steps."""
+  from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
+  chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
+  jax_cache_log = logging.getLogger('jax._src.compilation_cache')
+  level = jax_cache_log.level
+  jax_cache_log.setLevel(logging.WARNING)  # its 'Resetting cache' line is no news to the operator
+  try:
+    compilation_cache.enable(None if chosen else os.path.join(root, '.jax_cache'))
+  finally:
+    jax_cache_log.setLevel(level)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   search = parse_search_flags(FLAGS.space, FLAGS.trials, FLAGS.score_noise)
   if FLAGS.one_program != 'never' and not FLAGS.plan:
-    # The programs compiled here share the sweep runs' cache: a restarted program loads its own.
-    from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
-    chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
-    jax_cache_log = logging.getLogger('jax._src.compilation_cache')
-    level = jax_cache_log.level
-    jax_cache_log.setLevel(logging.WARNING)  # its 'Resetting cache' line is no news to the operator
-    try:
-      compilation_cache.enable(None if chosen else os.path.join(FLAGS.root, '.jax_cache'))
-    finally:
-      jax_cache_log.setLevel(level)
+    enable_program_cache(FLAGS.root)
   tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
        FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None,
        FLAGS.one_program)

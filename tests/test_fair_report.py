@@ -379,16 +379,18 @@ def test_the_sweep_continues_from_the_published_blocks_unless_told_to_start_from
   """--seed_from defaults to this checkout's experiments/results, so that `launch.fair_benchmark
   --root=<fresh root>` never searches a published row again (a second privacy spend); '' turns it off."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  seen = []
+  seen, caches = [], []
   monkeypatch.setattr(fair_benchmark, 'run_block', lambda letter, root, parallel, rows, seed_from, **_:
                       seen.append(seed_from))
+  # The rows' programs compile in this process: they share the root's cache (not this test's).
+  monkeypatch.setattr(fair_benchmark.tune, 'enable_program_cache', caches.append)
   for argv, expected in (([], fair_benchmark.PUBLISHED_ROOT), (['--seed_from='], None)):
     fv = flags.FlagValues()
     fair_benchmark.define_flags(fv)
     fv(['fair_benchmark', '--root=/tmp/unused', '--blocks=d', *argv])
     monkeypatch.setattr(fair_benchmark, 'FLAGS', fv)
     fair_benchmark.main(['fair_benchmark'])
-    assert seen.pop() == expected
+    assert seen.pop() == expected and caches.pop() == '/tmp/unused'
   assert os.path.isdir(os.path.join(fair_benchmark.PUBLISHED_ROOT, CONFIG, 'runs'))
 
 
