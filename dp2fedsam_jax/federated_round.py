@@ -146,7 +146,8 @@ class RoundConfig:
   def hyperparameters(self) -> Hyperparameters:
     """The searched scalars as this config holds them."""
     lc = self.local_config
-    weight = self.spec.regularizer.lam if self.spec is not None and weighted(self.spec) else 0.0
+    weighted = self.spec is not None and penalty_weight_field(self.spec) is not None
+    weight = self.spec.regularizer.lam if weighted else 0.0
     return Hyperparameters(lc.lr_shared, lc.lr_personal, lc.sam_rho, self.server_lr,
                            self.mechanism.clip_norm, weight)
 
@@ -154,16 +155,11 @@ class RoundConfig:
     """This config with `hp` in place of its scalars (the engine only does arithmetic on them)."""
     local_config = None if self.local_config is None else self.local_config.with_hyperparameters(hp)
     spec = self.spec
-    if spec is not None and weighted(spec):
+    if spec is not None and penalty_weight_field(spec) is not None:
       spec = dataclasses.replace(spec, regularizer=dataclasses.replace(spec.regularizer,
                                                                        lam=hp.penalty_weight))
     return dataclasses.replace(self, server_lr=hp.server_lr, local_config=local_config, spec=spec,
                                mechanism=dataclasses.replace(self.mechanism, clip_norm=hp.clip_norm))
-
-
-def weighted(spec: MethodSpec) -> bool:
-  """Whether the method's shared-phase penalty has a weight lam a run sets from its config."""
-  return penalty_weight_field(spec) is not None
 
 
 def penalty_weight_field(spec: MethodSpec) -> str | None:

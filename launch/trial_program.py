@@ -142,8 +142,9 @@ def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]
   start = start_round(workdirs)
   configs, how = with_resolved_executor(configs)
   program = search_program.SearchProgram.of_configs(configs, build)
-  if not program.in_loop:
-    program = fitted_to_device(program, how)
+  fitted = program if program.in_loop else fitted_to_device(program, how)
+  if fitted is not program:  # each trial's config.json records the chunk it ran with
+    program = fitted
     configs = [_with_executor(c, c.executor, program.exp.config.chunk_size) for c in configs]
   exp, num_rounds = program.exp, int(configs[0].num_rounds)
   private_only = bool(configs[0].get('private_metrics_only', False))
@@ -190,7 +191,7 @@ def _callbacks(exp, trials: list[_Trial], num_rounds: int, private_only: bool) -
         trial.evaluated(exp, done, search_program.trial_records(records, i), seconds, private_only)
     _log(f'program round {done}/{num_rounds}: {sum(not t.failed for t in trials)} of '
          f'{len(trials)} trials running')
-    clock.update(window=time.perf_counter(), round=time.perf_counter(), rounds=0)
+    clock['rounds'] = 0  # the clock restarts after the checkpoints (on_state)
 
   def on_state(done, states):  # after each evaluation, as a run alone checkpoints
     del done
