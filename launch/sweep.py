@@ -24,6 +24,11 @@ recorded in `W/sweep.json` but are not part of W, so a different override in the
 refused by experiments.train when it would change the run (only num_rounds, eval_every and
 dp.target_epsilon may change on resume) — use another --root.
 
+--one_program=auto runs the unfinished runs that differ only in searched scalars (the lrs, rho, C,
+the server lr, lam: dp2fedsam_jax/search_program.py) and training_seed as one compiled program in
+this process (launch/trial_program.py: the runs a mapped axis, each run's files in its workdir as
+experiments.train writes them), then the others one process each: a ladder of lrs compiles once.
+
 Runs go in grid order (with --parallel=k, the next k at a time): a config lists its most wanted
 runs first, and an interrupted sweep has done those.
 
@@ -204,6 +209,12 @@ def workdir_for(root: str, config_name: str, config, args: dict) -> str:
 def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: list[str],
          only: list[str] = ()) -> list[Run]:
   """The runs of a sweep: one per grid entry, with its workdir and the rounds it must reach."""
+  return [run for run, _ in planned(config_path, root, axes, overrides, only)]
+
+
+def planned(config_path: str, root: str, axes: list[tuple[str, list]], overrides: list[str],
+            only: list[str] = ()) -> list[tuple[Run, object]]:
+  """[(run, its resolved config)] of the sweep, one per grid entry (plan's runs)."""
   path, _, fixed = config_path.partition(':')
   module = load_config_module(path)
   base = module.sweep_grid() if hasattr(module, 'sweep_grid') else [{}]
@@ -227,7 +238,7 @@ def plan(config_path: str, root: str, axes: list[tuple[str, list]], overrides: l
                     config.method, name, tuple(overrides), missing[key]))
     configs.append(config)
   validate_runs(runs, configs)
-  return runs
+  return list(zip(runs, configs))
 
 
 SEED_FILES = ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE,
@@ -322,14 +333,25 @@ def _log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
+ONE_PROGRAM_RUN = 'a run of one program with other runs of its sweep (launch.sweep --one_program)'
+
+
 def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel: int = 1,
-              cache_dir: str | None = None, only: list[str] = ()) -> dict:
+              cache_dir: str | None = None, only: list[str] = (), one_program: str = 'never') -> dict:
   """Runs every unfinished run, `parallel` at a time; returns {workdir: status}.
 
   cache_dir: a persistent JAX compilation cache shared by the runs (None: none, or the caller's
-  JAX_COMPILATION_CACHE_DIR).
+  JAX_COMPILATION_CACHE_DIR). one_program='auto': the unfinished runs that differ only in searched
+  scalars (a ladder of lrs, of rho, ...) and their training_seed run as one compiled program in this
+  process, as launch.tune runs a study's trials (each run's files as a run alone writes them; its
+  numbers within float32 reassociation of a run alone's); the others one process each.
   """
-  return execute(config_path, plan(config_path, root, axes, overrides, only), parallel, cache_dir)
+  runs = planned(config_path, root, axes, overrides, only)
+  if one_program == 'never':
+    return execute(config_path, [run for run, _ in runs], parallel, cache_dir)
+  from launch import tune  # pylint: disable=import-outside-toplevel  (tune imports this module)
+  return tune.execute_trials(config_path, runs, parallel, cache_dir, one_program,
+                             ran_as=ONE_PROGRAM_RUN)
 
 
 def execute(config_path: str, runs: list[Run], parallel: int = 1,
@@ -491,6 +513,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
                     'programs. Ignored when JAX_COMPILATION_CACHE_DIR or '
                     'DP2FEDSAM_COMPILATION_CACHE is already set.', **fv)
+  flags.DEFINE_enum('one_program', 'never', ['auto', 'never'], 'auto: the runs that differ only '
+                    'in searched scalars (search_program.SEARCHED, lam) and training_seed run as one '
+                    'compiled program in this process; never: one process per run.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
   flags.DEFINE_string('seed_from', None, 'A folder of committed runs (a report\'s runs/, from '
                       '--copy_runs): its finished runs are copied into the same, empty workdirs '
@@ -548,8 +573,11 @@ def main(argv):
       print(cost)
     return
   cache_dir = os.path.join(FLAGS.root, '.jax_cache') if FLAGS.compilation_cache else None
+  if FLAGS.one_program == 'auto' and FLAGS.compilation_cache:
+    from launch import tune  # pylint: disable=import-outside-toplevel
+    tune.enable_program_cache(FLAGS.root)
   results = run_sweep(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.parallel, cache_dir,
-                      FLAGS.only)
+                      FLAGS.only, FLAGS.one_program)
   failed = [w for w, s in results.items() if s.startswith('failed')]
   counts = {s: sum(1 for v in results.values() if v == s) for s in sorted(set(results.values()))}
   _log(f'sweep: {len(results)} runs: {counts}')

@@ -295,3 +295,38 @@ def test_plan_sums_the_studys_planned_hours_over_the_runs_left(tiny_config_path,
   monkeypatch.setitem(sys.modules, f'experiments.studies.{name}', study)
   assert sweep.planned_cost(tiny_config_path, runs) == (
       'planned cost: ~4.0 h for the 4 runs left (test hours)')  # 2 seeds each
+
+
+LADDER_CONFIG = TINY_CONFIG.replace(
+    "c.method = args.get('method', 'dp2fedsam')",
+    "c.method = args.get('method', 'dp2fedsam')\n  c.local.lr_shared = float(args.get('lr', 0.1))"
+).replace("for m in ('dp2fedsam', 'centaur') for s in (0, 1)]",
+          "for m in ('dp2fedsam',) for s in (0,)] + [dict(lr=0.3), dict(lr=0.03), dict(method='centaur')]")
+
+
+def test_a_ladder_of_searched_scalars_runs_as_one_program_and_each_run_is_its_run_alone(tmp_path):
+  path = tmp_path / 'ladder.py'
+  path.write_text(LADDER_CONFIG)
+  root = str(tmp_path / 'runs')
+  results = sweep.run_sweep(str(path), root, [], [], one_program='auto')
+  assert set(results.values()) == {'ran'} and len(results) == 4
+  ran_as = {}
+  for workdir in results:
+    with open(os.path.join(workdir, 'sweep.json')) as f:
+      ran_as[os.path.relpath(workdir, root)] = json.load(f).get('ran_as')
+  # The three lrs of dp2fedsam in one program; centaur (another method) in its own process.
+  assert sorted(k for k, v in ran_as.items() if v == sweep.ONE_PROGRAM_RUN) == [
+      'ladder/dp2fedsam/default/seed=0', 'ladder/dp2fedsam/lr=0.03/seed=0',
+      'ladder/dp2fedsam/lr=0.3/seed=0']
+  assert ran_as['ladder/centaur/default/seed=0'] is None
+  alone = str(tmp_path / 'alone')
+  module = sweep.load_config_module(str(path))
+  train.train_and_evaluate(module.get_config('lr=0.3'), alone)
+  in_program = os.path.join(root, 'ladder/dp2fedsam/lr=0.3/seed=0')
+  for name in ('metrics.jsonl',):
+    with open(os.path.join(alone, name)) as a, open(os.path.join(in_program, name)) as b:
+      for x, y in zip(map(json.loads, a), map(json.loads, b), strict=True):
+        assert x['round'] == y['round']
+        assert y['test_accuracy'] == pytest.approx(x['test_accuracy'], rel=1e-4, abs=1e-4)
+  again = sweep.run_sweep(str(path), root, [], [], one_program='auto')
+  assert set(again.values()) == {'skipped (done)'}
