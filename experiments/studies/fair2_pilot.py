@@ -120,9 +120,25 @@ def clip_norms(runs: list[PilotRun], chosen: Regime) -> dict[str, float | None]:
           'global_model': global_model and global_model.median_update_norm}
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """The first stage's rules applied to the committed runs."""
+  runs: list
+  regime: Regime
+  clip_norms: dict  # family -> C by rule (None: pending)
+
+
+def chosen(repo: str) -> Outcome:
+  """The regime and C by rule from the pilot runs committed under `repo`."""
+  runs = read_runs(os.path.join(repo, RUNS))
+  picked = regime(runs)
+  return Outcome(runs, picked, clip_norms(runs, picked))
+
+
 def table_lines(repo: str) -> list[str]:
   """docs/benchmark.md's `fair2-pilot` block: the committed runs, the regime and C by rule."""
-  runs = read_runs(os.path.join(repo, RUNS))
+  outcome = chosen(repo)
+  runs = outcome.runs
   lines = ['| run | rounds | final accuracy (%) | median pre-clip norm | C it ran with |',
            '|---|---|---|---|---|']
   for r in runs:
@@ -130,13 +146,13 @@ def table_lines(repo: str) -> list[str]:
     clip = '–' if r.clip_norm is None else f'{r.clip_norm:.4g}'
     lines.append(f'| {r.method}, S = {r.classes}, {eps} | {r.rounds} | {r.final_accuracy:.2f} | '
                  f'{r.median_update_norm:.3f} | {clip} |')
-  chosen = regime(runs)
-  if chosen.classes is None:
-    lines += ['', f'- Regime: open ({chosen.open_because}).']
+  picked = outcome.regime
+  if picked.classes is None:
+    lines += ['', f'- Regime: open ({picked.open_because}).']
   else:
-    lines += ['', f'- Regime: S = {chosen.classes}, ε {chosen.eps:g} (ceiling {chosen.ceiling:.2f} vs '
-              f'{chosen.private:.2f}: {chosen.room:.2f} points of room, {ROOM:g} needed).']
-  for family, value in clip_norms(runs, chosen).items():
+    lines += ['', f'- Regime: S = {picked.classes}, ε {picked.eps:g} (ceiling {picked.ceiling:.2f} vs '
+              f'{picked.private:.2f}: {picked.room:.2f} points of room, {ROOM:g} needed).']
+  for family, value in outcome.clip_norms.items():
     text = 'pending (its pilot run has not finished)' if value is None else f'{value:.3f}'
     lines.append(f'- C by rule, {family.replace("_", "-")} rows: {text}.')
   return lines
