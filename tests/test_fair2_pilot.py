@@ -73,3 +73,44 @@ def test_c_by_rule_comes_from_each_familys_run_and_waits_for_it(tmp_path):
   _write_run(root, 'dp_fedavg', 5, 0.25, [0.6] * 3, [0.4, 0.5, 0.6])
   runs = pilot.read_runs(root)
   assert pilot.clip_norms(runs, chosen)['global_model'] == pytest.approx(0.5)
+
+
+def _ladder_run(root, method, knob, value, accuracy, rounds=20, failed=False):
+  directory = os.path.join(root, method, f'knob={knob},value={value:g}', 'seed=0')
+  os.makedirs(directory)
+  with open(os.path.join(directory, 'metrics.jsonl'), 'w') as f:
+    for end in range(10, rounds + 1, 10):
+      f.write(json.dumps({'round': end, 'test_accuracy': accuracy}) + '\n')
+  if failed:
+    with open(os.path.join(directory, 'failure.json'), 'w') as f:
+      json.dump({'error': 'FloatingPointError'}, f)
+
+
+LADDER = (0.01, 0.0316, 0.1, 0.316, 1.0)
+
+
+def _edge(tmp_path, accuracies, failed=(), rounds=None):
+  for value, accuracy in zip(LADDER, accuracies):
+    _ladder_run(str(tmp_path), 'dp2fedsam', 'client_lr', value, accuracy,
+                rounds=(rounds or {}).get(value, 20), failed=value in failed)
+  runs = pilot.read_ladder_runs(str(tmp_path))
+  return pilot.edge(runs, 'dp2fedsam', 'client_lr', LADDER, 20)
+
+
+def test_the_edge_is_the_first_value_above_the_best_that_fails_or_drops_ten_points(tmp_path):
+  found = _edge(tmp_path, [0.40, 0.60, 0.70, 0.61, 0.30])
+  assert (found.edge, found.top) == (1.0, 0.316)  # 61 is within 10 points of 70; 30 is not
+  assert found.range == (pytest.approx(0.316 / 10 ** 1.5, rel=1e-3), 0.316)
+
+
+def test_a_failed_run_is_an_edge_and_below_the_best_nothing_is(tmp_path):
+  found = _edge(tmp_path, [0.10, 0.60, 0.70, 0.70, 0.70], failed=(0.316,))
+  assert (found.edge, found.top) == (0.316, 0.1)  # the 10 % at 0.01 is under the best, not above
+  assert found.accuracies[3] == (0.316, None)
+
+
+def test_a_ladder_that_never_fails_tops_out_and_an_unfinished_one_is_open(tmp_path):
+  found = _edge(tmp_path / 'a', [0.40, 0.50, 0.60, 0.65, 0.66])
+  assert (found.edge, found.top) == (None, 1.0)
+  found = _edge(tmp_path / 'b', [0.40, 0.50, 0.60, 0.65, 0.66], rounds={0.1: 10})
+  assert found.range is None and found.unfinished == (0.1,) and 'unfinished' in found.open_because

@@ -103,7 +103,8 @@ def blocks(repo: str = REPO) -> dict:
           'tunings': tuning_table_lines(repo)},
       os.path.join('docs', 'privacy.md'): {'audit-seeds': privacy_tables.audit_seed_lines(repo),
                                            'selection-costs': privacy_tables.selection_cost_lines()},
-      os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo)},
+      os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo),
+                                             'fair2-edge': fair2_pilot.edge_lines(repo)},
   }
 
 

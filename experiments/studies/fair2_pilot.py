@@ -156,3 +156,117 @@ def table_lines(repo: str) -> list[str]:
     text = 'pending (its pilot run has not finished)' if value is None else f'{value:.3f}'
     lines.append(f'- C by rule, {family.replace("_", "-")} rows: {text}.')
   return lines
+
+
+# The second stage: the divergence edge of each family's two searched steps
+# (experiments/configs/fair2_edge.py: the ladders and their runs).
+EDGE_RUNS = os.path.join('experiments', 'results', 'fair2_pilot', 'edge')
+EDGE_DROP = 10.0       # points under the ladder's best run that count as diverged
+RANGE_DECADES = 1.5    # a searched range: from the top 1.5 decades down
+
+
+@dataclasses.dataclass(frozen=True)
+class LadderRun:
+  """One run of a ladder: its method, knob ('client_lr' | 'step'), value, last evaluated round and
+  test accuracy there (points; None: it failed, NaN/Inf)."""
+  method: str
+  knob: str
+  value: float
+  rounds: int
+  accuracy: float | None
+
+
+def read_ladder_runs(root: str) -> list[LadderRun]:
+  """Every ladder run under root (<method>/knob=<knob>,value=<value>/seed=0)."""
+  out = []
+  for method in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+    for setting in sorted(os.listdir(os.path.join(root, method))):
+      directory = os.path.join(root, method, setting, 'seed=0')
+      fields = dict(part.split('=') for part in setting.split(','))
+      evaluations = metric_writers.read_jsonl(os.path.join(directory, metric_writers.EVAL_FILE))
+      failed = os.path.exists(os.path.join(directory, 'failure.json'))
+      last = evaluations[-1] if evaluations else {}
+      accuracy = last.get('test_accuracy')
+      if failed or accuracy is None or not math.isfinite(accuracy):
+        accuracy = None
+      out.append(LadderRun(method, fields['knob'], float(fields['value']),
+                           int(last.get('round', 0)), None if accuracy is None else 100 * accuracy))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+  """A ladder read by the rule: its runs by value, the edge (None: not reached) and the range's
+  top (None: open, with why)."""
+  method: str
+  knob: str
+  accuracies: tuple          # ((value, accuracy; None: failed), ...) along the ladder
+  unfinished: tuple = ()     # the values whose runs have not finished (their accuracy: None)
+  edge: float | None = None
+  top: float | None = None
+  open_because: str = ''
+
+  @property
+  def bottom(self) -> float | None:
+    return None if self.top is None else self.top / 10 ** RANGE_DECADES
+
+  @property
+  def range(self) -> tuple[float, float] | None:
+    """The searched law's bounds (4 significant digits), or None while the ladder is open."""
+    return None if self.top is None else (float(f'{self.bottom:.4g}'), float(f'{self.top:.4g}'))
+
+
+def edge(runs: list[LadderRun], method: str, knob: str, ladder: tuple, rounds: int) -> Edge:
+  """The rule: the edge is the first value above the ladder's best run that failed or ended
+  EDGE_DROP points or more under it; the range's top is the value below the edge (the ladder's top
+  when none did: edge not reached)."""
+  found = {r.value: r for r in runs if (r.method, r.knob) == (method, knob)}
+  accuracies = tuple((v, found[v].accuracy if v in found else None) for v in ladder)
+  unfinished = [v for v in ladder if v not in found or (found[v].accuracy is not None
+                                                        and found[v].rounds < rounds)]
+  if unfinished:
+    return Edge(method, knob, accuracies, tuple(unfinished),
+                open_because=f'{len(unfinished)} of its runs unfinished')
+  trained = [(a, i) for i, (_, a) in enumerate(accuracies) if a is not None]
+  if not trained:
+    return Edge(method, knob, accuracies, open_because='every run failed')
+  best, at = max(trained, key=lambda t: (t[0], -t[1]))  # a tie: the smallest value
+  for i in range(at + 1, len(ladder)):
+    accuracy = accuracies[i][1]
+    if accuracy is None or accuracy <= best - EDGE_DROP:
+      return Edge(method, knob, accuracies, edge=ladder[i], top=ladder[i - 1])
+  return Edge(method, knob, accuracies, edge=None, top=ladder[-1])
+
+
+def edges(repo: str) -> dict[tuple[str, str], Edge]:
+  """{(method, knob): Edge} of every ladder of experiments/configs/fair2_edge.py, from the runs
+  committed under `repo`."""
+  from experiments.configs import fair2_edge  # pylint: disable=import-outside-toplevel
+  runs = read_ladder_runs(os.path.join(repo, EDGE_RUNS))
+  return {(m, k): edge(runs, m, k, fair2_edge.ladder(m, k), fair2_edge.T_EDGE)
+          for m in fair2_edge.FAMILIES for k in fair2_edge.KNOBS}
+
+
+def _accuracy_text(value: float, accuracy: float | None, unfinished: tuple) -> str:
+  if value in unfinished:
+    return f'{value:g}: –'
+  return f'{value:g}: ' + ('failed' if accuracy is None else f'{accuracy:.1f}')
+
+
+def edge_lines(repo: str) -> list[str]:
+  """docs/benchmark.md's `fair2-edge` block: each ladder's accuracies, its edge and range."""
+  from experiments.configs import fair2_edge  # pylint: disable=import-outside-toplevel
+  lines = [f'| family (method) | knob | test accuracy at round {fair2_edge.T_EDGE} (%) along the '
+           'ladder | edge | searched range |', '|---|---|---|---|---|']
+  for (method, knob), found in edges(repo).items():
+    family = fair2_edge.FAMILIES[method].replace('_', '-')
+    knob_text = 'client lr' if knob == 'client_lr' else (
+        'server lr' if family == 'ceiling' else 'η_eff')
+    cells = ' · '.join(_accuracy_text(v, a, found.unfinished) for v, a in found.accuracies)
+    if found.range is None:
+      edge_text, range_text = 'open', f'open ({found.open_because})'
+    else:
+      edge_text = 'not reached' if found.edge is None else f'{found.edge:g}'
+      range_text = f'{found.range[0]:.4g} – {found.range[1]:.4g}'
+    lines.append(f'| {family} ({method}) | {knob_text} | {cells} | {edge_text} | {range_text} |')
+  return lines
