@@ -25,6 +25,8 @@ The config declares `tuning_space()`: {study name: spec}, each spec a dict of
                 may then be 0); tuning.json says so, and the report says that only then the tuned
                 values carry no cost on the private clients
   seconds_per_run  optional: a measured time of one trial, for the plan's cost
+  tied          optional: {follower: leader}: the follower field takes the searched leader's value
+                in every candidate (one knob that sets two fields, e.g. a head lr = the client lr)
 
 Secret randomness (Papernot & Steinke's theorems need K secret and the score's noise unknown to
 the reader): K, the K candidates (i.i.d. from `space`), the score noise and the trials' workdir
@@ -96,7 +98,7 @@ PROXY_KINDS = ('public_dataset', 'disjoint_clients')
 _K_STREAM, _CANDIDATE_STREAM, _SCORE_STREAM, _NAME_STREAM, _TRIAL_SEED_STREAM = 0, 1, 2, 3, 4
 SECRET_BITS = 64  # below this a --secret_seed can be guessed: warned
 _SPEC_KEYS = {'args', 'fixed', 'space', 'trials', 'seed', 'selected_by', 'score_noise', 'proxy',
-              'seconds_per_run'}
+              'seconds_per_run', 'tied'}
 
 
 def _log(message: str) -> None:
@@ -199,6 +201,12 @@ def _check_spec(study: str, spec: dict, private: bool = True) -> dict:
   spec.setdefault('fixed', {})
   spec.setdefault('selected_by', PRIVATE_METRIC)
   spec.setdefault('proxy', None)
+  spec.setdefault('tied', {})
+  for follower, leader in spec['tied'].items():
+    if leader not in spec['space'] or follower in spec['space'] or follower in spec['fixed']:
+      raise ValueError(f'study {study!r}: tied[{follower!r}] = {leader!r}: a tied field takes a '
+                       'searched field\'s value, so the leader must be in the space and the '
+                       'follower neither searched nor fixed.')
   spec['distribution'] = selection.TrialDistribution.from_dict(spec['trials'])
   spec['private'] = private
   selected_by, proxy, noise = spec['selected_by'], spec['proxy'], spec.get('score_noise')
@@ -266,7 +274,8 @@ def score_denominator(config) -> int:
 
 
 def candidate(spec: dict, seed: int, index: int) -> dict:
-  """Candidate `index`'s values (4 significant digits), from its own stream of the seed."""
+  """Candidate `index`'s values (4 significant digits), from its own stream of the seed; a tied
+  field (spec['tied']: {follower: leader}) takes its leader's value."""
   rng = np.random.default_rng([seed, _CANDIDATE_STREAM, index])
   values = {}
   for field in sorted(spec['space']):
@@ -278,6 +287,8 @@ def candidate(spec: dict, seed: int, index: int) -> dict:
       x = math.exp(rng.uniform(math.log(lo), math.log(hi))) if law[0] == 'log_uniform' else (
           rng.uniform(lo, hi))
       values[field] = float(f'{x:.4g}')
+  for follower, leader in spec.get('tied', {}).items():
+    values[follower] = values[leader]
   return values
 
 

@@ -648,3 +648,14 @@ def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_sa
       strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
       assert strip(lines[0]) == strip(lines[1]), name
     assert checkpoint.latest_round(b) == 3
+
+
+def test_a_tied_field_takes_its_leaders_value_and_a_bad_tie_is_refused():
+  spec = dict(tune.load_study(CONFIG, 'tiny')[3])
+  spec['tied'] = {'local.lr_personal': 'local.lr_shared'}
+  for index in range(5):
+    values = tune.candidate(spec, 1, index)
+    assert values['local.lr_personal'] == values['local.lr_shared']
+  del spec['distribution']
+  with pytest.raises(ValueError, match='leader must be in the space'):
+    tune._check_spec('tiny', {**spec, 'tied': {'local.lr_personal': 'local.momentum'}})
