@@ -56,6 +56,7 @@ BLOCK_CONFIGS = {
     'c': 'experiments/configs/fair_c_pfeddsu.py',
     'd': 'experiments/configs/fair_d_shakespeare.py',
     'a5': 'experiments/configs/fair_a5_dp2fedsam.py',  # (a)'s declared next step if at its ceiling
+    'e': 'experiments/configs/fair_e_design2.py',  # the second design's one block
 }
 CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block next on a CPU
 SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'
@@ -116,7 +117,7 @@ def final_runs(root: str, path: str, module, block, row, selected: dict) -> list
   """[(sweep.Run, config)] of the row's final seeds at the selected values, full training split;
   each seed in the config field block.final_seed_field names (its workdir final/seed=<s> either
   way)."""
-  values = {**block.final_fixed_for(row), **selected}
+  values = {**block.final_fixed_for(row), **block.tied_values(row, selected)}
   texts = tuple(f'--config.{f}={"None" if v is None else config_files.format_value(v)}'
                 for f, v in sorted(values.items()))
   out = []
@@ -213,10 +214,11 @@ def cpu_hours(block, row, config, kind: str) -> float:
     anchor = 'dsu'
   else:
     anchor = 'sam' if isinstance(spec.shared_optimizer, local.SAM) else 'sgd'
-  seconds = _anchor_seconds(COST_ANCHORS[anchor]) * config.num_rounds / ANCHOR_ROUNDS
+  fixed = dict(block.trial_fixed if kind == 'trial' else block.final_fixed)
+  rounds = int(fixed.get('num_rounds', config.num_rounds))  # a block's trials may be shorter
+  seconds = _anchor_seconds(COST_ANCHORS[anchor]) * rounds / ANCHOR_ROUNDS
   if spec.evaluation.adaptation(LocalConfig.from_config(config)).trains:  # an -FT / -fb evaluation
-    every = int(dict(block.trial_fixed if kind == 'trial' else block.final_fixed)['eval_every'])
-    passes = 2 if kind == 'trial' else config.num_rounds // every
+    passes = 2 if kind == 'trial' else rounds // int(fixed['eval_every'])
     seconds += FINETUNE_PASS_SECONDS * passes
   return seconds / 3600
 
@@ -306,6 +308,8 @@ def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
           f'trial; ceiling: {block.ceiling_reference}'
           + (f'; law {block.ceiling_trials}' if block.ceiling_trials else ''))
     print(f'  regime rule: {block.regime_rule}')
+    for reason in block.pending:
+      print(f'  pending (the block runs nothing until it is decided): {reason}')
     for row, mean_k, finals, hours, status, (eps, one, with_run) in plan['rows']:
       mark = f'  [{row.mark}]' if row.mark else ''
       if not finals and not mean_k:  # a subsumed variant: nothing runs
@@ -345,9 +349,12 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
   runs/): a search published there is not run again and its finished final runs count as done.
   A variant whose base row already selected its pins runs nothing (subsumed_by). `one_program`
   (launch.tune's): the trials, and the new final seeds, that share one program's key run as one."""
+  path, module, block = load_block(letter)
+  if block.pending:
+    raise ValueError(f'block ({letter}) is pending, so none of its trials may run yet: '
+                     + '; '.join(block.pending))
   if seed_from:
     seed_search(letter, row_name, root, seed_from)
-  path, module, block = load_block(letter)
   row = block.row(row_name)
   base = subsumed_by(letter, root, row, seed_from)
   if base is not None:

@@ -42,6 +42,7 @@ PAPER_ROWS = {
     'd': {'dp2fedsam', 'centaur', 'dp_fedavg'},
 }
 PAPER_ROWS['a5'] = PAPER_ROWS['a']  # block (a) on (1000, 5)
+PAPER_ROWS['e'] = PAPER_ROWS['a'] | PAPER_ROWS['c']  # the second design: both tables in one block
 # What each method must search besides the common knobs, written out by hand so that a change of the
 # registry's pieces or of _fair.KNOBS_OF_PIECE that drops a knob fails here.
 HEAD = {'local.lr_personal', 'local.personal_epochs'}
@@ -73,6 +74,8 @@ PAPER_VALUES = {
           'local.lr_personal': 0.5, 'local.personal_epochs': 10, 'eval.adapt_lr': 0.5},
 }
 PAPER_VALUES['a5'] = PAPER_VALUES['a']
+# The second design's ranges come from its pilot's edges, its own-knob grids hold their null values.
+PAPER_VALUES['e'] = {'local.sam_rho': 0.0, 'dsu.lam': 0.0, 'pmtl_lambda': 0.0}
 
 
 def _rows():
@@ -127,9 +130,11 @@ def test_each_space_holds_the_common_and_the_own_knobs_and_no_single_value(lette
   space = block.study(row)['space']
   common = set(_fair.COMMON_KNOBS) - (set() if METHODS[row.method].private else {'dp.clip_norm'})
   pinned = dict(row.pinned)
-  assert pinned == {} or row.why_pinned and row.mark, 'a pinned knob needs its reason and a mark'
+  assert pinned == {} or row.why_pinned and (row.mark or block.design == 2), (
+      "a variant's pinned knob needs its reason and a mark")
+  tied = dict(block.tied)
   for knob in common | EXPECTED_OWN[row.method]:
-    assert knob in space or knob in pinned, knob
+    assert knob in space or knob in pinned or tied.get(knob) in space, knob
   for field, law in space.items():
     assert not _fair.is_single_value(law), (field, law)
 
@@ -193,15 +198,20 @@ def test_a_trial_and_the_final_runs_are_valid_configs(letter, row, tmp_path):
   config_lib.validate_config(trial, METHODS)
   assert trial.validation_fraction == _fair.VALIDATION_FRACTION
   runs = fair_benchmark.final_runs(str(tmp_path), path, module, block, row, values)
-  assert [c.seed for _, c in runs] == list(block.final_seeds(row))
-  assert len(runs) == (1 if block.ceiling and row.name == block.ceiling.name else 3)
+  assert [c[block.final_seed_field] for _, c in runs] == list(block.final_seeds(row))
+  is_ceiling = block.ceiling and row.name == block.ceiling.name
+  assert len(runs) == ({1: 1, 2: 3}[block.design] if is_ceiling else {1: 3, 2: 5}[block.design])
   for run, config in runs:
     assert config.validation_fraction == 0.0 and config.method == row.method
     for field, value in values.items():  # the selection, as the tuner wrote it
       expected = value if isinstance(value, str) else pytest.approx(float(sweep.format_value(value)))
       assert _field(config, field) == expected, field
     assert run.workdir.startswith(str(tmp_path / fair_benchmark.config_name(path) / row.name / 'final'))
-    if METHODS[row.method].private:
+    if METHODS[row.method].private and config.dp.target_epsilon is None:  # sigma fixed for T
+      assert accounting.compute_epsilon(
+          config.dp.noise_multiplier, config.sampling_rate, config.num_rounds, 1 / config.num_clients,
+          accountant=config.dp.accountant) == pytest.approx(block.eps, rel=1e-3)
+    elif METHODS[row.method].private:
       assert config.dp.target_epsilon == block.eps
 
 
@@ -582,3 +592,23 @@ def test_the_clip_diagnostics_leave_the_signal_to_noise_ratio_where_it_was():
                                 'signal_to_noise')
     change = round(100 * (diag / np.mean(seeds) - 1))
     assert change <= 5, row  # C scales signal and noise alike
+
+
+def test_the_second_designs_client_lr_is_one_knob_and_a_pending_block_runs_nothing(tmp_path):
+  path, module, block = BLOCKS['e']
+  row = block.row('dp2fedsam')
+  spec = tune.load_study(path, row.name)[3]
+  assert 'local.lr_personal' not in spec['space'] and spec['tied'] == {
+      'local.lr_personal': 'local.lr_shared'}
+  values = tune.candidate(spec, 7, 0)
+  assert values['local.lr_personal'] == values['local.lr_shared']
+  finals = fair_benchmark.final_runs(str(tmp_path), path, module, block, row,
+                                     {k: v for k, v in values.items() if k != 'local.lr_personal'})
+  assert {c.local.lr_personal for _, c in finals} == {values['local.lr_shared']}
+  assert {c.seed for _, c in finals} == {0} and [c.training_seed for _, c in finals] == [0, 1, 2, 3, 4]
+  pending = dataclasses.replace(block, pending=('T_trial (open)',))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(fair_benchmark, 'load_block', lambda letter: (path, module, pending))
+    with pytest.raises(ValueError, match=r'pending.*T_trial'):
+      fair_benchmark.run_row('e', 'dp2fedsam', str(tmp_path / 'root'), parallel=1)
+  assert not (tmp_path / 'root').exists()  # nothing written

@@ -141,6 +141,8 @@ class Row:
                 whole-model fine-tune of a symmetric-adaptation row); not searched at all when its
                 base row's search already selected every pin (Block.is_subsumed)
   paper_row     the paper's table row this row reproduces ('' for a variant the paper lacks)
+  ranges        ((field, law), ...) that replace the block's range of a field for this row (e.g. a
+                family's steps, from its own pilot)
   """
   name: str
   method: str
@@ -149,6 +151,7 @@ class Row:
   pinned: tuple = ()
   why_pinned: str = ''
   paper_row: str = ''
+  ranges: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +202,17 @@ class Block:
   # program. Paired seeds then share cohorts across the block's rows (one sampling key, N and q).
   # The final seeds are public and below 2**32: never the key of a tuner's trial (>= 2**32).
   final_seed_field: str = 'seed'
+  final_seed_values: tuple = FINAL_SEEDS      # every private row's final seeds
+  ceiling_seed_values: tuple = CEILING_SEEDS  # the ceiling row's
+  # ((follower, leader), ...): the follower field is not searched but takes the leader's drawn value
+  # (launch.tune's spec['tied']), e.g. one client lr for the head and the extractor.
+  tied: tuple = ()
+  # What the block waits for before any trial may run (a pilot's rule not yet decided), each a
+  # sentence; launch.fair_benchmark plans such a block but refuses to run it.
+  pending: tuple = ()
+  # 1: the first design (a small search each row); 2: the second (docs/benchmark.md section 5: C and
+  # the other knobs pinned by a pilot's rule, not by a variant, so a pin needs no mark).
+  design: int = 1
 
   def __post_init__(self):
     if self.final_seed_field not in FINAL_SEED_FIELDS:
@@ -261,13 +275,14 @@ class Block:
 
   def space(self, row: Row) -> dict:
     """The row's search space: the block's range of each of its knobs, less what it pins."""
-    pinned = dict(row.pinned)
-    missing = [k for k in knobs(row.method) if k not in self.ranges and k not in pinned]
+    pinned = {**dict(row.pinned), **dict(self.tied)}  # a tied field follows its leader
+    ranges = {**self.ranges, **dict(row.ranges)}
+    missing = [k for k in knobs(row.method) if k not in ranges and k not in pinned]
     if missing:
       raise ValueError(f'block {self.name}, row {row.name}: no range for {missing}; declare one in '
                        'the block before any trial runs.')
-    extra = tuple(k for k in self.ranges if k.startswith('eval.'))  # a block-wide test-time knob
-    return {k: self.ranges[k] for k in knobs(row.method) + extra if k not in pinned}
+    extra = tuple(k for k in ranges if k.startswith('eval.'))  # a block-wide test-time knob
+    return {k: ranges[k] for k in knobs(row.method) + extra if k not in pinned}
 
   def study(self, row: Row) -> dict:
     """launch.tune's spec of the row (tuning_space()'s value)."""
@@ -275,12 +290,23 @@ class Block:
     args = {'method': row.method, 'eps': self.eps if private else math.inf}
     fixed = {**dict(self.block_fixed), **dict(self.trial_fixed), **dict(row.pinned),
              'validation_fraction': VALIDATION_FRACTION}
+    tied = self.ties(row)
     return dict(args=args, fixed=fixed, space=self.space(row), trials=self.trials_of(row),
                 seed=row.seed, selected_by='validation_accuracy',
-                score_noise=self.score_noise if private else 0.0)
+                score_noise=self.score_noise if private else 0.0, **({'tied': tied} if tied else {}))
 
   def tuning_space(self) -> dict:
     return {r.name: self.study(r) for r in self.all_rows()}
+
+  def ties(self, row: Row) -> dict:
+    """{follower: leader} of the row: each tie whose follower is a knob of its method and whose
+    leader it searches."""
+    space = self.space(row)
+    return {f: leader for f, leader in self.tied if leader in space and f in knobs(row.method)}
+
+  def tied_values(self, row: Row, values: dict) -> dict:
+    """`values` (a candidate or a selection) with each tied field of the row set to its leader's."""
+    return {**values, **{f: values[leader] for f, leader in self.ties(row).items() if leader in values}}
 
   def final_fixed_for(self, row: Row) -> dict:
     """What a final run sets besides the selected values: the block's settings, the row's pins."""
@@ -289,4 +315,4 @@ class Block:
 
   def final_seeds(self, row: Row) -> tuple:
     is_ceiling = self.ceiling is not None and row.name == self.ceiling.name
-    return CEILING_SEEDS if is_ceiling else FINAL_SEEDS
+    return self.ceiling_seed_values if is_ceiling else self.final_seed_values
