@@ -114,3 +114,30 @@ def test_a_ladder_that_never_fails_tops_out_and_an_unfinished_one_is_open(tmp_pa
   assert (found.edge, found.top) == (None, 1.0)
   found = _edge(tmp_path / 'b', [0.40, 0.50, 0.60, 0.65, 0.66], rounds={0.1: 10})
   assert found.range is None and found.unfinished == (0.1,) and 'unfinished' in found.open_because
+
+
+def _ranked(finals, at, rounds=200):
+  """A configuration's validation accuracy by round: `at` at each candidate, `final` at the end."""
+  return {**{t: at for t in pilot.TRIAL_LENGTHS}, rounds - 40: at, rounds - 20: at, rounds: finals}
+
+
+def test_t_trial_is_the_shortest_candidate_whose_ranks_follow_the_full_runs():
+  finals = [0.5 + 0.03 * i for i in range(10)]
+  same_order = [{**_ranked(f, 0.3 + 0.01 * i), 160: f, 180: f} for i, f in enumerate(finals)]
+  found = pilot.trial_length_of(same_order)
+  assert found.rounds == 40 and found.spearman[0] == (40, pytest.approx(1.0))
+  # Shuffled at 40 and 60 rounds, in order from 100: T_trial is 100.
+  shuffled = [dict(r) for r in same_order]
+  for i, r in enumerate(shuffled):
+    r[40] = r[60] = 0.3 + 0.01 * ((i * 7) % 10)
+  found = pilot.trial_length_of(shuffled)
+  assert found.rounds == 100 and found.spearman[0][1] < 0.8
+  for r in shuffled:
+    r[100] = r[40]
+  assert pilot.trial_length_of(shuffled).rounds == 200  # no candidate holds the ranks: T
+
+
+def test_t_trial_is_open_until_ten_configurations_finished():
+  runs = [{40: 0.5, 60: 0.5, 100: 0.5, 160: 0.5, 180: 0.5, 200: 0.5}] * 9 + [{40: 0.5}]
+  found = pilot.trial_length_of(runs)
+  assert found.rounds is None and '9 of 10' in found.open_because

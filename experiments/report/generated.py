@@ -104,7 +104,8 @@ def blocks(repo: str = REPO) -> dict:
       os.path.join('docs', 'privacy.md'): {'audit-seeds': privacy_tables.audit_seed_lines(repo),
                                            'selection-costs': privacy_tables.selection_cost_lines()},
       os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo),
-                                             'fair2-edge': fair2_pilot.edge_lines(repo)},
+                                             'fair2-edge': fair2_pilot.edge_lines(repo),
+                                             'fair2-rank': fair2_pilot.trial_length_lines(repo)},
   }
 
 

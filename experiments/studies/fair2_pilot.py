@@ -270,3 +270,65 @@ def edge_lines(repo: str) -> list[str]:
       range_text = f'{found.range[0]:.4g} – {found.range[1]:.4g}'
     lines.append(f'| {family} ({method}) | {knob_text} | {cells} | {edge_text} | {range_text} |')
   return lines
+
+
+# The trial length (experiments/configs/fair2_rank.py): ten configurations validated along T.
+RANK_RUNS = os.path.join('experiments', 'results', 'fair2_pilot', 'rank')
+TRIAL_LENGTHS = (40, 60, 100)   # the candidates for T_trial, shortest first
+MIN_SPEARMAN = 0.8
+MIN_CONFIGURATIONS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialLength:
+  """The rule's outcome: T_trial (None: open, with why), and Spearman's rho of each candidate."""
+  rounds: int | None
+  spearman: tuple = ()        # ((candidate rounds, rho), ...)
+  configurations: int = 0
+  open_because: str = ''
+
+
+def _validation_by_round(directory: str) -> dict[int, float]:
+  """{round: validation accuracy} of a run; a failed run (failure.json) scores 0 everywhere."""
+  evaluations = metric_writers.read_jsonl(os.path.join(directory, metric_writers.EVAL_FILE))
+  failed = os.path.exists(os.path.join(directory, 'failure.json'))
+  return {int(e['round']): 0.0 if failed or not math.isfinite(e['validation_accuracy']) else
+          float(e['validation_accuracy']) for e in evaluations}
+
+
+def trial_length_of(runs: list[dict[int, float]], rounds: int = NUM_ROUNDS) -> TrialLength:
+  """The smallest candidate of TRIAL_LENGTHS whose validation ranks have Spearman rho >=
+  MIN_SPEARMAN with the ranks of the mean of the last FINAL_EVALUATIONS validations at `rounds`;
+  `rounds` itself when none does. `runs`: each configuration's {round: validation accuracy}."""
+  from scipy import stats  # pylint: disable=import-outside-toplevel
+  finished = [r for r in runs if max(r, default=0) >= rounds]
+  if len(finished) < MIN_CONFIGURATIONS:
+    return TrialLength(None, configurations=len(finished), open_because=(
+        f'{len(finished)} of {MIN_CONFIGURATIONS} configurations finished'))
+  final = [statistics.fmean(v for _, v in sorted(r.items())[-FINAL_EVALUATIONS:]) for r in finished]
+  rhos = []
+  for candidate in TRIAL_LENGTHS:
+    rho = float(stats.spearmanr([r[candidate] for r in finished], final).statistic)
+    rhos.append((candidate, rho))
+  chosen = next((t for t, rho in rhos if rho >= MIN_SPEARMAN), rounds)
+  return TrialLength(chosen, tuple(rhos), len(finished))
+
+
+def trial_length(repo: str) -> TrialLength:
+  """T_trial from the rank runs committed under `repo` (<method>/index=<i>/seed=0)."""
+  root = os.path.join(repo, RANK_RUNS)
+  runs = []
+  for method in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+    for setting in sorted(os.listdir(os.path.join(root, method))):
+      runs.append(_validation_by_round(os.path.join(root, method, setting, 'seed=0')))
+  return trial_length_of(runs)
+
+
+def trial_length_lines(repo: str) -> list[str]:
+  """docs/benchmark.md's `fair2-rank` block: Spearman's rho of each candidate and T_trial."""
+  found = trial_length(repo)
+  if found.rounds is None:
+    return [f'- T_trial: open ({found.open_because}).']
+  rhos = ', '.join(f'{t} rounds {rho:.2f}' for t, rho in found.spearman)
+  return [f'- Spearman ρ with the ranks at T over {found.configurations} configurations: {rhos}.',
+          f'- T_trial: {found.rounds} rounds (the smallest with ρ ≥ {MIN_SPEARMAN:g}; else T).']
