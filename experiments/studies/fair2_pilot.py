@@ -21,6 +21,7 @@ import os
 import statistics
 
 from dp2fedsam_jax import metric_writers
+from experiments.studies import search_spread
 
 RUNS = os.path.join('experiments', 'results', 'fair2_pilot', 'runs')
 REGIMES = ((5, 0.25), (10, 0.25), (5, 1.0), (10, 1.0))  # (classes a client S, eps), in order
@@ -300,7 +301,6 @@ def trial_length_of(runs: list[dict[int, float]], rounds: int = NUM_ROUNDS) -> T
   """The smallest candidate of TRIAL_LENGTHS whose validation ranks have Spearman rho >=
   MIN_SPEARMAN with the ranks of the mean of the last FINAL_EVALUATIONS validations at `rounds`;
   `rounds` itself when none does. `runs`: each configuration's {round: validation accuracy}."""
-  from scipy import stats  # pylint: disable=import-outside-toplevel
   finished = [r for r in runs if max(r, default=0) >= rounds]
   if len(finished) < MIN_CONFIGURATIONS:
     return TrialLength(None, configurations=len(finished), open_because=(
@@ -308,8 +308,7 @@ def trial_length_of(runs: list[dict[int, float]], rounds: int = NUM_ROUNDS) -> T
   final = [statistics.fmean(v for _, v in sorted(r.items())[-FINAL_EVALUATIONS:]) for r in finished]
   rhos = []
   for candidate in TRIAL_LENGTHS:
-    rho = float(stats.spearmanr([r[candidate] for r in finished], final).statistic)
-    rhos.append((candidate, rho))
+    rhos.append((candidate, search_spread.rank_stability([r[candidate] for r in finished], final)))
   chosen = next((t for t, rho in rhos if rho >= MIN_SPEARMAN), rounds)
   return TrialLength(chosen, tuple(rhos), len(finished))
 
