@@ -375,6 +375,9 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
            'selection_epsilon': tuning.get('selection_epsilon'),
            'per_trial_epsilon': tuning.get('per_trial_epsilon'), 'selected_values': selected,
            'final_runs': {}}
+  if block.design == 2:
+    entry.update(selected_score=tuning.get('selected_score'),
+                 search=search_of(block, row, row_dir(root, path, row)))
   if selected is None:
     entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
   else:
@@ -391,6 +394,21 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
           'finished' if status in ('ran', 'skipped (done)') else status)
   _write_json(os.path.join(row_dir(root, path, row), ROW_FILE), entry)
   return entry
+
+
+def search_of(block, row, directory: str) -> dict | None:
+  """The second design's record of a row's search (search_spread.search_record: its pool's tuning
+  curve, the private search's SD, the pool's best) from the operator's file of its trials; None
+  where this root holds no such file (a search seeded from a published one)."""
+  from experiments.studies import search_spread  # pylint: disable=import-outside-toplevel
+  operator = _read(os.path.join(directory, tune.OPERATOR_FILE))
+  if operator is None:
+    return None
+  spec = block.study(row)
+  noise_on_mean = spec['score_noise'] / operator['score_denominator']
+  return search_spread.search_record(
+      operator['trials'], selection.TrialDistribution.from_dict(block.trials_of(row)),
+      noise_on_mean, seed=row.seed)
 
 
 def seed_search(letter: str, row_name: str, root: str, source: str) -> bool:
@@ -441,7 +459,11 @@ def write_summary(letter: str, root: str) -> dict:
              **({'ceiling_trial_law': block.ceiling_trials} if block.ceiling_trials else {}),
              'eps_per_trial': block.eps, 'score_noise': block.score_noise,
              'regime_rule': block.regime_rule, 'ceiling': block.ceiling_reference,
-             'metric': block.metric, 'rows': {n: e for n, e in rows.items() if e is not None}}
+             'metric': block.metric, 'design': block.design,
+             **({'final_seed_field': block.final_seed_field, 'final_seeds': block.final_seed_values,
+                 'ceiling_seeds': block.ceiling_seed_values,
+                 'ceiling_row': block.ceiling and block.ceiling.name} if block.design == 2 else {}),
+             'rows': {n: e for n, e in rows.items() if e is not None}}
   _write_json(os.path.join(root, config_name(path), SUMMARY_FILE), summary)
   return summary
 

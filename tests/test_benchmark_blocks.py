@@ -612,3 +612,32 @@ def test_the_second_designs_client_lr_is_one_knob_and_a_pending_block_runs_nothi
     with pytest.raises(ValueError, match=r'pending.*T_trial'):
       fair_benchmark.run_row('e', 'dp2fedsam', str(tmp_path / 'root'), parallel=1)
   assert not (tmp_path / 'root').exists()  # nothing written
+
+
+def test_a_second_design_row_publishes_its_pools_tuning_curve_and_search_sd(tmp_path, monkeypatch):
+  path, module, block = BLOCKS['e']
+  decided = dataclasses.replace(block, pending=())
+  monkeypatch.setattr(fair_benchmark, 'load_block', lambda letter: (path, module, decided))
+  row = decided.row('dp_fedavg')
+  values = [fair_benchmark.smoke_values(decided.study(row)['space'])[0]] * 3
+  trials = [{'run': f'trial={i}', 'values': v, 'status': 'finished', 'metric': m, 'score': m,
+             'test_accuracy': t} for i, (v, m, t) in enumerate(zip(values, (0.6, 0.7, 0.5),
+                                                                    (0.62, 0.71, 0.49)))]
+  directory = tmp_path / 'fair_e_design2' / 'dp_fedavg'
+  directory.mkdir(parents=True)
+  (directory / tune.OPERATOR_FILE).write_text(json.dumps(
+      {'trials': trials, 'score_denominator': 1000}))
+  monkeypatch.setattr(tune, 'tune', lambda *a, **k: {
+      'status': 'done', 'selected_values': values[1], 'selected_score': 0.7,
+      'selection_epsilon': 0.98, 'per_trial_epsilon': 0.4})
+  monkeypatch.setattr(tune, 'execute_trials', lambda p, runs, *a, **k: {
+      r.workdir: 'ran' for r, _ in runs})
+  entry = fair_benchmark.run_row('e', 'dp_fedavg', str(tmp_path), parallel=1)
+  search = entry['search']
+  assert entry['selected_score'] == 0.7 and search['pool_size'] == 3
+  assert search['pool_best']['run'] == 'trial=1' and search['covered_by_epsilon'] is False
+  assert search['tuning_curve']['mean'][0] == pytest.approx((0.62 + 0.71 + 0.49) / 3)
+  assert len(entry['final_runs']) == 5
+  summary = fair_benchmark.write_summary('e', str(tmp_path))
+  assert summary['design'] == 2 and summary['final_seeds'] == (0, 1, 2, 3, 4)
+  assert summary['rows']['dp_fedavg']['search']['search_sd'] == search['search_sd']

@@ -60,3 +60,22 @@ def test_the_rule_adds_the_searches_spread_to_the_seeds():
 def test_rank_stability_is_spearmans_rho():
   assert ss.rank_stability([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
   assert ss.rank_stability([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+
+
+def test_a_rows_search_record_reads_its_trials_and_a_failed_trial_ranks_last():
+  trials = [{'run': f'trial={i}', 'values': {'x': i}, 'status': 'finished', 'metric': v,
+             'test_accuracy': t} for i, (v, t) in enumerate(zip(POOL.validation, POOL.test))]
+  trials.append({'run': 'trial=4', 'values': {'x': 4}, 'status': 'failed', 'score': None})
+  law = TrialDistribution.from_dict({'name': 'poisson', 'mu': 3.0})
+  record = ss.search_record(trials, law, 0.01, seed=0, resamples=200)
+  assert record['pool_size'] == 5 and record['covered_by_epsilon'] is False
+  assert record['pool_best'] == {'run': 'trial=1', 'values': {'x': 1}, 'validation_accuracy': 0.9,
+                                 'test_accuracy': 0.8}
+  curve = record['tuning_curve']
+  assert curve['k'] == [1, 2, 3, 4, 5]
+  pool = ss.Pool.of(list(POOL.validation) + [-math.inf], list(POOL.test) + [0.0])
+  assert curve['mean'][0] == pytest.approx(float(np.mean(pool.test)))  # one draw: the pool's mean
+  assert 0 < record['search_sd'] < 0.4
+  nothing = ss.search_record(trials[4:], law, 0.01, seed=0, resamples=50)
+  assert nothing['pool_best'] is None and nothing['tuning_curve']['mean'] == [0.0]
+  assert ss.search_record([], law, 0.01, seed=0)['pool_size'] == 0

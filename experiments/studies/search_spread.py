@@ -129,3 +129,37 @@ def rank_stability(early: list[float], late: list[float]) -> float:
     raise ValueError(f'rank stability needs the same >= 3 configurations at both lengths '
                      f'({len(early)}, {len(late)})')
   return float(stats.spearmanr(early, late).statistic)
+
+
+def pool_of_trials(trials: list[dict]) -> Pool:
+  """A row's pool from its search's trials (launch.tune's operator record: each with 'status',
+  the un-noised validation 'metric' and 'test_accuracy'): a trial that failed or did not finish is
+  a draw that ranks last and scores 0 (a search can draw it; it trains nothing)."""
+  validation, test = [], []
+  for trial in trials:
+    finished = trial.get('status') == 'finished' and trial.get('test_accuracy') is not None
+    validation.append(float(trial['metric']) if finished else -math.inf)
+    test.append(float(trial['test_accuracy']) if finished else 0.0)
+  return Pool.of(validation, test)
+
+
+def search_record(trials: list[dict], law: TrialDistribution, score_noise_on_mean: float,
+                  seed: int, resamples: int = 1000) -> dict:
+  """What a row of the second design publishes of its search (row.json's 'search'): the pool's
+  size, its tuning curve to k = K, the private search's SD (the law simulated on the pool), and the
+  pool's validation-best trial ("tuned well"). Accuracies in [0, 1]; measurements of the pool, which
+  no epsilon covers."""
+  if not trials:  # K = 0: no pool
+    return {'pool_size': 0, 'tuning_curve': None, 'search_sd': None, 'pool_best': None,
+            'covered_by_epsilon': False}
+  pool = pool_of_trials(trials)
+  rng = np.random.default_rng(seed)
+  best = int(np.argmax(pool.validation))
+  trained = math.isfinite(pool.validation[best])
+  return {'pool_size': len(pool),
+          'tuning_curve': tuning_curve(pool, len(pool), rng, resamples).to_dict(),
+          'search_sd': search_sd(pool, law, score_noise_on_mean, rng, resamples),
+          'pool_best': {'run': trials[best].get('run'), 'values': trials[best].get('values'),
+                        'validation_accuracy': float(pool.validation[best]),
+                        'test_accuracy': float(pool.test[best])} if trained else None,
+          'covered_by_epsilon': False}
