@@ -10,7 +10,7 @@ import json
 import math
 import os
 
-from experiments.report import fair
+from experiments.report import fair, fair2
 from experiments.report.workdirs import read_json
 
 SUMMARY_FILE = 'benchmark.json'  # launch/fair_benchmark.py's, in each block's runs/
@@ -62,8 +62,15 @@ def ceiling(published: Published, blocks: tuple) -> float | None:
 
 
 def page_text(published: Published, blocks: tuple) -> str:
-  """The block's results.md: settings, its table, the regime rule, the claims and the last rounds."""
+  """The block's results.md: settings, its table, the regime rule, the claims and the last rounds
+  (a second-design block: experiments/report/fair2.py's page)."""
   block, results = published.block, published.results
+  if block.design == 2:
+    return '\n'.join([
+        f'# Fair benchmark, block ({published.letter}) (docs/benchmark.md section 5)', '',
+        'Written by `python3 -m experiments.report` from the files under runs/.', '',
+        f'![every row\'s tuning curve]({PLOT_FILE})', '',
+        *fair2.page_lines(block, results, fair2.row_entries(published.runs, block))])
   epsilons = fair.block_epsilons(block, results)
   top = ceiling(published, blocks)
   return '\n'.join([
@@ -77,8 +84,11 @@ def page_text(published: Published, blocks: tuple) -> str:
 
 
 def plot_data(published: Published, blocks: tuple) -> dict:
-  """What the block's plot draws: each row's seeds, mean and std (points), and the ceiling."""
+  """What the block's plot draws: each row's seeds, mean and std (points), and the ceiling (a
+  second-design block: its rows' tuning curves)."""
   block, results = published.block, published.results
+  if block.design == 2:
+    return fair2.plot_data(published)
   skipped = fair.subsumed(block, results)
   rows = []
   for r in block.rows:
@@ -100,6 +110,10 @@ def draw_plot(data: dict, path: str) -> None:
   """Rows top to bottom as the block lists them: each seed a dot, the mean a diamond with its seed
   std as a bar, the ceiling a dashed line. The data go into the PNG as text (PLOT_DATA_KEY), so
   that a check compares what was drawn, not the bytes of a rendering."""
+  metadata = {PLOT_DATA_KEY: json.dumps(data, sort_keys=True), 'Software': None}
+  if data.get('kind') == 'tuning_curves':
+    fair2.draw_curves(data, path, metadata)
+    return
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -119,7 +133,7 @@ def draw_plot(data: dict, path: str) -> None:
   ax.set_title(data['title'], fontsize=9)
   ax.grid(axis='x', alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, metadata={PLOT_DATA_KEY: json.dumps(data, sort_keys=True), 'Software': None})
+  fig.savefig(path, metadata=metadata)
   plt.close(fig)
 
 

@@ -1,0 +1,205 @@
+"""A second-design block's page (docs/benchmark.md section 5): its rows at five paired seeds, each
+row's search measured (tuning curve, the private search's SD), the regime rule and the verdict on
+each order the papers claim, by the rule that counts the search's spread
+(experiments/studies/search_spread.paired_rule).
+
+Reads what launch/fair_benchmark.py publishes: the rows' final runs (fair.read_row) and each row's
+row.json ('search', 'selected_score'). A row's accuracy at a seed is the mean of its last
+FINAL_EVALUATIONS evaluations. A row whose noised selected validation score is at most chance +
+NOTHING_TRAINS_MARGIN found nothing that trains: shown, without a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from dp2fedsam_jax.algorithms import METHODS
+from experiments.report import fair
+from experiments.report.workdirs import format_value, read_json
+from experiments.studies import search_spread
+
+FINAL_EVALUATIONS = 3
+NOTHING_TRAINS_MARGIN = 0.05
+NUM_CLASSES = 10  # Fashion-MNIST: chance for a global model
+ROW_FILE = 'row.json'
+
+
+def seed_accuracies(result: fair.RowResult, metric: str) -> dict[int, float]:
+  """{seed: the mean of its last FINAL_EVALUATIONS evaluations of `metric`} (fractions)."""
+  return {seed: float(np.mean([e[metric] for e in evaluations[-FINAL_EVALUATIONS:]]))
+          for seed, (evaluations, _) in sorted(result.records.items())}
+
+
+def row_entries(runs: str, block) -> dict:
+  """{row name: its row.json} of the rows published under `runs` (absent: not there yet)."""
+  out = {}
+  for row in block.all_rows():
+    path = os.path.join(runs, row.name, ROW_FILE)
+    if os.path.exists(path):
+      out[row.name] = read_json(path)
+  return out
+
+
+def chance(row, result: fair.RowResult) -> float:
+  """A row's chance accuracy: 1/S for a personal head (each client holds S classes), 1/10 for a
+  global model."""
+  if not METHODS[row.method].personal_phase:
+    return 1 / NUM_CLASSES
+  config = next(iter(result.configs.values()), {})
+  return 1 / int(config.get('classes_per_client') or NUM_CLASSES)
+
+
+def trains(row, result: fair.RowResult, entry: dict | None) -> bool | None:
+  """Whether the row's search found something that trains (None: its search has not finished)."""
+  score = (entry or {}).get('selected_score')
+  if score is None:
+    return None
+  return score > chance(row, result) + NOTHING_TRAINS_MARGIN
+
+
+def _search_sd(entry: dict | None) -> float:
+  value = ((entry or {}).get('search') or {}).get('search_sd')
+  return math.nan if value is None else float(value)
+
+
+def verdicts(block, results: dict, entries: dict) -> list[dict]:
+  """One entry per claim and pair of rows: paired_rule on their common seeds, d and s in points;
+  'no verdict' where a row found nothing that trains, 'undecided' before both have 2 seeds and a
+  search SD."""
+  out = []
+  for claim, better, worse in block.claim_pairs():
+    entry = {'claim': claim, 'better': better, 'worse': worse, 'd': math.nan, 's': math.nan}
+    found = [trains(r, results[r.name], entries.get(r.name)) for r in (better, worse)]
+    a, b = (seed_accuracies(results[r.name], block.metric) for r in (better, worse))
+    seeds = sorted(set(a) & set(b))
+    sds = [_search_sd(entries.get(r.name)) for r in (better, worse)]
+    if False in found:
+      out.append({**entry, 'verdict': 'no verdict (a row found nothing that trains)'})
+      continue
+    if None in found or len(seeds) < 2 or any(math.isnan(sd) for sd in sds):
+      out.append({**entry, 'verdict': 'undecided'})
+      continue
+    label, d, s = search_spread.paired_rule([a[x] for x in seeds], [b[x] for x in seeds], *sds,
+                                            min_gap=fair.MIN_GAP)
+    out.append({**entry, 'verdict': fair.VERDICT[label], 'd': 100 * d, 's': 100 * s})
+  return out
+
+
+def _points(values) -> tuple[float, float]:
+  values = [100 * v for v in values]
+  return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+def ceiling_accuracy(block, results: dict) -> float | None:
+  """The ceiling row's mean over its seeds (points), None before one finished."""
+  seeds = seed_accuracies(results[block.ceiling.name], block.metric)
+  return _points(seeds.values())[0] if seeds else None
+
+
+def regime(block, results: dict, entries: dict) -> str:
+  """The regime rule once every row that trains has its seeds and the ceiling its own."""
+  top = ceiling_accuracy(block, results)
+  counted = {r.name: seed_accuracies(results[r.name], block.metric) for r in block.rows
+             if trains(r, results[r.name], entries.get(r.name))}
+  short = sorted(n for n, s in counted.items() if len(s) < len(block.final_seed_values))
+  if top is None or short or not counted:
+    missing = (['the ceiling'] if top is None else []) + short
+    return f"pending: {', '.join(missing) or 'every row'}"
+  return block.regime(top, {n: _points(s.values())[0] for n, s in counted.items()})
+
+
+def row_lines(block, results: dict, entries: dict) -> list[str]:
+  lines = ['| row | final accuracy (%), mean ± seed std | seeds | search SD (points) | '
+           'pool: trials, best at T_trial (%) | selected values | ε of the selection |',
+           '|---|---|---|---|---|---|---|']
+  for row in block.all_rows():
+    result, entry = results[row.name], entries.get(row.name) or {}
+    seeds = seed_accuracies(result, block.metric)
+    mean, std = _points(seeds.values()) if seeds else (math.nan, math.nan)
+    accuracy = '–' if not seeds else f'{mean:.2f}' + ('' if math.isnan(std) else f' ± {std:.2f}')
+    if trains(row, result, entry) is False:
+      accuracy += ' (found nothing that trains)'
+    search = entry.get('search') or {}
+    sd = search.get('search_sd')
+    best = search.get('pool_best') or {}
+    pool = ('–' if not search else f"{search['pool_size']}, " + (
+        f"{100 * best['test_accuracy']:.2f}" if best else 'none trained'))
+    values = ', '.join(f'{k} {format_value(v)}' for k, v in sorted(
+        (entry.get('selected_values') or {}).items()))
+    eps = entry.get('selection_epsilon')
+    eps_text = ('non-private' if not METHODS[row.method].private else
+                '–' if eps is None else f'{eps:.3f}')
+    label = row.paper_row or row.name
+    lines.append(f"| {label}{f' [{row.mark}]' if row.mark else ''} | {accuracy} | {len(seeds)} | "
+                 f"{'–' if sd is None else f'{100 * sd:.2f}'} | {pool} | {values or '–'} | "
+                 f'{eps_text} |')
+  return lines
+
+
+def verdict_lines(entries: list[dict]) -> list[str]:
+  lines = ['| claim (paper) | better | worse | d (points) | s (points) | verdict |',
+           '|---|---|---|---|---|---|']
+  for e in entries:
+    d = '–' if math.isnan(e['d']) else f"{e['d']:+.2f}"
+    s = '–' if math.isnan(e['s']) else f"{e['s']:.2f}"
+    lines.append(f"| {e['claim'].source} | {e['better'].name} | {e['worse'].name} | {d} | {s} | "
+                 f"{e['verdict']} |")
+  return lines
+
+
+def page_lines(block, results: dict, entries: dict) -> list[str]:
+  """The block's part of its results.md: rows, regime, verdicts and what no ε covers."""
+  return [
+      f'Second design: law {block.trials} (the ceiling {block.ceiling_trials}), ε {block.eps:g} per '
+      f'run, final seeds {", ".join(map(str, block.final_seed_values))} as training seeds; the '
+      f'metric the mean of the last {FINAL_EVALUATIONS} evaluations.', '',
+      *row_lines(block, results, entries), '',
+      f'Regime rule: {block.regime_rule}. Outcome: {regime(block, results, entries)}.', '',
+      'The rule: d the mean of the paired per-seed differences, s² their variance plus both rows\' '
+      'search variance; holds if d ≥ max(1 point, 2 s), contradicted if d ≤ −max(1 point, 2 s), else '
+      'level.', '',
+      *verdict_lines(verdicts(block, results, entries)), '',
+      'Limits:', '',
+      '- The pools (tuning curves, search SD, the pool\'s best) are measurements no ε covers; '
+      'publishing them tells K.',
+      '- A trial\'s test accuracy is at T_trial, not T: the curves and the search SD are in '
+      'short-trial units.',
+      '- One split, one ε, one T; the rows use the same clients, each row\'s ε is its own.', '']
+
+
+def plot_data(published) -> dict:
+  """Each row's tuning curve (points, with its band) for the block's plot."""
+  curves = []
+  entries = row_entries(published.runs, published.block)
+  for row in published.block.all_rows():
+    curve = ((entries.get(row.name) or {}).get('search') or {}).get('tuning_curve')
+    if curve:
+      curves.append({'row': row.paper_row or row.name,
+                     **{k: [round(100 * v, 4) for v in curve[k]] for k in ('mean', 'low', 'high')},
+                     'k': curve['k']})
+  return {'kind': 'tuning_curves', 'title': f'block ({published.letter}): {published.block.paper}',
+          'curves': curves}
+
+
+def draw_curves(data: dict, path: str, metadata: dict) -> None:
+  """Each row's expected test accuracy of the validation-best of k trials, k = 1..K, with its
+  bootstrap band (Dodge et al. 2019)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=120)
+  for curve in data['curves']:
+    line, = ax.plot(curve['k'], curve['mean'], label=curve['row'])
+    ax.fill_between(curve['k'], curve['low'], curve['high'], color=line.get_color(), alpha=0.15)
+  ax.set_xlabel('k trials drawn from the row\'s pool')
+  ax.set_ylabel('expected test accuracy of the validation-best (%), at T_trial')
+  ax.set_title(data['title'], fontsize=9)
+  if data['curves']:
+    ax.legend(fontsize=7, loc='lower right')
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, metadata=metadata)
+  plt.close(fig)
