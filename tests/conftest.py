@@ -137,6 +137,17 @@ def flat_config(path):
           **{f'{k}.{kk}': vv for k, v in config.items() if isinstance(v, dict) for kk, vv in v.items()}}
 
 
+def write_run_file(path: str, value) -> None:
+  """A run's file as the engine writes it: a list as JSON lines (metrics.jsonl), else one JSON
+  document (config.json); its folders made."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    if isinstance(value, list):
+      f.writelines(json.dumps(v) + '\n' for v in value)
+    else:
+      json.dump(value, f)
+
+
 def differing_fields(config: dict, other: dict) -> set:
   """The fields of two flat configs (flat_config) whose values differ, or that only one has."""
   return {k for k in config.keys() | other.keys() if config.get(k) != other.get(k)}

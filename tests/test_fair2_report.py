@@ -5,10 +5,10 @@ README's headline holds the second design's block with the first design's pages 
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
+from conftest import write_run_file
 
 from experiments.report import fair2, fair_pages, findings
 from launch import fair_benchmark
@@ -17,13 +17,7 @@ PATH, MODULE, BLOCK = fair_benchmark.load_block('e')
 NAME = fair_benchmark.config_name(PATH)
 
 
-def _write(path, value):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'w') as f:
-    if isinstance(value, list):
-      f.writelines(json.dumps(v) + '\n' for v in value)
-    else:
-      json.dump(value, f)
+_write = write_run_file
 
 
 def _row(runs, name, accuracies, score, search_sd=0.002, seeds=range(5)):

@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+from conftest import write_run_file
 
 from experiments.studies import fair as _fair
 from experiments.report import fair as fair_report
@@ -19,13 +20,7 @@ PATH, MODULE, BLOCK = fair_benchmark.load_block('a')
 CONFIG = fair_benchmark.config_name(PATH)
 
 
-def _write(path, value):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'w') as f:
-    if isinstance(value, list):
-      f.writelines(json.dumps(v) + '\n' for v in value)
-    else:
-      json.dump(value, f)
+_write = write_run_file
 
 
 def _final(root, row, seed, accuracy, rounds=200, num_rounds=200):
