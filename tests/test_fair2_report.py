@@ -5,6 +5,7 @@ README's headline holds the second design's block with the first design's pages 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -97,3 +98,16 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   headline = [line for line in lines if line.startswith('| [(')]
   assert len(headline) == 1 and headline[0].startswith('| [(e)]')
   assert all(f'({p.letter})' in '\n'.join(lines) for p in first_design)  # listed, not headlined
+
+
+def test_tuned_well_is_the_pool_bests_difference_and_a_disagreement_is_marked(results):
+  runs = os.path.join(results, NAME, 'runs')
+  entry_path = os.path.join(runs, 'centaur', 'row.json')
+  with open(entry_path) as f:
+    entry = json.load(f)
+  entry['search']['pool_best']['test_accuracy'] = 0.90  # above dp2fedsam's pool best, 0.83
+  _write(entry_path, entry)
+  verdicts, _, _ = _verdicts(results)
+  pair = verdicts[('dp2fedsam', 'centaur')]
+  assert pair['verdict'] == 'holds' and pair['pool_d'] == pytest.approx(-7.0) and pair['disagree']
+  assert not verdicts[('dp2fedsam', 'dp_fedsam')]['disagree']  # level: nothing to contradict

@@ -65,13 +65,21 @@ def _search_sd(entry: dict | None) -> float:
   return math.nan if value is None else float(value)
 
 
+def _pool_best(entry: dict | None) -> float:
+  best = ((entry or {}).get('search') or {}).get('pool_best') or {}
+  return float(best.get('test_accuracy', math.nan))
+
+
 def verdicts(block, results: dict, entries: dict) -> list[dict]:
-  """One entry per claim and pair of rows: paired_rule on their common seeds, d and s in points;
-  'no verdict' where a row found nothing that trains, 'undecided' before both have 2 seeds and a
-  search SD."""
+  """One entry per claim and pair of rows: paired_rule on their common seeds, d and s in points
+  ("tuned privately"); 'no verdict' where a row found nothing that trains, 'undecided' before both
+  have 2 seeds and a search SD. 'pool_d': the pool-best trials' difference in points ("tuned
+  well", at T_trial), and 'disagree' where its sign contradicts a decided verdict."""
   out = []
   for claim, better, worse in block.claim_pairs():
-    entry = {'claim': claim, 'better': better, 'worse': worse, 'd': math.nan, 's': math.nan}
+    pool_d = 100 * (_pool_best(entries.get(better.name)) - _pool_best(entries.get(worse.name)))
+    entry = {'claim': claim, 'better': better, 'worse': worse, 'd': math.nan, 's': math.nan,
+             'pool_d': pool_d, 'disagree': False}
     found = [trains(r, results[r.name], entries.get(r.name)) for r in (better, worse)]
     a, b = (seed_accuracies(results[r.name], block.metric) for r in (better, worse))
     seeds = sorted(set(a) & set(b))
@@ -84,7 +92,9 @@ def verdicts(block, results: dict, entries: dict) -> list[dict]:
       continue
     label, d, s = search_spread.paired_rule([a[x] for x in seeds], [b[x] for x in seeds], *sds,
                                             min_gap=fair.MIN_GAP)
-    out.append({**entry, 'verdict': fair.VERDICT[label], 'd': 100 * d, 's': 100 * s})
+    verdict = fair.VERDICT[label]
+    disagree = (verdict == 'holds' and pool_d < 0) or (verdict == 'contradicted' and pool_d > 0)
+    out.append({**entry, 'verdict': verdict, 'd': 100 * d, 's': 100 * s, 'disagree': disagree})
   return out
 
 
@@ -140,13 +150,15 @@ def row_lines(block, results: dict, entries: dict) -> list[str]:
 
 
 def verdict_lines(entries: list[dict]) -> list[str]:
-  lines = ['| claim (paper) | better | worse | d (points) | s (points) | verdict |',
-           '|---|---|---|---|---|---|']
+  lines = ['| claim (paper) | better | worse | d (points) | s (points) | tuned privately | '
+           'tuned well: pool bests (points, T_trial) |', '|---|---|---|---|---|---|---|']
   for e in entries:
     d = '–' if math.isnan(e['d']) else f"{e['d']:+.2f}"
     s = '–' if math.isnan(e['s']) else f"{e['s']:.2f}"
+    pool = '–' if math.isnan(e['pool_d']) else f"{e['pool_d']:+.2f}" + (
+        ' (the orders disagree)' if e['disagree'] else '')
     lines.append(f"| {e['claim'].source} | {e['better'].name} | {e['worse'].name} | {d} | {s} | "
-                 f"{e['verdict']} |")
+                 f"{e['verdict']} | {pool} |")
   return lines
 
 
