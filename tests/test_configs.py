@@ -40,7 +40,7 @@ GRID_SIZES = {'default': 12, 'dp2fedsam_table2': 72, 'dp2fedsam_table3': 72, 'dp
               'pfeddsu_table3': 45, 'pfeddsu_table4': 27, 'pfeddsu_table5': 21,
               'pfeddsu_table6': 24, 'pfeddsu_table7': 21, 'fashion_mnist_methods': 31,
               'fmnist_paper_regime': 93, 'shakespeare': 30, 'fmnist_bandmf_regime': 12,
-              'shakespeare_field': 42, 'fair2_pilot': 7, 'fair2_edge': 30}
+              'shakespeare_field': 42, 'fair2_pilot': 7, 'fair2_edge': 30, 'fair2_rank': 10}
 
 
 def _module(name):
@@ -109,7 +109,8 @@ def test_grid_methods_are_registered_or_pending():
 
 
 # One-seed surveys: every method at seed 0 (fmnist_paper_regime: seeds 1 and 2 for its SEEDED ones).
-SURVEYS = ('fashion_mnist_methods', 'fmnist_paper_regime', 'fair2_pilot', 'fair2_edge')
+SURVEYS = ('fashion_mnist_methods', 'fmnist_paper_regime', 'fair2_pilot', 'fair2_edge',
+           'fair2_rank')
 
 
 def _seeds_per_setting(name):
