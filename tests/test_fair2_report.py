@@ -98,6 +98,8 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   headline = [line for line in lines if line.startswith('| [(')]
   assert len(headline) == 1 and headline[0].startswith('| [(e)]')
   assert all(f'({p.letter})' in '\n'.join(lines) for p in first_design)  # listed, not headlined
+  counts = [line for line in lines if 'final seeds' in line]
+  assert len(counts) == 1 and '5 final seeds' in counts[0] and 'ceiling, 3' in counts[0]
 
 
 def test_tuned_well_is_the_pool_bests_difference_and_a_disagreement_is_marked(results):

@@ -92,38 +92,43 @@ def number_text(published, blocks: tuple) -> str:
 
 
 def findings_lines(published: tuple) -> list[str]:
-  """The README's findings: one row per block, then where the field has a number, then limits."""
-  second = [p for p in published if p.block.design == 2]
-  metric = (f'mean of the last {fair2.FINAL_EVALUATIONS} evaluations' if second else 'final round')
+  """The README's findings: one row per block (the second design's where published; the first
+  design's pages then listed in the limits), then where the field has a number, then limits."""
+  second = tuple(p for p in published if p.block.design == 2)
+  headline = second or published
+  metric = f'mean of the last {fair2.FINAL_EVALUATIONS} evaluations' if second else 'final round'
   lines = [f'| block | setting | verdict | one number ({metric}, mean ± seed std) |',
            '|---|---|---|---|']
-  earlier = [p for p in published if p.block.design != 2] if second else []
-  for p in second or published:  # the second design's block is the headline where published
+  for p in headline:
     lines.append(f'| [({p.letter})]({_page(p)}) {p.block.paper} | {setting_text(p)} | '
                  f'{verdict_text(p, published)} | {number_text(p, published)} |')
   field = []
-  for p in published:
+  for p in headline:
     if p.letter in FIELD:
       what, number, where, ours = FIELD[p.letter]
       top = fair_pages.ceiling(p, published)
       field.append(f'- ({p.letter}): our {ours} {top:.2f} % beside the field\'s {what}: {number} '
                    f'({where}).')
-  seeds = sorted({s for p in published for r in p.results.values() for s in r.accuracy})
-  shared = any(r.shared_seed for p in published for r in p.results.values())
+  seeds = sorted({s for p in headline for r in p.results.values() for s in r.accuracy})
+  ceiling_seeds = max(len(p.block.ceiling_seed_values) for p in headline)
   limits = [
       '', 'Limits:', '',
       '- Each block is one split, one ε and one T.',
-      f'- Each row is {len(seeds)} final seeds; the ceiling, one.',
+      f"- Each row is {len(seeds)} final seeds; the ceiling, "
+      f"{'one' if ceiling_seeds == 1 else ceiling_seeds}.",
       '- No ε covers the test accuracies, the seeds after the first, or the choice of ranges.',
       "- Each row's ε is its own: the rows of a block use the same clients.",
       '- A paper form\'s ε does not cover its release ("not covered").']
-  if earlier:
-    limits.append('- The first design\'s blocks (one small search a row) stay on their pages: '
-                  + ', '.join(f'[({p.letter})]({_page(p)})' for p in earlier) + '.')
-  if shared:
+  if second:
+    limits += ['- No ε covers the searches\' pools (tuning curves, search SD): publishing them tells '
+               'K.',
+               '- The first design\'s blocks (one small search a row) stay on their pages: '
+               + ', '.join(f'[({p.letter})]({_page(p)})' for p in published if p not in second)
+               + '.']
+  if any(r.shared_seed for p in headline for r in p.results.values()):
     limits.append(f'- {fair.SHARED_SEED} The committed searches shared one public seed: their search '
                   'ε does not hold as stated.')
-  no_field = [p.letter for p in published if p.letter not in FIELD]
+  no_field = [p.letter for p in headline if p.letter not in FIELD]
   if no_field:
     limits.append(f"- No number of the same setup is in print for ({'), ('.join(no_field)}).")
   return lines + ([''] + field if field else []) + limits
