@@ -431,7 +431,8 @@ def public_plan(spec: dict, study: str, config_path: str, overrides) -> dict:
       'trial_distribution': spec['distribution'].to_dict(), 'space': spec['space'],
       'args': spec['args'], 'fixed': spec['fixed'], 'proxy': spec['proxy'],
       'selected_by': spec['selected_by'], 'score_noise': spec.get('score_noise') or 0.0,
-      'overrides': list(overrides)}))
+      'overrides': list(overrides),
+      **({'tied': spec['tied']} if spec.get('tied') else {})}))  # (older plans have no ties)
 
 
 def _secret_for(directory: str, plan: dict, secret_seed, plan_only: bool):
