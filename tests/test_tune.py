@@ -656,6 +656,9 @@ def test_a_tied_field_takes_its_leaders_value_and_a_bad_tie_is_refused():
   for index in range(5):
     values = tune.candidate(spec, 1, index)
     assert values['local.lr_personal'] == values['local.lr_shared']
+  plan = tune.public_plan(spec, 'tiny', CONFIG, [])
+  assert plan['tied'] == spec['tied'] and 'tied' not in tune.public_plan(
+      {**spec, 'tied': {}}, 'tiny', CONFIG, [])  # a plan without ties reads as the older ones did
   del spec['distribution']
   with pytest.raises(ValueError, match='leader must be in the space'):
     tune._check_spec('tiny', {**spec, 'tied': {'local.lr_personal': 'local.momentum'}})
