@@ -640,4 +640,5 @@ def test_a_second_design_row_publishes_its_pools_tuning_curve_and_search_sd(tmp_
   assert len(entry['final_runs']) == 5
   summary = fair_benchmark.write_summary('e', str(tmp_path))
   assert summary['design'] == 2 and summary['final_seeds'] == (0, 1, 2, 3, 4)
+  assert summary['regime'].startswith('pending') and summary['ceiling_final_runs'] == {}
   assert summary['rows']['dp_fedavg']['search']['search_sd'] == search['search_sd']
