@@ -16,7 +16,7 @@ config>/benchmark.json gathers the entries after each row: the block's law, eps 
 every row with its tuner seed, selected values and the selection's epsilon beside it (what a table
 row prints), and its final runs' status.
 
-A row's new final seeds run through launch.tune.execute_trials: as one compiled program where they
+A row's new final seeds run through launch.sweep.execute_trials: as one compiled program where they
 differ only in config.training_seed (Block.final_seed_field), else one process each (--one_program).
 
 The plan counts E[K] trials a row (the law's mean: K is drawn by launch.tune, secret where it must
@@ -385,7 +385,7 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
     if seed_from:
       for workdir, source in sweep.seed_from([r for r, _ in runs], root, seed_from):
         _log(f'seeded  {workdir} from {source}')
-    results = tune.execute_trials(path, runs, parallel, os.path.join(root, '.jax_cache'),
+    results = sweep.execute_trials(path, runs, parallel, os.path.join(root, '.jax_cache'),
                                   one_program, ran_as=FINAL_RAN_AS)
     for run, _ in runs:
       # What the run is, not what this invocation did with it: a restart rewrites the same record.
@@ -684,7 +684,7 @@ def main(argv):
       print(publish(letter, FLAGS.root, FLAGS.publish))
     return
   if FLAGS.one_program != 'never':
-    tune.enable_program_cache(FLAGS.root)  # the rows' programs (searches, final seeds) compile here
+    sweep.enable_program_cache(FLAGS.root)  # the rows' programs (searches, final seeds) compile here
   for letter in FLAGS.blocks:
     run_block(letter, FLAGS.root, FLAGS.parallel, FLAGS.rows, seed_from,
               one_program=FLAGS.one_program)

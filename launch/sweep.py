@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import signal
@@ -334,6 +335,68 @@ def _log(message: str) -> None:
 
 
 ONE_PROGRAM_RUN = 'a run of one program with other runs of its sweep (launch.sweep --one_program)'
+ONE_PROGRAM_MODES = ('auto', 'never')
+
+
+def runs_in_a_program(config) -> bool:
+  """Whether a trial's config can be a trial of a search program: a federated method (local_only
+  has no rounds) on an executor the trial axis can map (not the sharded mesh)."""
+  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
+  return METHODS[config.method].federated and config.executor != 'sharded'
+
+
+def execution_plan(runs, one_program: str = 'auto') -> list[list[int]]:
+  """The trials that run as one program: each group (>= 2 indices into `runs`, [(run, config)]) of
+  unfinished trials with one search_program.one_program_key and one latest checkpoint round (0:
+  none); a finished one is skipped. Every other trial runs in its own process (execute): a trial
+  alone in its group, one that differs from the others in a static field (epochs, keep fraction,
+  method, ...), or every trial with one_program='never'."""
+  if one_program == 'never':
+    return []
+  from dp2fedsam_jax import checkpoint, search_program  # pylint: disable=import-outside-toplevel
+  groups: dict[tuple, list[int]] = {}
+  for index, (run, config) in enumerate(runs):
+    status = run.status
+    if ((status == 'new' or status.startswith(RESUMES)) and not run.missing_data
+        and runs_in_a_program(config)):
+      # Trials resume together from one round: their common checkpoint's.
+      key = (search_program.one_program_key(config), checkpoint.latest_round(run.workdir))
+      groups.setdefault(key, []).append(index)
+  return [group for group in groups.values() if len(group) >= 2]
+
+
+def execute_trials(config_path: str, runs, parallel: int, cache_dir: str,
+                   one_program: str = 'auto', ran_as: str = ONE_PROGRAM_RUN) -> dict:
+  """Runs the unfinished runs of `runs` ([(run, config)]: a study's trials, a row's final seeds, a
+  sweep's grid): each group of execution_plan as one program in this process
+  (launch/trial_program.py), then the others one process each (execute; finished ones skipped);
+  returns {workdir: status}. `ran_as`: what a program's run is, in its sweep.json."""
+  from launch import trial_program  # pylint: disable=import-outside-toplevel
+  results, in_programs = {}, set()
+  for group in execution_plan(runs, one_program):
+    for index in group:  # the trial's arguments and overrides, as a run alone records them
+      write_run_record(config_path, runs[index][0], ran_as=ran_as)
+    results.update(trial_program.run_trials([runs[i][1] for i in group],
+                                            [runs[i][0].workdir for i in group]))
+    in_programs.update(group)
+  alone = [run for index, (run, _) in enumerate(runs) if index not in in_programs]
+  if alone:
+    results.update(execute(config_path, alone, parallel, cache_dir))
+  return results
+
+
+def enable_program_cache(root: str) -> None:
+  """The programs compiled in this process share the sweep runs' persistent cache (<root>/.jax_cache
+  unless the environment chose one): a restarted program loads its compiled steps."""
+  from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
+  chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
+  jax_cache_log = logging.getLogger('jax._src.compilation_cache')
+  level = jax_cache_log.level
+  jax_cache_log.setLevel(logging.WARNING)  # its 'Resetting cache' line is no news to the operator
+  try:
+    compilation_cache.enable(None if chosen else os.path.join(root, '.jax_cache'))
+  finally:
+    jax_cache_log.setLevel(level)
 
 
 def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel: int = 1,
@@ -349,9 +412,7 @@ def run_sweep(config_path: str, root: str, axes, overrides: list[str], parallel:
   runs = planned(config_path, root, axes, overrides, only)
   if one_program == 'never':
     return execute(config_path, [run for run, _ in runs], parallel, cache_dir)
-  from launch import tune  # pylint: disable=import-outside-toplevel  (tune imports this module)
-  return tune.execute_trials(config_path, runs, parallel, cache_dir, one_program,
-                             ran_as=ONE_PROGRAM_RUN)
+  return execute_trials(config_path, runs, parallel, cache_dir, one_program)
 
 
 def execute(config_path: str, runs: list[Run], parallel: int = 1,
@@ -513,7 +574,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                     '(<root>/.jax_cache) between the runs: seeds of one setting compile the same '
                     'programs. Ignored when JAX_COMPILATION_CACHE_DIR or '
                     'DP2FEDSAM_COMPILATION_CACHE is already set.', **fv)
-  flags.DEFINE_enum('one_program', 'never', ['auto', 'never'], 'auto: the runs that differ only '
+  flags.DEFINE_enum('one_program', 'never', ONE_PROGRAM_MODES, 'auto: the runs that differ only '
                     'in searched scalars (search_program.SEARCHED, lam) and training_seed run as one '
                     'compiled program in this process; never: one process per run.', **fv)
   flags.DEFINE_bool('plan', False, 'Print the runs and their status, run nothing.', **fv)
@@ -574,8 +635,7 @@ def main(argv):
     return
   cache_dir = os.path.join(FLAGS.root, '.jax_cache') if FLAGS.compilation_cache else None
   if FLAGS.one_program == 'auto' and FLAGS.compilation_cache:
-    from launch import tune  # pylint: disable=import-outside-toplevel
-    tune.enable_program_cache(FLAGS.root)
+    enable_program_cache(FLAGS.root)
   results = run_sweep(FLAGS.config, FLAGS.root, _axes(), _overrides, FLAGS.parallel, cache_dir,
                       FLAGS.only, FLAGS.one_program)
   failed = [w for w, s in results.items() if s.startswith('failed')]

@@ -79,7 +79,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from dp2fedsam_jax import checkpoint, cli, metric_writers
+from dp2fedsam_jax import cli, metric_writers
 from experiments import config_files
 from dp2fedsam_jax.privacy import selection
 from launch import sweep
@@ -93,9 +93,11 @@ DO_NOT_PUBLISH = (
     'published voids selection_epsilon (the noise subtracts out of the score; K known leaves only '
     'naive_epsilon, the naive composition of the K trials). Publish tuning.json only.')
 PRIVATE_METRIC = 'validation_accuracy'
+PROGRAM_TRIAL = 'a trial of one program with other trials (launch.tune)'  # sweep.json's ran_as
 PROXY_KINDS = ('public_dataset', 'disjoint_clients')
 # Streams of the study's seed (the operator's secret; the public spec seed in older studies).
-_K_STREAM, _CANDIDATE_STREAM, _SCORE_STREAM, _NAME_STREAM, _TRIAL_SEED_STREAM = 0, 1, 2, 3, 4
+_K_STREAM, _SCORE_STREAM, _NAME_STREAM, _TRIAL_SEED_STREAM = 0, 2, 3, 4
+_CANDIDATE_STREAM = selection.CANDIDATE_STREAM  # 1
 SECRET_BITS = 64  # below this a --secret_seed can be guessed: warned
 _SPEC_KEYS = {'args', 'fixed', 'space', 'trials', 'seed', 'selected_by', 'score_noise', 'proxy',
               'seconds_per_run', 'tied'}
@@ -275,21 +277,8 @@ def score_denominator(config) -> int:
 
 def candidate(spec: dict, seed: int, index: int) -> dict:
   """Candidate `index`'s values (4 significant digits), from its own stream of the seed; a tied
-  field (spec['tied']: {follower: leader}) takes its leader's value."""
-  rng = np.random.default_rng([seed, _CANDIDATE_STREAM, index])
-  values = {}
-  for field in sorted(spec['space']):
-    law = spec['space'][field]
-    if law[0] == 'choice':
-      values[field] = law[1][int(rng.integers(len(law[1])))]
-    else:
-      lo, hi = float(law[1]), float(law[2])
-      x = math.exp(rng.uniform(math.log(lo), math.log(hi))) if law[0] == 'log_uniform' else (
-          rng.uniform(lo, hi))
-      values[field] = float(f'{x:.4g}')
-  for follower, leader in spec.get('tied', {}).items():
-    values[follower] = values[leader]
-  return values
+  field (spec['tied']: {follower: leader}) takes its leader's value (selection.draw_candidate)."""
+  return selection.draw_candidate(spec['space'], seed, index, _CANDIDATE_STREAM, spec.get('tied'))
 
 
 def _override(field: str, value) -> str:
@@ -477,7 +466,7 @@ def tune(config_path: str, root: str, study: str | None = None, overrides=(), pl
          one_program: str = 'auto') -> dict:
   """Runs (or resumes, or with plan_only describes) a study; returns tuning.json's content (the
   operator's record is in OPERATOR_FILE beside it). `search`: parse_search_flags's command-line
-  space, law of K and score noise. `one_program`: 'auto' runs the trials that execution_plan
+  space, law of K and score noise. `one_program`: 'auto' runs the trials that sweep.execution_plan
   groups as one program each, 'never' every trial in its own process."""
   if one_program not in ONE_PROGRAM_MODES:
     raise ValueError(f'--one_program={one_program}: choose one of {ONE_PROGRAM_MODES}.')
@@ -535,7 +524,7 @@ def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed,
     k, candidates, runs, configs, cost = _draw(module, config_path, spec, directory, overrides,
                                                secret)
     return _print_plan(plan, cost, list(zip(runs, candidates)), spec, path, k,
-                       int(configs[0].num_rounds), execution_plan(runs, one_program))
+                       int(configs[0].num_rounds), sweep.execution_plan(runs, one_program))
   operator_path = os.path.join(directory, OPERATOR_FILE)
   with run_files.hold(directory):  # one writer: the secret is read or drawn under the lock
     secret, source = _secret_for(directory, plan, secret_seed, plan_only=False)
@@ -548,8 +537,8 @@ def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed,
         'secret_seed': secret, 'secret_source': source, 'num_trials': k,
         'candidates': candidates, 'runs': names, 'training_seeds': _training_seeds(runs)})
     run_files.write_json_atomic(path, {'status': 'running', 'plan': plan})
-    results = execute_trials(config_path, runs, parallel, os.path.join(root, '.jax_cache'),
-                             one_program) if runs else {}
+    results = sweep.execute_trials(config_path, runs, parallel, os.path.join(root, '.jax_cache'),
+                                   one_program, ran_as=PROGRAM_TRIAL) if runs else {}
     outcomes = [_trial_outcome(r, c, spec, i, secret) for i, (r, c) in enumerate(runs)]
     unfinished = [i for i, o in enumerate(outcomes) if o['status'] == 'not finished']
     if unfinished:
@@ -594,69 +583,19 @@ def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[
   return k, candidates, runs, configs, privacy_cost(spec, configs, naive_trials=k)
 
 
-ONE_PROGRAM_MODES = ('auto', 'never')
-
-
-def runs_in_a_program(config) -> bool:
-  """Whether a trial's config can be a trial of a search program: a federated method (local_only
-  has no rounds) on an executor the trial axis can map (not the sharded mesh)."""
-  from dp2fedsam_jax.algorithms import METHODS  # pylint: disable=import-outside-toplevel
-  return METHODS[config.method].federated and config.executor != 'sharded'
-
-
-def execution_plan(runs, one_program: str = 'auto') -> list[list[int]]:
-  """The trials that run as one program: each group (>= 2 indices into `runs`, [(run, config)]) of
-  unfinished trials with one search_program.one_program_key and one latest checkpoint round (0:
-  none); a finished one is skipped. Every other trial runs in its own process (launch.sweep): a trial
-  alone in its group, one that differs from the others in a static field (epochs, keep fraction,
-  method, ...), or every trial with one_program='never'."""
-  if one_program == 'never':
-    return []
-  from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
-  groups: dict[tuple, list[int]] = {}
-  for index, (run, config) in enumerate(runs):
-    status = run.status
-    if ((status == 'new' or status.startswith(sweep.RESUMES)) and not run.missing_data
-        and runs_in_a_program(config)):
-      # Trials resume together from one round: their common checkpoint's.
-      key = (search_program.one_program_key(config), checkpoint.latest_round(run.workdir))
-      groups.setdefault(key, []).append(index)
-  return [group for group in groups.values() if len(group) >= 2]
+ONE_PROGRAM_MODES = sweep.ONE_PROGRAM_MODES
 
 
 def expected_execution(spec: dict, config, one_program: str = 'auto') -> str:
   """How the study's trials will run, said before K and the candidates are drawn."""
   from dp2fedsam_jax import search_program  # pylint: disable=import-outside-toplevel
-  if one_program == 'never' or not runs_in_a_program(config):
+  if one_program == 'never' or not sweep.runs_in_a_program(config):
     return 'execution: every trial in its own process'
   static = sorted(set(spec['space']) - set(search_program.searched(config)))
   if not static:
     return 'execution: the trials as one compiled program (a single trial: its own process)'
   return (f'execution: one compiled program per value of {", ".join(static)} (not searched '
           'scalars: they change the program) with >= 2 trials; the others each in their own process')
-
-
-PROGRAM_TRIAL = 'a trial of one program with other trials (launch.tune)'  # sweep.json's ran_as
-
-
-def execute_trials(config_path: str, runs, parallel: int, cache_dir: str,
-                   one_program: str = 'auto', ran_as: str = PROGRAM_TRIAL) -> dict:
-  """Runs the unfinished trials of `runs` ([(run, config)]): each group of execution_plan as one
-  program in this process (launch/trial_program.py), then the others through launch.sweep, one
-  process each (finished ones skipped); returns {workdir: status}. `ran_as`: what a program's run
-  is, in its sweep.json."""
-  from launch import trial_program  # pylint: disable=import-outside-toplevel
-  results, in_programs = {}, set()
-  for group in execution_plan(runs, one_program):
-    for index in group:  # the trial's arguments and overrides, as a run alone records them
-      sweep.write_run_record(config_path, runs[index][0], ran_as=ran_as)
-    results.update(trial_program.run_trials([runs[i][1] for i in group],
-                                            [runs[i][0].workdir for i in group]))
-    in_programs.update(group)
-  alone = [run for index, (run, _) in enumerate(runs) if index not in in_programs]
-  if alone:
-    results.update(sweep.execute(config_path, alone, parallel, cache_dir))
-  return results
 
 
 def _read(path: str):
@@ -852,26 +791,12 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return FLAGS([a for a in argv if not a.startswith('--config.')])
 
 
-def enable_program_cache(root: str) -> None:
-  """The programs compiled in this process share the sweep runs' persistent cache (<root>/.jax_cache
-  unless the environment chose one): a restarted program loads its compiled steps."""
-  from dp2fedsam_jax import compilation_cache  # pylint: disable=import-outside-toplevel
-  chosen = any(os.environ.get(v) for v in (compilation_cache.ENV, 'JAX_COMPILATION_CACHE_DIR'))
-  jax_cache_log = logging.getLogger('jax._src.compilation_cache')
-  level = jax_cache_log.level
-  jax_cache_log.setLevel(logging.WARNING)  # its 'Resetting cache' line is no news to the operator
-  try:
-    compilation_cache.enable(None if chosen else os.path.join(root, '.jax_cache'))
-  finally:
-    jax_cache_log.setLevel(level)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   search = parse_search_flags(FLAGS.space, FLAGS.trials, FLAGS.score_noise)
   if FLAGS.one_program != 'never' and not FLAGS.plan:
-    enable_program_cache(FLAGS.root)
+    sweep.enable_program_cache(FLAGS.root)
   tune(FLAGS.config, FLAGS.root, FLAGS.study, _overrides, FLAGS.plan, FLAGS.parallel,
        FLAGS.secret_seed, search if any(v is not None for v in search.values()) else None,
        FLAGS.one_program)

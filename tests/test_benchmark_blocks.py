@@ -630,7 +630,7 @@ def test_a_second_design_row_publishes_its_pools_tuning_curve_and_search_sd(tmp_
   monkeypatch.setattr(tune, 'tune', lambda *a, **k: {
       'status': 'done', 'selected_values': values[1], 'selected_score': 0.7,
       'selection_epsilon': 0.98, 'per_trial_epsilon': 0.4})
-  monkeypatch.setattr(tune, 'execute_trials', lambda p, runs, *a, **k: {
+  monkeypatch.setattr(sweep, 'execute_trials', lambda p, runs, *a, **k: {
       r.workdir: 'ran' for r, _ in runs})
   entry = fair_benchmark.run_row('e', 'dp_fedavg', str(tmp_path), parallel=1)
   search = entry['search']

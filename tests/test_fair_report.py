@@ -381,7 +381,7 @@ def test_the_sweep_continues_from_the_published_blocks_unless_told_to_start_from
   monkeypatch.setattr(fair_benchmark, 'run_block', lambda letter, root, parallel, rows, seed_from, **_:
                       seen.append(seed_from))
   # The rows' programs compile in this process: they share the root's cache (not this test's).
-  monkeypatch.setattr(fair_benchmark.tune, 'enable_program_cache', caches.append)
+  monkeypatch.setattr(fair_benchmark.sweep, 'enable_program_cache', caches.append)
   for argv, expected in (([], fair_benchmark.PUBLISHED_ROOT), (['--seed_from='], None)):
     fv = flags.FlagValues()
     fair_benchmark.define_flags(fv)

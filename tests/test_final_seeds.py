@@ -1,6 +1,6 @@
 """A row's final seeds as one program (Block.final_seed_field='training_seed'): every final run at
 the block's split, the seed as config.training_seed, so the runs share one program's key and
-launch.tune.execute_trials runs them together; with the default 'seed' each is its own split and
+launch.sweep.execute_trials runs them together; with the default 'seed' each is its own split and
 its own process. Nothing trains here (the program's equality with a run alone is
 tests/test_search_program.py's)."""
 
@@ -41,13 +41,13 @@ def test_final_seeds_as_training_seeds_share_the_blocks_split_and_one_program(le
   assert all('seed' not in r.args for r, _ in runs)
   assert [os.path.basename(r.workdir) for r, _ in runs] == [f'seed={s}' for s in seeds]
   assert len({search_program.one_program_key(c) for _, c in runs}) == 1
-  assert tune.execution_plan(runs) == [list(range(len(seeds)))]
-  assert tune.execution_plan(runs, 'never') == []
+  assert sweep.execution_plan(runs) == [list(range(len(seeds)))]
+  assert sweep.execution_plan(runs, 'never') == []
   # The first design: each seed its own split, so its own program key and process.
   alone = fair_benchmark.final_runs(str(tmp_path), path, module, block, row, selected)
   assert [c.seed for _, c in alone] == seeds
   assert all(c.get('training_seed') is None for _, c in alone)
-  assert tune.execution_plan(alone) == []
+  assert sweep.execution_plan(alone) == []
 
 
 def test_a_rows_paired_final_seeds_run_as_one_program_and_are_recorded(tmp_path, monkeypatch):

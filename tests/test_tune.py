@@ -581,8 +581,8 @@ def test_trials_that_differ_in_a_static_field_or_are_finished_run_outside_the_pr
                 {'local.lr_shared': 0.2, 'local.personal_epochs': 1}]
   runs = tune.trial_runs(sweep.load_config_module(CONFIG), CONFIG, spec, candidates, str(tmp_path),
                          [], seeds=[tune.trial_seed(SECRET_K2, i) for i in range(3)])
-  assert tune.execution_plan(runs) == [[0, 2]]
-  assert tune.execution_plan(runs, 'never') == []
+  assert sweep.execution_plan(runs) == [[0, 2]]
+  assert sweep.execution_plan(runs, 'never') == []
   ran = {}
 
   def program(configs, workdirs):
@@ -594,14 +594,14 @@ def test_trials_that_differ_in_a_static_field_or_are_finished_run_outside_the_pr
     return {}
   monkeypatch.setattr(trial_program, 'run_trials', program)
   monkeypatch.setattr(sweep, 'execute', alone)
-  tune.execute_trials(CONFIG, runs, 1, str(tmp_path / 'cache'))
+  sweep.execute_trials(CONFIG, runs, 1, str(tmp_path / 'cache'))
   workdirs = [r.workdir for r, _ in runs]
   assert ran == {'program': [workdirs[0], workdirs[2]], 'alone': [workdirs[1]]}
   # The program's trials record their arguments and overrides as a sweep run does.
   assert runs[0][0].conflict() is None and os.path.exists(os.path.join(workdirs[2], 'sweep.json'))
   with open(os.path.join(workdirs[0], 'metrics.jsonl'), 'w') as f:  # trial 0 finished
     f.write(json.dumps({'round': 2, 'validation_accuracy_sum': 3.0}) + '\n')
-  assert tune.execution_plan(runs) == []  # trial 2 is alone in its group now
+  assert sweep.execution_plan(runs) == []  # trial 2 is alone in its group now
 
 
 def test_a_trial_of_the_program_whose_release_turns_inf_fails_alone(tmp_path):
@@ -638,7 +638,7 @@ def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_sa
   with pytest.raises(KeyboardInterrupt):
     trial_program.run_trials(configs, stopped)
   assert [checkpoint.latest_round(w) for w in stopped] == [1, 1]
-  assert tune.execution_plan([(sweep.Run({}, w, 3, 'dp2fedsam', 'tiny'), c)
+  assert sweep.execution_plan([(sweep.Run({}, w, 3, 'dp2fedsam', 'tiny'), c)
                               for w, c in zip(stopped, configs)]) == [[0, 1]]
   monkeypatch.undo()
   assert trial_program.run_trials(configs, stopped) == {w: 'ran' for w in stopped}

@@ -213,3 +213,28 @@ def trials_then_run_epsilon(events: Sequence[dp_accounting.DpEvent], num_trials:
   more run composed: the search and its model once K is known (the naive composition, RDP)."""
   curve = num_trials * rdp_curve(events, neighboring_relation)
   return epsilon_of_rdp(curve + rdp_curve([run], neighboring_relation), delta)
+
+
+CANDIDATE_STREAM = 1  # the generator stream of a study's candidates (launch/tune.py's streams)
+
+
+def draw_candidate(space: dict, seed: int, index: int, stream: int = CANDIDATE_STREAM,
+                   tied: dict | None = None) -> dict:
+  """A random search's candidate `index`: each field of `space` ((log_uniform | uniform, lo, hi) or
+  (choice, [values])) drawn from the generator of [seed, stream, index], in sorted field order, a
+  number to 4 significant digits; a tied field ({follower: leader}) takes its leader's value.
+  Candidates are i.i.d. and do not depend on K (launch/tune.py draws a study's with it)."""
+  rng = np.random.default_rng([seed, stream, index])
+  values = {}
+  for field in sorted(space):
+    law = space[field]
+    if law[0] == 'choice':
+      values[field] = law[1][int(rng.integers(len(law[1])))]
+    else:
+      lo, hi = float(law[1]), float(law[2])
+      x = math.exp(rng.uniform(math.log(lo), math.log(hi))) if law[0] == 'log_uniform' else (
+          rng.uniform(lo, hi))
+      values[field] = float(f'{x:.4g}')
+  for follower, leader in (tied or {}).items():
+    values[follower] = values[leader]
+  return values

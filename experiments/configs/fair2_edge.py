@@ -10,10 +10,11 @@ calibrated for eps over 200 rounds, so a short run sees a long run's noise per r
 smaller, and no verdict uses it).
 
   family          method      C                  eta_eff ladder          client lr ladder
-  personal-head   dp2fedsam   C by rule (0.101)  STEP_LADDER             CLIENT_LR_LADDER
-  global-model    dp_fedavg   C by rule (0.875)  STEP_LADDER             CLIENT_LR_LADDER
-  ceiling         p_fedsam    none (eps = inf)   CEILING_STEP_LADDER     CLIENT_LR_LADDER
-                                                 (the server lr itself)
+  personal-head   dp2fedsam   C by rule (0.101)  0.01 - 1                0.01 - 1
+  global-model    dp_fedavg   C by rule (0.875)  0.01 - 1                0.01 - 1
+  ceiling         p_fedsam    none (eps = inf)   0.1 - 10 (the server    0.01 - 1
+                                                 lr itself)
+(half-decade steps; the ladders are declared in experiments/studies/fair2_pilot.py)
 
 "The client lr" is one knob: it sets every client lr a method has (a head phase's too:
 local.lr_personal = local.lr_shared), as the block searches it. The head epochs are 1 (the
@@ -36,22 +37,13 @@ from experiments.configs import fair2_pilot as pilot
 from experiments.configs import fmnist_paper_regime as regime
 from experiments.studies import fair2_pilot as rules
 
-T_EDGE = 20                # rounds of a ladder run (evaluated at 10 and 20)
 EPS, CLASSES = 0.25, 5     # the regime the pilot chose (experiments/studies/fair2_pilot.py)
-FAMILIES = {'dp2fedsam': 'personal_head', 'dp_fedavg': 'global_model', 'p_fedsam': 'ceiling'}
-CLIENT_LR_LADDER = (0.01, 0.0316, 0.1, 0.316, 1.0)
-STEP_LADDER = (0.01, 0.0316, 0.1, 0.316, 1.0)          # eta_eff = server lr x C
-CEILING_STEP_LADDER = (0.1, 0.316, 1.0, 3.16, 10.0)   # non-private: the server lr
-KNOBS = ('client_lr', 'step')
+# The ladders, declared with their rule in experiments/studies/fair2_pilot.py.
+T_EDGE, FAMILIES, KNOBS = rules.T_EDGE, rules.FAMILIES, rules.KNOBS
+CLIENT_LR_LADDER, ladder = rules.CLIENT_LR_LADDER, rules.ladder
 HEAD_EPOCHS = 1
 DEFAULTS = dict(method='dp2fedsam', knob='client_lr', value=0.1, seed=0)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def ladder(method: str, knob: str) -> tuple[float, ...]:
-  if knob == 'client_lr':
-    return CLIENT_LR_LADDER
-  return CEILING_STEP_LADDER if FAMILIES[method] == 'ceiling' else STEP_LADDER
 
 
 def clip_norm(method: str) -> float | None:

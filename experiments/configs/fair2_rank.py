@@ -24,10 +24,10 @@ Arguments: `:index=0`.
 
 from __future__ import annotations
 
+from dp2fedsam_jax.privacy import selection
 from experiments.configs import _common
 from experiments.configs import fair_e_design2 as block_e
 from experiments.studies import fair2_pilot as rules
-from launch import tune
 
 CONFIGURATIONS = rules.MIN_CONFIGURATIONS
 DRAW_SEED = 2026
@@ -37,14 +37,15 @@ DEFAULTS = dict(method=ROW, index=0, seed=0)
 
 
 def values(index: int) -> dict:
-  """Configuration `index`'s values, drawn as a block trial draws its candidate."""
+  """Configuration `index`'s values, drawn as a block trial draws its candidate (launch.tune's
+  candidate stream, from the public DRAW_SEED)."""
   block, row = block_e.BLOCK, block_e.BLOCK.row(ROW)
   waiting = [r for r in block.pending if 'personal-head' in r]
   if waiting:
     raise ValueError(f'fair2_rank draws from DP2-FedSAM\'s ranges, which are pending: {waiting}; '
                      'commit the edge runs first (experiments/configs/fair2_edge.py).')
   spec = block.study(row)
-  return tune.candidate(spec, DRAW_SEED, index)
+  return selection.draw_candidate(spec['space'], DRAW_SEED, index, tied=spec.get('tied'))
 
 
 def get_config(arg: str | None = None):

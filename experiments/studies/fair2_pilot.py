@@ -159,9 +159,15 @@ def table_lines(repo: str) -> list[str]:
   return lines
 
 
-# The second stage: the divergence edge of each family's two searched steps
-# (experiments/configs/fair2_edge.py: the ladders and their runs).
+# The second stage: the divergence edge of each family's two searched steps, declared here (the
+# runs: experiments/configs/fair2_edge.py). Each family is one method's ladders.
 EDGE_RUNS = os.path.join('experiments', 'results', 'fair2_pilot', 'edge')
+T_EDGE = 20                # rounds of a ladder run (evaluated at 10 and 20)
+FAMILIES = {PERSONAL_HEAD: 'personal_head', GLOBAL_MODEL: 'global_model', CEILING: 'ceiling'}
+KNOBS = ('client_lr', 'step')
+CLIENT_LR_LADDER = (0.01, 0.0316, 0.1, 0.316, 1.0)
+STEP_LADDER = (0.01, 0.0316, 0.1, 0.316, 1.0)          # eta_eff = server lr x C
+CEILING_STEP_LADDER = (0.1, 0.316, 1.0, 3.16, 10.0)   # non-private: the server lr
 EDGE_DROP = 10.0       # points under the ladder's best run that count as diverged
 RANGE_DECADES = 1.5    # a searched range: from the top 1.5 decades down
 
@@ -239,13 +245,17 @@ def edge(runs: list[LadderRun], method: str, knob: str, ladder: tuple, rounds: i
   return Edge(method, knob, accuracies, edge=None, top=ladder[-1])
 
 
+def ladder(method: str, knob: str) -> tuple[float, ...]:
+  """The declared ladder of a family's knob."""
+  if knob == 'client_lr':
+    return CLIENT_LR_LADDER
+  return CEILING_STEP_LADDER if FAMILIES[method] == 'ceiling' else STEP_LADDER
+
+
 def edges(repo: str) -> dict[tuple[str, str], Edge]:
-  """{(method, knob): Edge} of every ladder of experiments/configs/fair2_edge.py, from the runs
-  committed under `repo`."""
-  from experiments.configs import fair2_edge  # pylint: disable=import-outside-toplevel
+  """{(method, knob): Edge} of every declared ladder, from the runs committed under `repo`."""
   runs = read_ladder_runs(os.path.join(repo, EDGE_RUNS))
-  return {(m, k): edge(runs, m, k, fair2_edge.ladder(m, k), fair2_edge.T_EDGE)
-          for m in fair2_edge.FAMILIES for k in fair2_edge.KNOBS}
+  return {(m, k): edge(runs, m, k, ladder(m, k), T_EDGE) for m in FAMILIES for k in KNOBS}
 
 
 def _accuracy_text(value: float, accuracy: float | None, unfinished: tuple) -> str:
@@ -256,11 +266,10 @@ def _accuracy_text(value: float, accuracy: float | None, unfinished: tuple) -> s
 
 def edge_lines(repo: str) -> list[str]:
   """docs/benchmark.md's `fair2-edge` block: each ladder's accuracies, its edge and range."""
-  from experiments.configs import fair2_edge  # pylint: disable=import-outside-toplevel
-  lines = [f'| family (method) | knob | test accuracy at round {fair2_edge.T_EDGE} (%) along the '
+  lines = [f'| family (method) | knob | test accuracy at round {T_EDGE} (%) along the '
            'ladder | edge | searched range |', '|---|---|---|---|---|']
   for (method, knob), found in edges(repo).items():
-    family = fair2_edge.FAMILIES[method].replace('_', '-')
+    family = FAMILIES[method].replace('_', '-')
     knob_text = 'client lr' if knob == 'client_lr' else (
         'server lr' if family == 'ceiling' else 'η_eff')
     cells = ' · '.join(_accuracy_text(v, a, found.unfinished) for v, a in found.accuracies)
