@@ -91,6 +91,12 @@ def number_text(published, blocks: tuple) -> str:
   return text + ('' if top is None else f'; ceiling {top:.2f} %')
 
 
+def seed_counts(blocks: tuple) -> tuple[int, int]:
+  """(final seeds a row has, seeds the ceiling is declared with) over `blocks`: what the limits say."""
+  rows = {s for p in blocks for r in p.results.values() for s in r.accuracy}
+  return len(rows), max(len(p.block.ceiling_seed_values) for p in blocks)
+
+
 def findings_lines(published: tuple) -> list[str]:
   """The README's findings: one row per block (the second design's where published; the first
   design's pages then listed in the limits), then where the field has a number, then limits."""
@@ -109,12 +115,11 @@ def findings_lines(published: tuple) -> list[str]:
       top = fair_pages.ceiling(p, published)
       field.append(f'- ({p.letter}): our {ours} {top:.2f} % beside the field\'s {what}: {number} '
                    f'({where}).')
-  seeds = sorted({s for p in headline for r in p.results.values() for s in r.accuracy})
-  ceiling_seeds = max(len(p.block.ceiling_seed_values) for p in headline)
+  seeds, ceiling_seeds = seed_counts(headline)
   limits = [
       '', 'Limits:', '',
       '- Each block is one split, one ε and one T.',
-      f"- Each row is {len(seeds)} final seeds; the ceiling, "
+      f"- Each row is {seeds} final seeds; the ceiling, "
       f"{'one' if ceiling_seeds == 1 else ceiling_seeds}.",
       '- No ε covers the test accuracies, the seeds after the first, or the choice of ranges.',
       "- Each row's ε is its own: the rows of a block use the same clients.",
