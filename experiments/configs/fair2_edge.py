@@ -38,9 +38,6 @@ from experiments.configs import fmnist_paper_regime as regime
 from experiments.studies import fair2_pilot as rules
 
 EPS, CLASSES = 0.25, 5     # the regime the pilot chose (experiments/studies/fair2_pilot.py)
-# The ladders, declared with their rule in experiments/studies/fair2_pilot.py.
-T_EDGE, FAMILIES, KNOBS = rules.T_EDGE, rules.FAMILIES, rules.KNOBS
-CLIENT_LR_LADDER, ladder = rules.CLIENT_LR_LADDER, rules.ladder
 HEAD_EPOCHS = 1
 DEFAULTS = dict(method='dp2fedsam', knob='client_lr', value=0.1, seed=0)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def clip_norm(method: str) -> float | None:
   """C by the pilot's rule for the method's family (None: the non-private ceiling)."""
-  family = FAMILIES[method]
+  family = rules.FAMILIES[method]
   if family == 'ceiling':
     return None
   value = rules.chosen(REPO).clip_norms[family]
@@ -72,10 +69,10 @@ def set_client_lr(config, lr: float) -> None:
 def get_config(arg: str | None = None):
   args = _common.parse_args(arg, **DEFAULTS)
   method, knob, value = args['method'], args['knob'], float(args['value'])
-  if method not in FAMILIES or knob not in KNOBS:
-    raise ValueError(f'method={method!r}, knob={knob!r}: the ladder runs methods {sorted(FAMILIES)} '
-                     f'and knobs {KNOBS}')
-  private = FAMILIES[method] != 'ceiling'
+  if method not in rules.FAMILIES or knob not in rules.KNOBS:
+    raise ValueError(f'method={method!r}, knob={knob!r}: the ladder runs methods '
+                     f'{sorted(rules.FAMILIES)} and knobs {rules.KNOBS}')
+  private = rules.FAMILIES[method] != 'ceiling'
   c = pilot.get_config(f"method={method},eps={EPS if private else math.inf},S={CLASSES},"
                        f"seed={args['seed']}")
   c.local.personal_epochs = HEAD_EPOCHS
@@ -90,11 +87,11 @@ def get_config(arg: str | None = None):
   if private:  # the block's noise per round: sigma for eps over 200 rounds, stopped at T_EDGE
     c.dp.clip_norm = clip
     c.dp.target_epsilon, c.dp.noise_multiplier = None, regime.FIXED_CLIP_SIGMA[EPS]
-  c.num_rounds, c.eval_every = T_EDGE, T_EDGE // 2
+  c.num_rounds, c.eval_every = rules.T_EDGE, rules.T_EDGE // 2
   return c
 
 
 def sweep_grid() -> list[dict]:
   """Each family's two ladders (one program each family), the personal-head family first."""
   return [dict(method=m, knob=k, value=v, seed=0)
-          for m in FAMILIES for k in KNOBS for v in ladder(m, k)]
+          for m in rules.FAMILIES for k in rules.KNOBS for v in rules.ladder(m, k)]

@@ -86,24 +86,22 @@ def family(method: str) -> str:
 
 
 def _edge_method(fam: str) -> str:
-  return next(m for m, f in edge_config.FAMILIES.items() if f == fam)
+  return next(m for m, f in rules.FAMILIES.items() if f == fam)
 
 
 def step_ranges(method: str) -> tuple[tuple, tuple]:
   """((field, law), ...) of the row's client lr and server lr from its family's edges, and what is
   still pending ('' each when decided)."""
   fam = family(method)
+  of_family = _edge_method(fam)
   edges = rules.edges(edge_config.REPO)
-  client, step = (edges[(_edge_method(fam), knob)] for knob in edge_config.KNOBS)
+  found = [edges[(of_family, knob)] for knob in rules.KNOBS]
   pending = tuple(f'the {fam.replace("_", "-")} family\'s {e.knob} edge ({e.open_because})'
-                  for e in (client, step) if e.range is None)
-  if pending:  # the ladders' spans stand in, and the block does not run
-    client_range = (edge_config.CLIENT_LR_LADDER[0], edge_config.CLIENT_LR_LADDER[-1])
-    step_range = (edge_config.ladder(_edge_method(fam), 'step')[0],
-                  edge_config.ladder(_edge_method(fam), 'step')[-1])
-  else:
-    client_range, step_range = client.range, step.range
-  clip = 1.0 if fam == 'ceiling' else edge_config.clip_norm(_edge_method(fam))
+                  for e in found if e.range is None)
+  # While a ladder is open its span stands in (and the block does not run).
+  client_range, step_range = (e.range or (rules.ladder(of_family, e.knob)[0],
+                                          rules.ladder(of_family, e.knob)[-1]) for e in found)
+  clip = 1.0 if fam == 'ceiling' else edge_config.clip_norm(of_family)
   server = tuple(float(f'{x / clip:.4g}') for x in step_range)  # eta_eff / C
   return ((('local.lr_shared', ('log_uniform', *client_range)),
            ('server_lr', ('log_uniform', *server))), pending)

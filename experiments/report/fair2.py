@@ -18,6 +18,7 @@ import numpy as np
 
 from dp2fedsam_jax.algorithms import METHODS
 from experiments.report import fair
+from experiments.report.summary import mean_std
 from experiments.report.workdirs import format_value, read_json
 from experiments.studies import search_spread
 
@@ -99,8 +100,8 @@ def verdicts(block, results: dict, entries: dict) -> list[dict]:
 
 
 def _points(values) -> tuple[float, float]:
-  values = [100 * v for v in values]
-  return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+  """(mean, seed std) in points."""
+  return mean_std([100 * v for v in values])
 
 
 def ceiling_accuracy(block, results: dict) -> float | None:
