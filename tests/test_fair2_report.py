@@ -6,6 +6,7 @@ README's headline holds the second design's block with the first design's pages 
 from __future__ import annotations
 
 import json
+import re
 import os
 
 import pytest
@@ -112,3 +113,15 @@ def test_tuned_well_is_the_pool_bests_difference_and_a_disagreement_is_marked(re
   pair = verdicts[('dp2fedsam', 'centaur')]
   assert pair['verdict'] == 'holds' and pair['pool_d'] == pytest.approx(-7.0) and pair['disagree']
   assert not verdicts[('dp2fedsam', 'dp_fedsam')]['disagree']  # level: nothing to contradict
+
+
+def test_the_rule_above_the_findings_is_built_from_the_constants_that_decide(results, monkeypatch):
+  (published,) = fair_pages.published_blocks(results)
+  monkeypatch.setattr(fair2, 'NOTHING_TRAINS_MARGIN', 0.07)
+  monkeypatch.setattr(fair2.fair, 'MIN_GAP', 0.03)
+  (rule,) = findings.rule_lines((published,))
+  numbers = [float(n) for n in re.findall(r'\d+(?:\.\d+)?', rule)]
+  assert numbers == [3, 2, 7, published.block.regime_margin]  # the gap, 2s, the margin, the room
+  first_design = fair_pages.published_blocks(os.path.join(fair_benchmark.ROOT_DIR, 'experiments',
+                                                           'results'))
+  assert findings.rule_lines(first_design) != findings.rule_lines((published,))

@@ -97,13 +97,32 @@ def seed_counts(blocks: tuple) -> tuple[int, int]:
   return len(rows), max(len(p.block.ceiling_seed_values) for p in blocks)
 
 
+def rule_lines(headline: tuple) -> list[str]:
+  """How the headline's verdicts are reached, from the constants that reach them."""
+  gap, margins = f'{100 * fair.MIN_GAP:g}', {p.block.regime_margin for p in headline}
+  room = (f'The regime rule first asks whether a block has room under its non-private ceiling '
+          f"(at least {' or '.join(f'{m:g}' for m in sorted(margins))} points above the best private "
+          'row); a paper\'s order is judged only where it has.')
+  if any(p.block.design == 2 for p in headline):
+    return [f'One rule judges each order the paper claims, on paired seeds: A **holds** over B when the '
+            f'mean of the per-seed differences is at least {gap} point and 2s, where s² is the '
+            "differences' variance plus each row's search variance (its private search simulated "
+            'on its pool of trials); **contradicted** the other way; else **level**. A row whose '
+            f'noised selected score is at most chance + {100 * fair2.NOTHING_TRAINS_MARGIN:g} points '
+            'found nothing that trains and gets no verdict. ' + room]
+  return [f'One rule judges each order the paper claims: A **holds** over B when the seed mean gap is '
+          f'at least {gap} point and twice the pooled seed std; **contradicted** the other way; else '
+          '**level**. ' + room]
+
+
 def findings_lines(published: tuple) -> list[str]:
   """The README's findings: one row per block (the second design's where published; the first
   design's pages then listed in the limits), then where the field has a number, then limits."""
   second = tuple(p for p in published if p.block.design == 2)
   headline = second or published
   metric = f'mean of the last {fair2.FINAL_EVALUATIONS} evaluations' if second else 'final round'
-  lines = [f'| block | setting | verdict | one number ({metric}, mean ± seed std) |',
+  lines = [*rule_lines(headline), '',
+           f'| block | setting | verdict | one number ({metric}, mean ± seed std) |',
            '|---|---|---|---|']
   for p in headline:
     lines.append(f'| [({p.letter})]({_page(p)}) {p.block.paper} | {setting_text(p)} | '
