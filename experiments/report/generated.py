@@ -15,7 +15,7 @@ import functools
 import os
 import re
 
-from experiments.report import fair_pages, findings, privacy_tables
+from experiments.report import benchmark_tables, fair_pages, findings, privacy_tables
 from experiments.report.plots import plot_plan
 from experiments.report.rules import seed_rule
 from experiments.report.summary import summarize
@@ -88,7 +88,7 @@ def fair_plots(repo: str = REPO) -> dict:
 
 
 def blocks(repo: str = REPO) -> dict:
-  """{file relative to the repository: {block name: its lines}}: the generated parts of the two
+  """{file relative to the repository: {block name: its lines}}: the generated parts of the three
   READMEs, docs/privacy.md and docs/benchmark.md."""
   published = fair_pages.published_blocks(os.path.join(repo, RESULTS))
   paper = study('fmnist_paper_regime', repo)
@@ -103,6 +103,7 @@ def blocks(repo: str = REPO) -> dict:
           'tunings': tuning_table_lines(repo)},
       os.path.join('docs', 'privacy.md'): {'audit-seeds': privacy_tables.audit_seed_lines(repo),
                                            'selection-costs': privacy_tables.selection_cost_lines()},
+      os.path.join('benchmarks', 'README.md'): benchmark_tables.benchmark_blocks(repo),
       os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo),
                                              'fair2-edge': fair2_pilot.edge_lines(repo),
                                              'fair2-rank': fair2_pilot.trial_length_lines(repo)},
