@@ -210,6 +210,10 @@ def _check_spec(study: str, spec: dict, private: bool = True) -> dict:
                        'searched field\'s value, so the leader must be in the space and the '
                        'follower neither searched nor fixed.')
   spec['distribution'] = selection.TrialDistribution.from_dict(spec['trials'])
+  if private and not spec['distribution'].private:
+    raise ValueError(f"study {study!r}: trials={spec['trials']}: a private search draws its number "
+                     'of trials at random (poisson or truncated_negative_binomial), so that the '
+                     'selection is covered; a fixed K is for a non-private search.')
   spec['private'] = private
   selected_by, proxy, noise = spec['selected_by'], spec['proxy'], spec.get('score_noise')
   if not selected_by.startswith('validation_'):

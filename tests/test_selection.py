@@ -148,6 +148,8 @@ def test_an_event_without_an_rdp_curve_is_refused():
     ({'name': 'truncated_negative_binomial', 'eta': 0.0, 'gamma': 1.0}, r'\(0, 1\)'),
     ({'name': 'geometric', 'mu': 3}, 'choose one of'),
     ({'name': 'poisson', 'mean': 3}, 'unknown parameters'),
+    ({'name': 'fixed', 'k': 0}, 'whole number of trials >= 1'),
+    ({'name': 'fixed', 'k': 2.5}, 'whole number of trials >= 1'),
 ])
 def test_bad_trial_distributions_are_refused(spec, match):
   with pytest.raises(ValueError, match=match):
@@ -168,6 +170,19 @@ def test_the_sampler_draws_k_from_its_distribution(spec):
   assert stats.chi2.sf(chi2, keep.sum() - 1) > 1e-4, (counts[:15], expected[:15])
   if distribution.name == 'truncated_negative_binomial':
     assert min(draws) >= 1  # truncated: K = 0 never happens
+
+
+def test_a_fixed_k_is_always_k_and_no_private_selection_takes_it():
+  """A non-private search's law: K = k on every draw; a private selection's accounting refuses it
+  (no theorem bounds releasing the best of a fixed number of private trials)."""
+  fixed = TrialDistribution.from_dict({'name': 'fixed', 'k': 16.0})
+  assert fixed.k == 16 and fixed.mean == 16.0 and not fixed.private
+  assert {fixed.sample(np.random.default_rng([3, i])) for i in range(50)} == {16}
+  assert [fixed.pmf(k) for k in (15, 16, 17)] == [0.0, 1.0, 0.0]
+  assert TrialDistribution.from_dict(fixed.to_dict()) == fixed
+  event = dp_accounting.GaussianDpEvent(5.0)
+  with pytest.raises(ValueError, match='no private-selection bound'):
+    selection.selection_cost([event], fixed, DELTA)
 
 
 def test_from_dict_with_a_mean_finds_gamma_and_round_trips():

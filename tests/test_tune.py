@@ -298,6 +298,11 @@ def test_a_non_private_study_is_tuned_without_score_noise_and_records_no_epsilon
   with pytest.raises(ValueError, match='score_noise > 0'):  # the private study still needs it
     tune._check_spec('tiny', {**sweep.load_config_module(CONFIG).tuning_space()['tiny'],
                               'score_noise': 0.0})
+  fixed = {'name': 'fixed', 'k': 2}  # a fixed K: the non-private study's, never a private one's
+  assert tune._check_spec('fedavg', {**spec, 'trials': fixed}, private=False)['distribution'].k == 2
+  with pytest.raises(ValueError, match='a fixed K is for a non-private search'):
+    tune._check_spec('tiny', {**sweep.load_config_module(CONFIG).tuning_space()['tiny'],
+                              'trials': fixed})
   result = tune.tune(CONFIG, str(tmp_path), 'fedavg', secret_seed=SECRET_K2)
   assert result['private'] is False and result['selection_epsilon'] is None
   directory = os.path.join(str(tmp_path), 'tune_tiny', 'fedavg')

@@ -32,7 +32,9 @@ from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
 POISSON = 'poisson'
 TRUNCATED_NEGATIVE_BINOMIAL = 'truncated_negative_binomial'
-TRIAL_DISTRIBUTIONS = (POISSON, TRUNCATED_NEGATIVE_BINOMIAL)
+FIXED = 'fixed'  # K = k every time: no private-selection bound, so for non-private searches only
+TRIAL_DISTRIBUTIONS = (POISSON, TRUNCATED_NEGATIVE_BINOMIAL, FIXED)
+PARAMETERS = {POISSON: {'mu'}, TRUNCATED_NEGATIVE_BINOMIAL: {'eta', 'gamma'}, FIXED: {'k'}}
 ORDERS = tuple(float(a) for a in _rdp.DEFAULT_RDP_ORDERS)  # the accountant's own orders
 _ADD_OR_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -46,14 +48,19 @@ def tnb_mean(eta: float, gamma: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class TrialDistribution:
-  """The law of the number of trials K: Poisson(mu), or truncated negative binomial (eta, gamma)."""
+  """The law of the number of trials K: Poisson(mu), truncated negative binomial (eta, gamma), or
+  fixed (K = k: a non-private search's, which no selection theorem covers)."""
   name: str
   mu: float | None = None
   eta: float | None = None
   gamma: float | None = None
+  k: int | None = None
 
   def __post_init__(self):
-    if self.name == POISSON:
+    if self.name == FIXED:
+      if not isinstance(self.k, int) or self.k < 1:
+        raise ValueError(f'trial distribution fixed: k={self.k!r}; a whole number of trials >= 1.')
+    elif self.name == POISSON:
       if self.mu is None or not 1.0 <= self.mu < math.inf:
         raise ValueError(f'trial distribution poisson: mu={self.mu!r}; dp_accounting bounds '
                          'Poisson(mu) for mu >= 1 only (a finite mean number of trials).')
@@ -78,13 +85,23 @@ class TrialDistribution:
     if name == TRUNCATED_NEGATIVE_BINOMIAL and 'gamma' not in spec and 'mean' in spec:
       eta, mean = float(spec.pop('eta', 0.0)), float(spec.pop('mean'))
       spec.update(eta=eta, gamma=_rdp._gamma_truncated_negative_binomial(eta, mean))  # pylint: disable=protected-access
-    allowed = {POISSON: {'mu'}, TRUNCATED_NEGATIVE_BINOMIAL: {'eta', 'gamma'}}[name]
+    allowed = PARAMETERS[name]
     if set(spec) - allowed:
       raise ValueError(f'trial distribution {name!r}: unknown parameters {sorted(set(spec) - allowed)}'
                        f'; it takes {sorted(allowed)}.')
+    if name == FIXED:
+      k = spec.get('k')
+      return cls(name, k=int(k) if isinstance(k, (int, float)) and float(k).is_integer() else k)
     return cls(name, **{k: float(v) for k, v in spec.items()})
 
+  @property
+  def private(self) -> bool:
+    """Whether a private search may draw its K from this law (a selection theorem covers it)."""
+    return self.name != FIXED
+
   def to_dict(self) -> dict:
+    if self.name == FIXED:
+      return {'name': FIXED, 'k': self.k}
     if self.name == POISSON:
       return {'name': POISSON, 'mu': self.mu}
     return {'name': TRUNCATED_NEGATIVE_BINOMIAL, 'eta': self.eta, 'gamma': self.gamma}
@@ -92,15 +109,23 @@ class TrialDistribution:
   @property
   def mean(self) -> float:
     """E[K]."""
+    if self.name == FIXED:
+      return float(self.k)
     return self.mu if self.name == POISSON else tnb_mean(self.eta, self.gamma)
 
   @property
   def shape(self) -> float:
     """dp_accounting's shape: inf for Poisson, eta for the truncated negative binomial."""
+    if not self.private:
+      raise ValueError(f'trial distribution fixed (k={self.k}): no private-selection bound covers a '
+                       'fixed number of trials; a private search draws K from poisson or '
+                       'truncated_negative_binomial.')
     return math.inf if self.name == POISSON else self.eta
 
   def pmf(self, k: int) -> float:
     """P[K = k]."""
+    if self.name == FIXED:
+      return float(k == self.k)
     if self.name == POISSON:
       return math.exp(-self.mu + k * math.log(self.mu) - math.lgamma(k + 1))
     if k < 1:
@@ -115,6 +140,8 @@ class TrialDistribution:
 
   def sample(self, rng: np.random.Generator) -> int:
     """One draw of K from `rng` (inverse CDF for the truncated negative binomial)."""
+    if self.name == FIXED:
+      return self.k
     if self.name == POISSON:
       return int(rng.poisson(self.mu))
     u, k, cdf = rng.random(), 1, 0.0
