@@ -141,3 +141,29 @@ def test_t_trial_is_open_until_ten_configurations_finished():
   runs = [{40: 0.5, 60: 0.5, 100: 0.5, 160: 0.5, 180: 0.5, 200: 0.5}] * 9 + [{40: 0.5}]
   found = pilot.trial_length_of(runs)
   assert found.rounds is None and found.configurations == 9
+
+
+def _rank_run(repo, index, validation, failed_at=None):
+  """Rank run `index` validated every 20 rounds (`validation`: {round: accuracy}) and, if
+  failed_at, its failure.json as experiments.train writes it."""
+  directory = os.path.join(repo, pilot.RANK_RUNS, 'dp2fedsam', f'index={index}', 'seed=0')
+  os.makedirs(directory)
+  with open(os.path.join(directory, 'metrics.jsonl'), 'w') as f:
+    for end, accuracy in sorted(validation.items()):
+      f.write(json.dumps({'round': end, 'validation_accuracy': accuracy}) + '\n')
+  if failed_at is not None:
+    with open(os.path.join(directory, 'failure.json'), 'w') as f:
+      json.dump({'error': 'FloatingPointError', 'round': failed_at}, f)
+
+
+def test_a_diverged_rank_run_is_finished_keeps_its_early_scores_and_ranks_last_after(tmp_path):
+  every = range(pilot.RANK_EVAL_EVERY, pilot.NUM_ROUNDS + 1, pilot.RANK_EVAL_EVERY)
+  for i in range(9):  # in one order at every round
+    _rank_run(str(tmp_path), i, {r: 0.5 + 0.02 * i for r in every})
+  # The best of all at 40 and 60, then NaN at round 90: at 100 and at T it ranks last.
+  _rank_run(str(tmp_path), 9, {20: 0.6, 40: 0.9, 60: 0.9, 80: 0.9}, failed_at=90)
+  found = pilot.trial_length(str(tmp_path))
+  assert found.configurations == 10  # not left open by the run that stopped at 90
+  rhos = dict(found.spearman)
+  assert rhos[100] == pytest.approx(1.0) and rhos[40] < pilot.MIN_SPEARMAN
+  assert found.rounds == 100

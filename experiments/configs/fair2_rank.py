@@ -60,7 +60,7 @@ def get_config(arg: str | None = None):
   fixed = {k: v for k, v in spec['fixed'].items() if k not in ('num_rounds', 'eval_every')}
   _common.set_fields(c, {**fixed, **values(index)})
   c.training_seed = TRAINING_SEED_BASE + index
-  c.num_rounds, c.eval_every = block_e.T, 20
+  c.num_rounds, c.eval_every = block_e.T, rules.RANK_EVAL_EVERY
   return c
 
 

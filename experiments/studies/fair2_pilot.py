@@ -287,6 +287,7 @@ RANK_RUNS = os.path.join('experiments', 'results', 'fair2_pilot', 'rank')
 TRIAL_LENGTHS = (40, 60, 100)   # the candidates for T_trial, shortest first
 MIN_SPEARMAN = 0.8
 MIN_CONFIGURATIONS = 10
+RANK_EVAL_EVERY = 20            # a rank run validates every 20 rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,11 +300,21 @@ class TrialLength:
 
 
 def _validation_by_round(directory: str) -> dict[int, float]:
-  """{round: validation accuracy} of a run; a failed run (failure.json) scores 0 everywhere."""
+  """{round: validation accuracy} of a run (a non-finite one 0). A run that diverged (failure.json)
+  is finished: its evaluations before the failure stand (a trial that short is the same rounds and
+  would have scored them), and it scores 0 at every evaluation round after it, T included (a
+  trial that long fails, and a failed trial ranks last)."""
   evaluations = metric_writers.read_jsonl(os.path.join(directory, metric_writers.EVAL_FILE))
-  failed = os.path.exists(os.path.join(directory, 'failure.json'))
-  return {int(e['round']): 0.0 if failed or not math.isfinite(e['validation_accuracy']) else
-          float(e['validation_accuracy']) for e in evaluations}
+  scores = {int(e['round']): float(e['validation_accuracy']) if math.isfinite(e['validation_accuracy'])
+            else 0.0 for e in evaluations}
+  failure = os.path.join(directory, 'failure.json')
+  if os.path.exists(failure):
+    with open(failure) as f:
+      failed_at = json.load(f).get('round') or 0
+    scores = {r: v for r, v in scores.items() if r < failed_at}
+    scores.update({r: 0.0 for r in range(RANK_EVAL_EVERY, NUM_ROUNDS + 1, RANK_EVAL_EVERY)
+                   if r >= failed_at})
+  return scores
 
 
 def trial_length_of(runs: list[dict[int, float]], rounds: int = NUM_ROUNDS) -> TrialLength:
