@@ -23,6 +23,11 @@ def _by_mode(record: dict) -> dict:
   return {(r['mode'], r['clients']): r for r in record['results']}
 
 
+def _by_mode_alone(record: dict) -> dict:
+  """{mode: result} of a client_throughput record measured at one cohort."""
+  return {m: r for (m, _), r in _by_mode(record).items()}
+
+
 def _json_line(*names: str) -> str:
   return 'JSON: ' + ', '.join(f'`results/{n}`' for n in names) + '.'
 
@@ -134,7 +139,7 @@ def lstm_cpu_lines(repo: str) -> list[str]:
            'sharded × PyTorch 2 threads |', '|---|---|---|---|---|---|---|']
   for name in names:
     record = _load(repo, name)
-    results = {m: r for (m, _), r in _by_mode(record).items()}
+    results = _by_mode_alone(record)
     seconds = [results[m]['seconds_per_round'] for m in modes]
     cells = [f'**{seconds[0]:.3f}**' if seconds[0] == min(seconds) else f'{seconds[0]:.3f}',
              *(f'{s:.3f}' for s in seconds[1:])]
@@ -150,7 +155,7 @@ def lowering_lines(repo: str) -> list[str]:
   lines = ['| lowering | vmap s/round | sequential s/round | vmap GFLOP/s | sequential GFLOP/s |',
            '|---|---|---|---|---|']
   for impl, name in names.items():
-    results = {m: r for (m, _), r in _by_mode(_load(repo, name)).items()}
+    results = _by_mode_alone(_load(repo, name))
     vmap, seq = results['vmap'], results['sequential']
     lines.append(f"| {what[impl]} | {vmap['seconds_per_round']:.2f} | {seq['seconds_per_round']:.2f} | "
                  f"{vmap['gflops_per_second']:.1f} | {seq['gflops_per_second']:.1f} |")
