@@ -377,7 +377,7 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
            'final_runs': {}}
   if block.design == 2:
     entry.update(selected_score=tuning.get('selected_score'),
-                 search=search_of(block, row, row_dir(root, path, row)))
+                 search=search_of(block, row, row_dir(root, path, row), seed_from))
   if selected is None:
     entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
   else:
@@ -396,14 +396,16 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
   return entry
 
 
-def search_of(block, row, directory: str) -> dict | None:
-  """The second design's record of a row's search (search_spread.search_record: its pool's tuning
-  curve, the private search's SD, the pool's best) from the operator's file of its trials; None
-  where this root holds no such file (a search seeded from a published one)."""
+def search_of(block, row, directory: str, seed_from: str | None = None) -> dict | None:
+  """The second design's record of a row's search (search_spread.search_record: its pool, the
+  pool's tuning curve, the private search's SD, the pool's best) from the operator's file of its
+  trials; where this root holds no such file (a search seeded from a published one), the published
+  row's record under `seed_from`, else None."""
   from experiments.studies import search_spread  # pylint: disable=import-outside-toplevel
   operator = _read(os.path.join(directory, tune.OPERATOR_FILE))
   if operator is None:
-    return None
+    published = _read(os.path.join(seed_from, row.name, ROW_FILE)) if seed_from else None
+    return (published or {}).get('search')
   spec = block.study(row)
   noise_on_mean = spec['score_noise'] / operator['score_denominator']
   return search_spread.search_record(

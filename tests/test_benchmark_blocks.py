@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from dp2fedsam_jax.privacy import accounting, selection
 from experiments.configs import _pfeddsu, _topk
 from experiments.studies import fair as _fair
 from experiments.configs import fmnist_paper_regime
+from experiments.report import fair2
 from experiments.report.summary import CLIP_WINDOW
 from launch import fair_benchmark, sweep, tune
 
@@ -642,3 +644,17 @@ def test_a_second_design_row_publishes_its_pools_tuning_curve_and_search_sd(tmp_
   assert summary['design'] == 2 and summary['final_seeds'] == (0, 1, 2, 3, 4)
   assert summary['regime'].startswith('pending') and summary['ceiling_final_runs'] == {}
   assert summary['rows']['dp_fedavg']['search']['search_sd'] == search['search_sd']
+  # The pool is published (never a trial's noised score) and the report recomputes from it alone.
+  assert [t['run'] for t in search['pool']] == ['trial=0', 'trial=1', 'trial=2']
+  assert all('score' not in t for t in search['pool'])
+  block_dir = str(tmp_path / 'fair_e_design2')
+  assert fair2.row_entries(block_dir, decided)['dp_fedavg']['search'] == search
+  # A fresh root seeded from the published row: no operator file, the published pool carries over.
+  published = tmp_path / 'published'
+  published.mkdir()
+  shutil.copytree(directory, published / 'dp_fedavg', ignore=shutil.ignore_patterns(
+      tune.OPERATOR_FILE))
+  fresh = tmp_path / 'fresh'
+  (fresh / 'fair_e_design2' / 'dp_fedavg').mkdir(parents=True)
+  seeded = fair_benchmark.run_row('e', 'dp_fedavg', str(fresh), parallel=1, seed_from=str(published))
+  assert seeded['search'] == search

@@ -12,7 +12,9 @@ import os
 import pytest
 from conftest import write_run_file
 
+from dp2fedsam_jax.privacy import selection
 from experiments.report import fair2, fair_pages, findings
+from experiments.studies import search_spread
 from launch import fair_benchmark
 
 PATH, MODULE, BLOCK = fair_benchmark.load_block('e')
@@ -22,8 +24,16 @@ NAME = fair_benchmark.config_name(PATH)
 _write = write_run_file
 
 
-def _row(runs, name, accuracies, score, search_sd=0.002, seeds=range(5)):
-  """A row's final seeds (evaluations at 160, 180, 200: acc - 0.01, acc + 0.01, acc) and row.json."""
+def _pool(best, spread, size=16):
+  """A search's pool: validation scores all tied (the noise picks), test accuracies alternating
+  `best` and `best - 2 spread`, so a search's SD is about `spread`; trial=0 is the pool's best."""
+  return [{'run': f'trial={i}', 'values': {'server_lr': 1.0}, 'status': 'finished', 'metric': 0.5,
+           'test_accuracy': best - 2 * spread * (i % 2)} for i in range(size)]
+
+
+def _row(runs, name, accuracies, score, spread=0.002, seeds=range(5)):
+  """A row's final seeds (evaluations at 160, 180, 200: acc - 0.01, acc + 0.01, acc) and row.json
+  with its search's pool (the report recomputes the curve and SD from it)."""
   config = MODULE.get_config(f'method={BLOCK.row(name).method}').to_dict()
   for seed, acc in zip(seeds, accuracies):
     run = os.path.join(runs, name, 'final', f'seed={seed}')
@@ -31,12 +41,12 @@ def _row(runs, name, accuracies, score, search_sd=0.002, seeds=range(5)):
     _write(os.path.join(run, 'metrics.jsonl'), [
         {'round': r, 'test_accuracy': a} for r, a in ((160, acc - 0.01), (180, acc + 0.01),
                                                       (200, acc))])
+  law = selection.TrialDistribution.from_dict(BLOCK.trials_of(BLOCK.row(name)))
+  search = search_spread.search_record(_pool(max(accuracies), spread), law, 0.01, seed=1,
+                                       resamples=300)
   _write(os.path.join(runs, name, 'row.json'), {
       'selected_score': score, 'selection_epsilon': 0.985, 'selected_values': {'server_lr': 1.0},
-      'search': {'pool_size': 16, 'search_sd': search_sd, 'covered_by_epsilon': False,
-                 'pool_best': {'test_accuracy': max(accuracies)},
-                 'tuning_curve': {'k': [1, 2], 'mean': [0.7, 0.75], 'low': [0.6, 0.7],
-                                  'high': [0.8, 0.8]}}})
+      'search': {**search, 'search_sd': 0.0, 'tuning_curve': None}})  # stored numbers: not read
 
 
 @pytest.fixture()
@@ -47,7 +57,7 @@ def results(tmp_path):
   dp2 = [0.80, 0.82, 0.79, 0.81, 0.83]
   _row(runs, 'dp2fedsam', dp2, score=0.8)
   _row(runs, 'centaur', [a - 0.03 for a in dp2], score=0.78)   # 3 points under, every seed
-  _row(runs, 'dp_fedsam', [a - 0.03 for a in dp2], score=0.7, search_sd=0.05)  # a wide search
+  _row(runs, 'dp_fedsam', [a - 0.03 for a in dp2], score=0.7, spread=0.05)  # a wide search
   _row(runs, 'dp_fedavg', [0.1] * 5, score=0.12)  # chance 0.1 + 0.05 not cleared
   _row(runs, 'ceiling_p_fedsam', [0.9, 0.91, 0.92], score=0.9, seeds=range(3))
   return str(root)
@@ -68,12 +78,15 @@ def test_a_seeds_accuracy_is_the_mean_of_its_last_three_evaluations(results):
 
 
 def test_paired_seeds_and_the_search_sd_decide_and_nothing_that_trains_meets_no_one(results):
-  verdicts, _, _ = _verdicts(results)
+  verdicts, _, entries = _verdicts(results)
+  sds = {name: entries[name]['search']['search_sd'] for name in ('dp2fedsam', 'centaur')}
+  assert sds['dp2fedsam'] == pytest.approx(0.002, rel=0.3)  # recomputed from the pool
   held = verdicts[('dp2fedsam', 'centaur')]
   assert held['verdict'] == 'holds' and held['d'] == pytest.approx(3.0)
-  assert held['s'] == pytest.approx(100 * (2 * 0.002 ** 2) ** 0.5, rel=1e-6)  # seeds agree exactly
-  wide = verdicts[('dp2fedsam', 'dp_fedsam')]  # the same 3 points, a 5-point search SD: level
-  assert wide['verdict'] == 'level' and wide['s'] > 5
+  # The seeds agree exactly: s is the two searches' SDs alone.
+  assert held['s'] == pytest.approx(100 * (sds['dp2fedsam'] ** 2 + sds['centaur'] ** 2) ** 0.5)
+  wide = verdicts[('dp2fedsam', 'dp_fedsam')]  # the same 3 points, a ~5-point search SD: level
+  assert wide['verdict'] == 'level' and wide['s'] > 3
   assert verdicts[('dp2fedsam', 'dp_fedavg')]['verdict'].startswith('no verdict')
   assert verdicts[('dp2fedsam', 'dp_fedsam_ft')]['verdict'] == 'undecided'  # not searched yet
 
@@ -92,7 +105,8 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   assert '81.00 ± 1.58' in page  # dp2fedsam's five seeds: their mean ± std
   data = fair_pages.plot_data(published, (published,))
   assert data['kind'] == 'tuning_curves' and len(data['curves']) == 5
-  assert data['curves'][0]['mean'] == [70.0, 75.0]
+  curve = data['curves'][0]['mean']  # dp2fedsam's, from its pool: 16 draws of 0.83 and 0.826
+  assert len(curve) == 16 and curve[0] == pytest.approx(82.8)
   first_design = fair_pages.published_blocks(os.path.join(fair_benchmark.ROOT_DIR, 'experiments',
                                                            'results'))
   lines = findings.findings_lines(first_design + (published,))
@@ -107,7 +121,8 @@ def test_tuned_well_is_the_pool_bests_difference_and_a_disagreement_is_marked(re
   entry_path = os.path.join(runs, 'centaur', 'row.json')
   with open(entry_path) as f:
     entry = json.load(f)
-  entry['search']['pool_best']['test_accuracy'] = 0.90  # above dp2fedsam's pool best, 0.83
+  for trial in entry['search']['pool']:  # 10 points up: its best 0.90 (dp2fedsam's 0.83), same SD
+    trial['test_accuracy'] += 0.10
   _write(entry_path, entry)
   verdicts, _, _ = _verdicts(results)
   pair = verdicts[('dp2fedsam', 'centaur')]

@@ -79,3 +79,20 @@ def test_a_rows_search_record_reads_its_trials_and_a_failed_trial_ranks_last():
   nothing = ss.search_record(trials[4:], law, 0.01, seed=0, resamples=50)
   assert nothing['pool_best'] is None and nothing['tuning_curve']['mean'] == [0.0]
   assert ss.search_record([], law, 0.01, seed=0)['pool_size'] == 0
+
+
+def test_a_published_record_recomputes_from_its_pool_alone():
+  trials = [{'run': f'trial={i}', 'values': {'x': i}, 'status': 'finished', 'metric': v,
+             'test_accuracy': t, 'score': v + 0.05} for i, (v, t) in enumerate(zip(POOL.validation,
+                                                                                  POOL.test))]
+  law = TrialDistribution.from_dict({'name': 'poisson', 'mu': 3.0})
+  record = ss.search_record(trials, law, 0.01, seed=3, resamples=100)
+  assert all('score' not in trial for trial in record['pool'])  # only the selected score is released
+  assert ss.recomputed(record, law) == record
+  stored_elsewhere = {**record, 'search_sd': 0.0, 'tuning_curve': None}
+  assert ss.recomputed(stored_elsewhere, law) == record  # what is shown comes from the trials
+  moved = {**record, 'pool': [{**t, 'test_accuracy': 0.99} if t['run'] == 'trial=1' else t
+                              for t in record['pool']]}
+  assert ss.recomputed(moved, law)['pool_best']['test_accuracy'] == 0.99
+  with pytest.raises(ValueError, match='pool'):
+    ss.recomputed({k: v for k, v in record.items() if k != 'pool'}, law)

@@ -4,7 +4,8 @@ each order the papers claim, by the rule that counts the search's spread
 (experiments/studies/search_spread.paired_rule).
 
 Reads what launch/fair_benchmark.py publishes: the rows' final runs (fair.read_row) and each row's
-row.json ('search', 'selected_score'). A row's accuracy at a seed is the mean of its last
+row.json ('selected_score', and 'search': its pool of trials, from which the page recomputes the
+tuning curve, the search SD and the pool's best). A row's accuracy at a seed is the mean of its last
 FINAL_EVALUATIONS evaluations. A row whose noised selected validation score is at most chance +
 NOTHING_TRAINS_MARGIN found nothing that trains: shown, without a verdict.
 """
@@ -17,6 +18,7 @@ import os
 import numpy as np
 
 from dp2fedsam_jax.algorithms import METHODS
+from dp2fedsam_jax.privacy.selection import TrialDistribution
 from experiments.report import fair
 from experiments.report.summary import mean_std
 from experiments.report.workdirs import format_value, read_json
@@ -35,12 +37,17 @@ def seed_accuracies(result: fair.RowResult, metric: str) -> dict[int, float]:
 
 
 def row_entries(runs: str, block) -> dict:
-  """{row name: its row.json} of the rows published under `runs` (absent: not there yet)."""
+  """{row name: its row.json} of the rows published under `runs` (absent: not there yet), each
+  search's tuning curve, SD and best recomputed from its published pool."""
   out = {}
   for row in block.all_rows():
     path = os.path.join(runs, row.name, ROW_FILE)
     if os.path.exists(path):
-      out[row.name] = read_json(path)
+      entry = read_json(path)
+      if entry.get('search') is not None:
+        law = TrialDistribution.from_dict(block.trials_of(row))
+        entry['search'] = search_spread.recomputed(entry['search'], law)
+      out[row.name] = entry
   return out
 
 

@@ -143,23 +143,41 @@ def pool_of_trials(trials: list[dict]) -> Pool:
   return Pool.of(validation, test)
 
 
+# What a published record keeps of each trial: enough to recompute the record (its noised score is
+# left out: only the selected trial's is released, under the selection's epsilon).
+POOL_FIELDS = ('run', 'values', 'status', 'metric', 'test_accuracy')
+
+
 def search_record(trials: list[dict], law: TrialDistribution, score_noise_on_mean: float,
                   seed: int, resamples: int = 1000) -> dict:
-  """What a row of the second design publishes of its search (row.json's 'search'): the pool's
-  size, its tuning curve to k = K, the private search's SD (the law simulated on the pool), and the
-  pool's validation-best trial ("tuned well"). Accuracies in [0, 1]; measurements of the pool, which
-  no epsilon covers."""
-  if not trials:  # K = 0: no pool
-    return {'pool_size': 0, 'tuning_curve': None, 'search_sd': None, 'pool_best': None,
+  """What a row of the second design publishes of its search (row.json's 'search'): its pool (each
+  trial's values, status, un-noised validation 'metric' and test accuracy) with the inputs that
+  recompute the rest (recomputed): the pool's size, its tuning curve to k = K, the private search's
+  SD (the law simulated on the pool), and the pool's validation-best trial ("tuned well").
+  Accuracies in [0, 1]; measurements of the pool, which no epsilon covers."""
+  inputs = {'pool': [{field: trial.get(field) for field in POOL_FIELDS} for trial in trials],
+            'score_noise_on_mean': score_noise_on_mean, 'seed': seed, 'resamples': resamples,
             'covered_by_epsilon': False}
+  if not trials:  # K = 0: no pool
+    return {**inputs, 'pool_size': 0, 'tuning_curve': None, 'search_sd': None, 'pool_best': None}
   pool = pool_of_trials(trials)
   rng = np.random.default_rng(seed)
   best = int(np.argmax(pool.validation))
   trained = math.isfinite(pool.validation[best])
-  return {'pool_size': len(pool),
+  return {**inputs, 'pool_size': len(pool),
           'tuning_curve': tuning_curve(pool, len(pool), rng, resamples).to_dict(),
           'search_sd': search_sd(pool, law, score_noise_on_mean, rng, resamples),
           'pool_best': {'run': trials[best].get('run'), 'values': trials[best].get('values'),
                         'validation_accuracy': float(pool.validation[best]),
-                        'test_accuracy': float(pool.test[best])} if trained else None,
-          'covered_by_epsilon': False}
+                        'test_accuracy': float(pool.test[best])} if trained else None}
+
+
+def recomputed(record: dict, law: TrialDistribution) -> dict:
+  """search_record again from a published record's pool and inputs: what a page shows of a search
+  comes from its trials, never from the numbers stored beside them."""
+  missing = [k for k in ('pool', 'score_noise_on_mean', 'seed', 'resamples') if k not in record]
+  if missing:
+    raise ValueError(f"a search record without {', '.join(missing)}: it cannot be recomputed from "
+                     'its trials; publish the row again (launch.fair_benchmark --publish)')
+  return search_record(record['pool'], law, record['score_noise_on_mean'], record['seed'],
+                       record['resamples'])
