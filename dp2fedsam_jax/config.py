@@ -38,6 +38,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling_rate = 0.1
   c.num_rounds = 10
   c.eval_every = 1
+  # Evaluate only from this round on (and always at the last): the rounds before train and
+  # checkpoint untested, so a metric that reads the last evaluations pays for no earlier ones.
+  c.eval_from = 0
   # Rounds between checkpoints, besides those of every evaluation and of the round a stop reaches.
   c.checkpoint_every = 1
   # Clients the evaluation tests: None = all; k = a fixed sample of k drawn once from seed
@@ -211,6 +214,12 @@ def field_help() -> dict[str, str]:
   return lines
 
 
+def evaluates_at(done: int, num_rounds: int, eval_every: int, eval_from: int = 0) -> bool:
+  """Whether a run evaluates after round `done` (1-based): every eval_every rounds from eval_from
+  on (the config's fields), and always at the last."""
+  return done == num_rounds or (done % eval_every == 0 and done >= eval_from)
+
+
 def _dataset_names() -> list[str]:
   from dp2fedsam_jax.data import sources  # pylint: disable=import-outside-toplevel
   return sources.dataset_names()
@@ -336,6 +345,7 @@ def _check_run_numbers(config) -> None:
   _positive(config, 'dirichlet_alpha')
   _positive(config, 'num_rounds', integer=True, allow_zero=True)
   _positive(config, 'eval_every', integer=True)
+  _positive(config, 'eval_from', integer=True, allow_zero=True)
   _positive(config, 'checkpoint_every', integer=True)
   _positive(config, 'server_lr')
   for field in ('server_momentum', 'server_beta1', 'server_beta2'):

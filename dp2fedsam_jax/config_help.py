@@ -25,6 +25,8 @@ FIELD_HELP = {
     'sampling_rate': 'q, the probability (Poisson) or fraction (fixed) of clients sampled per round',
     'num_rounds': 'communication rounds T (may change when resuming)',
     'eval_every': 'evaluate, log and checkpoint every this many rounds (may change when resuming)',
+    'eval_from': 'evaluate only at rounds >= this (every eval_every, and always the last); the '
+                 'rounds before still checkpoint every eval_every (may change when resuming)',
     'checkpoint_every': 'also checkpoint every this many rounds (a stop checkpoints the round it '
                         'reached; a kill loses the rounds since; may change when resuming)',
     'eval_clients': 'clients tested at each evaluation: None = all; k = a fixed sample of k drawn '

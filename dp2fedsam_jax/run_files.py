@@ -132,7 +132,8 @@ def holder(workdir: str) -> int | None:
 
 
 # Fields a resumed run may change: how long it runs, how often it reports and checkpoints.
-RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'checkpoint_every', 'dp.target_epsilon')
+RESUMABLE_CHANGES = ('num_rounds', 'eval_every', 'eval_from', 'checkpoint_every',
+                     'dp.target_epsilon')
 
 # Fields added after runs were started, with the value those runs had.
 ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_clients': None,
@@ -142,7 +143,7 @@ ADDED_FIELDS = {'dp.noise_mechanism': 'independent', 'dp.num_bands': 4, 'eval_cl
                 'dp.clipping': 'fixed', 'dp.target_quantile': 0.5, 'dp.clip_lr': 0.2,
                 'dp.initial_clip_norm': None, 'dp.count_noise_multiplier': None,
                 'local.subset_draw': 'argsort', 'private_metrics_only': False,
-                'validation_fraction': 0.0,
+                'validation_fraction': 0.0, 'eval_from': 0,
                 **{f'eval.{field}': default for field, default in protocol.DEFAULTS.items()}}
 
 
@@ -245,7 +246,7 @@ def finished_record(config, workdir: str) -> dict | None:
   # How often it evaluated and checkpointed, and which executor ran the cohort (the same clients,
   # keys and steps; float rounding apart), change nothing about a finished run: a sweep's CPU-run
   # seeds count on a GPU host, and a grid moved to another executor keeps its finished runs.
-  how_it_ran = ('eval_every', 'checkpoint_every', 'executor')
+  how_it_ran = ('eval_every', 'eval_from', 'checkpoint_every', 'executor')
   same = all(old.get(k) == new.get(k) or (k in resolved and new.get(k) is None)
              for k in set(old) | set(new) if k not in how_it_ran)
   if (same and records and records[-1]['round'] >= config.num_rounds

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dp2fedsam_jax import executors, keys, run_files, stopping
+from dp2fedsam_jax.config import evaluates_at
 from dp2fedsam_jax.evaluation import make_validation_evaluate
 from dp2fedsam_jax.algorithms.specs import METHODS
 from dp2fedsam_jax.federated_round import Hyperparameters, penalty_weight_field
@@ -207,8 +208,9 @@ class SearchProgram:
     """All trials to round num_rounds (the config's by default) in one jitted round step and one
     jitted evaluation, from round `start` at `states` (default: 0, init_states()); on_start() once
     they are compiled, on_round(done, metrics [K]) after each round, on_eval(done, records [K]) at
-    each evaluation (every eval_every rounds and the last), then on_state(done, states). Returns
-    the final states."""
+    each evaluation (config.evaluates_at: every eval_every rounds from eval_from on, and the last),
+    and on_state(done, states) after it and at every eval_every rounds before eval_from (the
+    trials' checkpoints). Returns the final states."""
     config = self.exp.config
     num_rounds = config.num_rounds if num_rounds is None else num_rounds
     eval_every = config.eval_every if eval_every is None else eval_every
@@ -221,15 +223,16 @@ class SearchProgram:
       done = r + 1
       if on_round is not None:
         on_round(done, jax.device_get(metrics))
-      if on_eval is not None and (done % eval_every == 0 or done == num_rounds):
+      evaluates = evaluates_at(done, num_rounds, eval_every, config.eval_from)
+      if on_eval is not None and evaluates:
         at = jnp.int32(done)
         records = dict(jax.device_get(evaluate(states, self.exp.data, self.roots, self.values, at)))
         if validate is not None:
           records.update(jax.device_get(validate(states, self.exp.validation, self.roots,
                                                  self.values, at)))
         on_eval(done, records)
-        if on_state is not None:
-          on_state(done, states)
+      if on_state is not None and (evaluates or done % eval_every == 0):
+        on_state(done, states)
     return states
 
 

@@ -26,7 +26,7 @@ from absl import logging
 from dp2fedsam_jax import checkpoint, eval_blocks, keys, local_only, metric_writers, run_files
 from dp2fedsam_jax import executors, stopping
 from dp2fedsam_jax.algorithms import get_method, METHODS, MethodSpec
-from dp2fedsam_jax.config import validate_config
+from dp2fedsam_jax.config import evaluates_at, validate_config
 from dp2fedsam_jax.data import FederatedData, make_federated_data, sources, split_validation
 from dp2fedsam_jax.data.federated import load_token_clients
 from dp2fedsam_jax.evaluation import eval_client_ids, make_evaluate, make_validation_evaluate
@@ -566,10 +566,11 @@ class _CompiledRun:
         # from raw client data (noise_std, signal_to_noise, ...), as the metrics files hold none.
         window.append({} if private_only else {k: metrics[k] for k in TRAIN_SCALARS})
         timed += 1
-        if done % config.eval_every and done != config.num_rounds:
+        if not evaluates_at(done, config.num_rounds, config.eval_every, config.eval_from):
           progress.update(done, (time.perf_counter() - window_start) / timed
                           + eval_seconds / config.eval_every)
-          if done % config.checkpoint_every == 0:
+          # Before eval_from, every eval_every rounds checkpoint still (as a program's trials do).
+          if done % config.checkpoint_every == 0 or done % config.eval_every == 0:
             self.save_checkpoint(train_writer, state, records, window)
             saved = done
           continue
@@ -616,7 +617,7 @@ def _train_alone(exp: Experiment, workdir: str, resolved: dict) -> dict:
     with open(os.path.join(workdir, run_files.CONFIG_FILE)) as f:
       old = run_files.flatten(json.load(f))
     changed = sorted(k for k, v in run_files.flatten(resolved).items()
-                     if k not in ('eval_every', 'checkpoint_every') and old.get(k) != v)
+                     if k not in ('eval_every', 'eval_from', 'checkpoint_every') and old.get(k) != v)
     if changed:
       raise ValueError(f'--workdir={workdir} holds the metrics of a run with another config '
                        f'({", ".join(changed)} differ). Use a new --workdir.')

@@ -40,6 +40,7 @@ from absl import logging
 
 from dp2fedsam_jax import cli, local, metric_writers
 from dp2fedsam_jax.algorithms import METHODS, pieces
+from dp2fedsam_jax.config import evaluates_at
 from dp2fedsam_jax.local import LocalConfig
 from dp2fedsam_jax.privacy import selection
 from experiments import config_files, report
@@ -218,7 +219,9 @@ def cpu_hours(block, row, config, kind: str) -> float:
   rounds = int(fixed.get('num_rounds', config.num_rounds))  # a block's trials may be shorter
   seconds = _anchor_seconds(COST_ANCHORS[anchor]) * rounds / ANCHOR_ROUNDS
   if spec.evaluation.adaptation(LocalConfig.from_config(config)).trains:  # an -FT / -fb evaluation
-    passes = 2 if kind == 'trial' else rounds // int(fixed['eval_every'])
+    every, start = int(fixed['eval_every']), int(fixed.get('eval_from', 0))
+    passes = 2 if kind == 'trial' else sum(evaluates_at(r, rounds, every, start)
+                                           for r in range(1, rounds + 1))
     seconds += FINETUNE_PASS_SECONDS * passes
   return seconds / 3600
 

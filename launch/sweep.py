@@ -21,8 +21,8 @@ A run whose metrics.jsonl (one line per evaluation) already reaches the config's
 skipped; one with a checkpoint resumes from it (experiments.train does that, bit for bit, its
 metrics files included). Extra `--config.x=y` overrides go to every run unchanged; they are
 recorded in `W/sweep.json` but are not part of W, so a different override in the same root is
-refused by experiments.train when it would change the run (only num_rounds, eval_every and
-dp.target_epsilon may change on resume) — use another --root.
+refused by experiments.train when it would change the run (only num_rounds, eval_every, eval_from,
+checkpoint_every and dp.target_epsilon may change on resume) — use another --root.
 
 --one_program=auto runs the unfinished runs that differ only in searched scalars (the lrs, rho, C,
 the server lr, lam: dp2fedsam_jax/search_program.py) and training_seed as one compiled program in
@@ -66,8 +66,8 @@ FLAGS = flags.FLAGS
 
 _overrides: list[str] = []  # the --config.x=y flags, taken out before absl parses the rest
 # Overrides a finished or unfinished run may change and still be the same run (see experiments.train).
-_RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.checkpoint_every=',
-                        '--config.dp.target_epsilon=')
+_RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.eval_from=',
+                        '--config.checkpoint_every=', '--config.dp.target_epsilon=')
 RESUMES = 'resume from round '  # Run.status of a run with a checkpoint: RESUMES + its round
 
 

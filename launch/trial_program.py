@@ -6,7 +6,8 @@ way (--one_program=auto). Trial i's workdir gets what a run alone leaves there a
 report and a rerun read: config.json (its own searched values and training_seed; sigma, delta and the
 executor resolved), metrics.jsonl (round, epsilon, the window's training means, the test and
 validation metrics at the same rounds), train_metrics.jsonl (every round), hosts.jsonl and, at each
-evaluation, its checkpoint (experiments.train then finds a finished one finished). A trial whose
+evaluation and every eval_every rounds before eval_from, its checkpoint (experiments.train then
+finds a finished one finished). A trial whose
 release turns NaN/Inf gets failure.json, as a run alone does; the others go on.
 
 A program stopped mid-way resumes at the next start from its trials' common last checkpoint (each
@@ -137,8 +138,8 @@ def _restored(program, workdirs: list[str]) -> tuple[list[checkpoint.Restored], 
 def run_trials(configs: list, workdirs: list[str], build=None) -> dict[str, str]:
   """Runs `configs` (trials that share search_program.one_program_key, with no checkpoint or with
   checkpoints of one round) as one program to their num_rounds, trial i's files in workdirs[i], each
-  trial's checkpoint written at every evaluation; returns {workdir: 'ran' | 'failed (...)'}. Holds
-  every trial's workdir lock while it runs."""
+  trial's checkpoint written at every evaluation and every eval_every rounds before eval_from;
+  returns {workdir: 'ran' | 'failed (...)'}. Holds every trial's workdir lock while it runs."""
   start = start_round(workdirs)
   configs, how = with_resolved_executor(configs)
   program = search_program.SearchProgram.of_configs(configs, build)
@@ -191,16 +192,19 @@ def _callbacks(exp, trials: list[_Trial], num_rounds: int, private_only: bool) -
         trial.evaluated(exp, done, search_program.trial_records(records, i), seconds, private_only)
     _log(f'program round {done}/{num_rounds}: {sum(not t.failed for t in trials)} of '
          f'{len(trials)} trials running')
-    clock['rounds'] = 0  # the clock restarts after the checkpoints (on_state)
+    # The next window and round start after the evaluation (on_state leaves out its checkpoints).
+    clock.update(rounds=0, window=time.perf_counter(), round=time.perf_counter())
 
-  def on_state(done, states):  # after each evaluation, as a run alone checkpoints
+  def on_state(done, states):  # after each evaluation and every eval_every rounds before eval_from
     del done
+    started = time.perf_counter()
     with stopping.critical():  # a second stop signal waits for the checkpoints
       for i, trial in enumerate(trials):
         if not trial.failed:
           trial.writers[0].flush()  # on disk before the checkpoint claims these rounds
           checkpoint.save(trial.workdir, jax.tree.map(lambda leaf: leaf[i], states),  # noqa: B023
                           trial.records, trial.window)
-    clock.update(window=time.perf_counter(), round=time.perf_counter())
+    spent = time.perf_counter() - started  # not a round's time: moved out of the clocks
+    clock.update(window=clock['window'] + spent, round=clock['round'] + spent)
 
   return dict(on_start=on_start, on_round=on_round, on_eval=on_eval, on_state=on_state)

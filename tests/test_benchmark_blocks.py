@@ -596,6 +596,16 @@ def test_the_clip_diagnostics_leave_the_signal_to_noise_ratio_where_it_was():
     assert change <= 5, row  # C scales signal and noise alike
 
 
+def test_a_second_design_final_run_evaluates_exactly_the_rounds_its_metric_reads():
+  _, module, block = BLOCKS['e']
+  fixed = dict(block.final_fixed)
+  config = module.get_config(None)
+  rounds = [r for r in range(1, config.num_rounds + 1) if config_lib.evaluates_at(
+      r, config.num_rounds, fixed['eval_every'], fixed['eval_from'])]
+  assert len(rounds) == fair2.FINAL_EVALUATIONS and rounds[-1] == config.num_rounds
+  assert rounds == list(range(rounds[0], config.num_rounds + 1, fixed['eval_every']))
+
+
 def test_the_second_designs_client_lr_is_one_knob_and_a_pending_block_runs_nothing(tmp_path):
   path, module, block = BLOCKS['e']
   row = block.row('dp2fedsam')

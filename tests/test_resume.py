@@ -22,6 +22,7 @@ import pytest
 
 from conftest import Killed, tiny_config, train_killed_before_checkpoint
 from dp2fedsam_jax import checkpoint, metric_writers, stopping, train
+from dp2fedsam_jax.errors import ConfigError
 
 
 def _config(eval_every=1, checkpoint_every=1):
@@ -158,3 +159,21 @@ def test_a_kill_loses_only_the_rounds_since_the_last_checkpoint_every(tmp_path, 
   metrics, state = _uninterrupted(4, tmp_path_factory)
   assert _metrics(workdir) == metrics  # the one record averages rounds 1-4, two of them restored
   chex.assert_trees_all_equal(_final_state(workdir), state)
+
+
+def test_rounds_before_eval_from_train_untested_and_still_checkpoint(tmp_path):
+  """eval_from = 4 of 4, every 2: one evaluation (round 4); round 2 is checkpointed all the same
+  (checkpoint_every 100), and its record averages every round's training scalars."""
+  workdir = str(tmp_path)
+  config = tiny_config(num_rounds=4, eval_every=2, eval_from=4, checkpoint_every=100)
+  train.train_and_evaluate(config, workdir)
+  records, lines = _metrics(workdir)
+  assert [r['round'] for r in records] == [4] and [r['round'] for r in lines] == [1, 2, 3, 4]
+  assert sorted(int(r) for r in os.listdir(os.path.join(workdir, 'checkpoints'))) == [2, 4]
+  losses = [r['train_loss'] for r in lines]
+  assert records[0]['train_loss'] == pytest.approx(sum(losses) / 4, rel=1e-6)
+
+
+def test_eval_from_is_an_integer_round_at_least_zero():
+  with pytest.raises(ConfigError, match='eval_from'):
+    train.build_experiment(tiny_config(eval_from=-1))

@@ -17,7 +17,7 @@ import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
 
-from dp2fedsam_jax import checkpoint, keys, metric_writers, stopping
+from dp2fedsam_jax import checkpoint, keys, metric_writers, stopping, train
 from experiments import config_files, report
 from launch import sweep, trial_program, tune
 
@@ -653,6 +653,38 @@ def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_sa
       strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
       assert strip(lines[0]) == strip(lines[1]), name
     assert checkpoint.latest_round(b) == 3
+
+
+def test_a_programs_trials_evaluate_from_eval_from_and_resume_from_a_checkpoint_before_it(
+    tmp_path, monkeypatch):
+  """eval_from = 3 of 4, every round: the trials evaluate at rounds 3 and 4 only, as a run alone
+  does; a program stopped in round 2 resumes from round 1's checkpoint (no evaluation there) to
+  the same lines as a program never stopped."""
+  module = sweep.load_config_module(CONFIG)
+  configs = [config_files.apply_overrides(module.get_config(None), [
+      '--config.validation_fraction=0.25', '--config.num_rounds=4', '--config.eval_every=1',
+      '--config.eval_from=3', f'--config.local.lr_shared={lr}',
+      f'--config.training_seed={2**40 + i}']) for i, lr in enumerate([0.05, 0.2])]
+  whole = [str(tmp_path / 'whole' / f'trial={i}') for i in range(2)]
+  stopped = [str(tmp_path / 'stopped' / f'trial={i}') for i in range(2)]
+  trial_program.run_trials(configs, whole)
+  asked = iter([False, True])  # a stop request arrives before round 2's lines are written
+  monkeypatch.setattr(stopping, 'stop_requested', lambda: next(asked, False))
+  with pytest.raises(KeyboardInterrupt):
+    trial_program.run_trials(configs, stopped)
+  assert [checkpoint.latest_round(w) for w in stopped] == [1, 1]
+  monkeypatch.undo()
+  trial_program.run_trials(configs, stopped)
+  strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
+  for a, b in zip(whole, stopped):
+    records = metric_writers.read_jsonl(os.path.join(a, 'metrics.jsonl'))
+    assert [r['round'] for r in records] == [3, 4]
+    for name in ('metrics.jsonl', 'train_metrics.jsonl'):
+      lines = [metric_writers.read_jsonl(os.path.join(w, name)) for w in (a, b)]
+      assert strip(lines[0]) == strip(lines[1]), name
+  alone = str(tmp_path / 'alone')
+  train.train_and_evaluate(configs[0], alone)
+  assert [r['round'] for r in metric_writers.read_jsonl(os.path.join(alone, 'metrics.jsonl'))] == [3, 4]
 
 
 def test_a_tied_field_takes_its_leaders_value_and_a_bad_tie_is_refused():

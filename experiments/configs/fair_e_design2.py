@@ -25,7 +25,8 @@ Law: K truncated negative binomial, eta = 0 (the logarithmic law), E[K] = 16; sc
 sum over the 1,000 clients; each trial its own secret training seed. The ceiling: K = 16 trials
 every time (non-private: K costs no eps, and a fixed K searches it at least as strongly as a row's
 E[K] = 16). Final runs: seeds 0-4 as training seeds at split seed 0 (the ceiling
-0-2), the metric the mean of the last 3 evaluations (every 20 rounds).
+0-2), the metric the mean of the last 3 evaluations (every 20 rounds from round 160: the rounds
+before train untested, which spares the -FT rows' fine-tuning passes).
 
 While the pilot's edge or trial length is undecided the block is pending (Block.pending):
 launch.fair_benchmark plans it and runs nothing.
@@ -59,6 +60,7 @@ LAMBDA_GRID = ('choice', [0.0, 0.1, 1.0])
 FIXED_KNOBS = {'local.personal_epochs': 1, 'local.finetune_epochs': 2,
                'dsu.keep_fraction': 0.05, 'dsu.masked_layers': 4}
 EVAL_EVERY = 20
+EVAL_FROM = T - 2 * EVAL_EVERY  # a final run evaluates at 160, 180, 200: the 3 its metric reads
 ROWS_OF = (  # (row, method, tuner seed, paper row, mark)
     ('dp2fedsam', 'dp2fedsam', 601, 'DP2-FedSAM', ''),
     ('centaur', 'centaur', 602, 'CENTAUR', ''),
@@ -148,7 +150,7 @@ BLOCK = fair.Block(
     ceiling_reference='non-private P-FedSAM, K = 16 from its own pool, 3 seeds',
     if_rule_fails='no further step: the pilot chose this regime for its room',
     trial_fixed=(('num_rounds', trial_rounds()), ('eval_every', trial_rounds())),
-    final_fixed=(('eval_every', EVAL_EVERY),),
+    final_fixed=(('eval_every', EVAL_EVERY), ('eval_from', EVAL_FROM)),
     claims=block_a.CLAIMS + tuple(c for c in block_c.CLAIMS if c not in block_a.CLAIMS),
     final_seed_field='training_seed', final_seed_values=FINAL_SEEDS,
     ceiling_seed_values=CEILING_SEEDS, tied=(('local.lr_personal', 'local.lr_shared'),),
