@@ -596,7 +596,7 @@ def test_the_clip_diagnostics_leave_the_signal_to_noise_ratio_where_it_was():
     assert change <= 5, row  # C scales signal and noise alike
 
 
-def test_a_second_design_final_run_evaluates_exactly_the_rounds_its_metric_reads():
+def test_a_second_design_run_evaluates_exactly_the_rounds_its_metric_or_score_reads():
   _, module, block = BLOCKS['e']
   fixed = dict(block.final_fixed)
   config = module.get_config(None)
@@ -604,6 +604,9 @@ def test_a_second_design_final_run_evaluates_exactly_the_rounds_its_metric_reads
       r, config.num_rounds, fixed['eval_every'], fixed['eval_from'])]
   assert len(rounds) == fair2.FINAL_EVALUATIONS and rounds[-1] == config.num_rounds
   assert rounds == list(range(rounds[0], config.num_rounds + 1, fixed['eval_every']))
+  trial = dict(block.trial_fixed)  # a trial: one evaluation, at T_trial
+  assert [r for r in range(1, trial['num_rounds'] + 1) if config_lib.evaluates_at(
+      r, trial['num_rounds'], trial['eval_every'], trial['eval_from'])] == [trial['num_rounds']]
 
 
 def test_the_second_designs_client_lr_is_one_knob_and_a_pending_block_runs_nothing(tmp_path):

@@ -149,7 +149,9 @@ BLOCK = fair.Block(
     ceiling=_row(*CEILING), ceiling_trials=CEILING_TRIALS,
     ceiling_reference='non-private P-FedSAM, K = 16 from its own pool, 3 seeds',
     if_rule_fails='no further step: the pilot chose this regime for its room',
-    trial_fixed=(('num_rounds', trial_rounds()), ('eval_every', trial_rounds())),
+    # A trial evaluates once, at T_trial; its program checkpoints every EVAL_EVERY rounds before.
+    trial_fixed=(('num_rounds', trial_rounds()), ('eval_every', EVAL_EVERY),
+                 ('eval_from', trial_rounds())),
     final_fixed=(('eval_every', EVAL_EVERY), ('eval_from', EVAL_FROM)),
     claims=block_a.CLAIMS + tuple(c for c in block_c.CLAIMS if c not in block_a.CLAIMS),
     final_seed_field='training_seed', final_seed_values=FINAL_SEEDS,
