@@ -60,6 +60,8 @@ def results(tmp_path):
   _row(runs, 'dp_fedsam', [a - 0.03 for a in dp2], score=0.7, spread=0.05)  # a wide search
   _row(runs, 'dp_fedavg', [0.1] * 5, score=0.12)  # chance 0.1 + 0.05 not cleared
   _row(runs, 'ceiling_p_fedsam', [0.9, 0.91, 0.92], score=0.9, seeds=range(3))
+  for name in ('dp_pfeddsu', 'dp_pfeddsu_safe'):  # one paper row, two forms
+    _row(runs, name, [a - 0.05 for a in dp2], score=0.7)
   return str(root)
 
 
@@ -104,9 +106,10 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   page = fair_pages.page_text(published, (published,))
   assert '81.00 ± 1.58' in page  # dp2fedsam's five seeds: their mean ± std
   data = fair_pages.plot_data(published, (published,))
-  assert data['kind'] == 'tuning_curves' and len(data['curves']) == 5
+  assert data['kind'] == 'tuning_curves' and len(data['curves']) == 7
   curve = data['curves'][0]['mean']  # dp2fedsam's, from its pool: 16 draws of 0.83 and 0.826
   assert len(curve) == 16 and curve[0] == pytest.approx(82.8)
+  assert len({c['row'] for c in data['curves']}) == len(data['curves'])  # each curve its own name
   first_design = fair_pages.published_blocks(os.path.join(fair_benchmark.ROOT_DIR, 'experiments',
                                                            'results'))
   lines = findings.findings_lines(first_design + (published,))

@@ -194,10 +194,12 @@ def plot_data(published) -> dict:
   """Each row's tuning curve (points, with its band) for the block's plot."""
   curves = []
   entries = row_entries(published.runs, published.block)
-  for row in published.block.all_rows():
+  rows = published.block.all_rows()
+  labels = [row.paper_row or row.name for row in rows]
+  for row, label in zip(rows, labels):
     curve = ((entries.get(row.name) or {}).get('search') or {}).get('tuning_curve')
-    if curve:
-      curves.append({'row': row.paper_row or row.name,
+    if curve:  # two rows of one paper row (a paper form and its covered form): their names tell
+      curves.append({'row': label if labels.count(label) == 1 else f'{label} ({row.name})',
                      **{k: [round(100 * v, 4) for v in curve[k]] for k in ('mean', 'low', 'high')},
                      'k': curve['k']})
   return {'kind': 'tuning_curves', 'title': f'block ({published.letter}): {published.block.paper}',
