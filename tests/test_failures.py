@@ -62,6 +62,7 @@ INVALID = {
     'num_clients': NON_POSITIVE_INT,
     'classes_per_client': NON_POSITIVE_INT,
     'eval_every': NON_POSITIVE_INT,
+    'eval_from': NEGATIVE_INT,
     'checkpoint_every': NON_POSITIVE_INT,
     'local.batch_size': NON_POSITIVE_INT,
     'chunk_size': NON_POSITIVE_INT,

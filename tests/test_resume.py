@@ -22,7 +22,6 @@ import pytest
 
 from conftest import Killed, tiny_config, train_killed_before_checkpoint
 from dp2fedsam_jax import checkpoint, metric_writers, stopping, train
-from dp2fedsam_jax.errors import ConfigError
 
 
 def _config(eval_every=1, checkpoint_every=1):
@@ -172,8 +171,3 @@ def test_rounds_before_eval_from_train_untested_and_still_checkpoint(tmp_path):
   assert sorted(int(r) for r in os.listdir(os.path.join(workdir, 'checkpoints'))) == [2, 4]
   losses = [r['train_loss'] for r in lines]
   assert records[0]['train_loss'] == pytest.approx(sum(losses) / 4, rel=1e-6)
-
-
-def test_eval_from_is_an_integer_round_at_least_zero():
-  with pytest.raises(ConfigError, match='eval_from'):
-    train.build_experiment(tiny_config(eval_from=-1))
