@@ -111,8 +111,8 @@ def _start(exp, config, workdir: str, restored: checkpoint.Restored) -> None:
 
 def _stopped(*unused, **unused_kwargs) -> str:
   del unused, unused_kwargs
-  return (f'{stopping.stopped_by()}: the program\'s trials resume from their last evaluation\'s '
-          'checkpoint at the next start; its finished trials are kept')
+  return (f'{stopping.stopped_by()}: the program\'s trials resume from their last checkpoint (every '
+          'eval_every rounds) at the next start; its finished trials are kept')
 
 
 def start_round(workdirs: list[str]) -> int:
