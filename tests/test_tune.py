@@ -626,15 +626,16 @@ def test_a_trial_of_the_program_whose_release_turns_inf_fails_alone(tmp_path):
   assert checkpoint.latest_round(workdirs[0]) == 2 and not checkpoint.exists(workdirs[1])
 
 
-def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_same_result(
-    tmp_path, monkeypatch):
-  """Checkpoints at every evaluation: a program stopped in round 2 resumes from round 1's and ends
-  with the same states, records and per-round lines as a program never stopped."""
+def _two_trials(*overrides: str) -> list:
+  """Two trials of the tiny study (lrs 0.05 and 0.2, their own training seeds) with `overrides`."""
   module = sweep.load_config_module(CONFIG)
-  configs = [config_files.apply_overrides(module.get_config(None), [
-      '--config.validation_fraction=0.25', '--config.num_rounds=3', '--config.eval_every=1',
-      f'--config.local.lr_shared={lr}', f'--config.training_seed={2**40 + i}'])
-      for i, lr in enumerate([0.05, 0.2])]
+  return [config_files.apply_overrides(module.get_config(None), [
+      '--config.validation_fraction=0.25', *overrides, f'--config.local.lr_shared={lr}',
+      f'--config.training_seed={2**40 + i}']) for i, lr in enumerate([0.05, 0.2])]
+
+
+def _whole_and_stopped_in_round_2(configs, tmp_path, monkeypatch) -> tuple[list, list]:
+  """The trials' workdirs run as one program never stopped, and as one stopped in round 2."""
   whole = [str(tmp_path / 'whole' / f'trial={i}') for i in range(2)]
   stopped = [str(tmp_path / 'stopped' / f'trial={i}') for i in range(2)]
   trial_program.run_trials(configs, whole)
@@ -642,16 +643,28 @@ def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_sa
   monkeypatch.setattr(stopping, 'stop_requested', lambda: next(asked, False))
   with pytest.raises(KeyboardInterrupt):
     trial_program.run_trials(configs, stopped)
+  monkeypatch.undo()
+  return whole, stopped
+
+
+def _strip(records):
+  return [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
+
+
+def test_a_program_stopped_mid_way_resumes_from_its_trials_checkpoints_to_the_same_result(
+    tmp_path, monkeypatch):
+  """Checkpoints at every evaluation: a program stopped in round 2 resumes from round 1's and ends
+  with the same states, records and per-round lines as a program never stopped."""
+  configs = _two_trials('--config.num_rounds=3', '--config.eval_every=1')
+  whole, stopped = _whole_and_stopped_in_round_2(configs, tmp_path, monkeypatch)
   assert [checkpoint.latest_round(w) for w in stopped] == [1, 1]
   assert sweep.execution_plan([(sweep.Run({}, w, 3, 'dp2fedsam', 'tiny'), c)
                               for w, c in zip(stopped, configs)]) == [[0, 1]]
-  monkeypatch.undo()
   assert trial_program.run_trials(configs, stopped) == {w: 'ran' for w in stopped}
   for a, b in zip(whole, stopped):
     for name in ('metrics.jsonl', 'train_metrics.jsonl'):
       lines = [metric_writers.read_jsonl(os.path.join(w, name)) for w in (a, b)]
-      strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
-      assert strip(lines[0]) == strip(lines[1]), name
+      assert _strip(lines[0]) == _strip(lines[1]), name
     assert checkpoint.latest_round(b) == 3
 
 
@@ -660,28 +673,16 @@ def test_a_programs_trials_evaluate_from_eval_from_and_resume_from_a_checkpoint_
   """eval_from = 3 of 4, every round: the trials evaluate at rounds 3 and 4 only, as a run alone
   does; a program stopped in round 2 resumes from round 1's checkpoint (no evaluation there) to
   the same lines as a program never stopped."""
-  module = sweep.load_config_module(CONFIG)
-  configs = [config_files.apply_overrides(module.get_config(None), [
-      '--config.validation_fraction=0.25', '--config.num_rounds=4', '--config.eval_every=1',
-      '--config.eval_from=3', f'--config.local.lr_shared={lr}',
-      f'--config.training_seed={2**40 + i}']) for i, lr in enumerate([0.05, 0.2])]
-  whole = [str(tmp_path / 'whole' / f'trial={i}') for i in range(2)]
-  stopped = [str(tmp_path / 'stopped' / f'trial={i}') for i in range(2)]
-  trial_program.run_trials(configs, whole)
-  asked = iter([False, True])  # a stop request arrives before round 2's lines are written
-  monkeypatch.setattr(stopping, 'stop_requested', lambda: next(asked, False))
-  with pytest.raises(KeyboardInterrupt):
-    trial_program.run_trials(configs, stopped)
+  configs = _two_trials('--config.num_rounds=4', '--config.eval_every=1', '--config.eval_from=3')
+  whole, stopped = _whole_and_stopped_in_round_2(configs, tmp_path, monkeypatch)
   assert [checkpoint.latest_round(w) for w in stopped] == [1, 1]
-  monkeypatch.undo()
   trial_program.run_trials(configs, stopped)
-  strip = lambda records: [{k: v for k, v in r.items() if k != 'seconds'} for r in records]
   for a, b in zip(whole, stopped):
     records = metric_writers.read_jsonl(os.path.join(a, 'metrics.jsonl'))
     assert [r['round'] for r in records] == [3, 4]
     for name in ('metrics.jsonl', 'train_metrics.jsonl'):
       lines = [metric_writers.read_jsonl(os.path.join(w, name)) for w in (a, b)]
-      assert strip(lines[0]) == strip(lines[1]), name
+      assert _strip(lines[0]) == _strip(lines[1]), name
   alone = str(tmp_path / 'alone')
   train.train_and_evaluate(configs[0], alone)
   assert [r['round'] for r in metric_writers.read_jsonl(os.path.join(alone, 'metrics.jsonl'))] == [3, 4]
