@@ -61,6 +61,10 @@ BLOCK_CONFIGS = {
 }
 CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block next on a CPU
 SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'
+# A second-design block's searches as they run (carry_searches): beside runs/, which no report reads.
+SEARCHES_DIR, CARRIED_RECORD = 'searches', 'operator_record.json'
+TRIAL_FILES = ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
+               metric_writers.TRAIN_FILE, metric_writers.HOSTS_FILE)
 
 # Cost model, from committed measurements (nothing runs for the plan).
 # Fashion-MNIST, one run at a time on the 2 cores, quiet machine: the seconds of the 200 rounds
@@ -357,6 +361,7 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
     raise ValueError(f'block ({letter}) is pending, so none of its trials may run yet: '
                      + '; '.join(block.pending))
   if seed_from:
+    resume_search(letter, row_name, root, os.path.dirname(seed_from))
     seed_search(letter, row_name, root, seed_from)
   row = block.row(row_name)
   base = subsumed_by(letter, root, row, seed_from)
@@ -379,13 +384,15 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
            'per_trial_epsilon': tuning.get('per_trial_epsilon'), 'selected_values': selected,
            'final_runs': {}}
   if block.design == 2:
+    # Its pool publishes K: the bound that holds with K known (launch.tune.search_epsilon_bound).
     entry.update(selected_score=tuning.get('selected_score'),
+                 epsilon_bound=tuning.get('epsilon_bound'),
                  search=search_of(block, row, row_dir(root, path, row), seed_from))
   if selected is None:
     entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
   else:
     runs = final_runs(root, path, module, block, row, selected)
-    if seed_from:
+    if seed_from and os.path.isdir(seed_from):  # (a block with only searches/ carried has none)
       for workdir, source in sweep.seed_from([r for r, _ in runs], root, seed_from):
         _log(f'seeded  {workdir} from {source}')
     results = sweep.execute_trials(path, runs, parallel, os.path.join(root, '.jax_cache'),
@@ -428,6 +435,60 @@ def seed_search(letter: str, row_name: str, root: str, source: str) -> bool:
     return False
   _copy_if_there(published, os.path.join(directory, tune.TUNING_FILE))
   _log(f'seeded  {directory} from {published} (its search is not run again)')
+  return True
+
+
+def carry_searches(letter: str, root: str, out: str) -> list[str]:
+  """A second-design block's searches, finished or under way, to <out>/searches/<row>/: the
+  operator's record (its secret, K, every candidate) and each finished trial's small files, so
+  that a fresh root resumes a search (resume_search) instead of drawing it again. The design
+  publishes every trial of a search (its pool, row.json) anyway; carrying makes K and the trials
+  public while the search runs. Returns the rows carried."""
+  path, _, block = load_block(letter)
+  if block.design != 2:
+    return []
+  carried = []
+  for row in block.all_rows():
+    directory = row_dir(root, path, row)
+    record = _read(os.path.join(directory, tune.OPERATOR_FILE))
+    if record is None:
+      continue
+    target = os.path.join(published_dir(out, letter), SEARCHES_DIR, row.name)
+    for name in record['runs']:
+      if _trial_finished(os.path.join(directory, name)):
+        for file in TRIAL_FILES:
+          _copy_if_there(os.path.join(directory, name, file), os.path.join(target, name, file))
+    _copy_if_there(os.path.join(directory, tune.OPERATOR_FILE), os.path.join(target, CARRIED_RECORD))
+    carried.append(row.name)
+  return carried
+
+
+def _trial_finished(workdir: str) -> bool:
+  """A trial that reached its last round or failed: either way its files are final."""
+  config = _read(os.path.join(workdir, 'config.json'))
+  records = metric_writers.read_jsonl(os.path.join(workdir, metric_writers.EVAL_FILE))
+  reached = bool(config and records and records[-1]['round'] >= config['num_rounds'])
+  return reached or os.path.exists(os.path.join(workdir, 'failure.json'))
+
+
+def resume_search(letter: str, row_name: str, root: str, published: str) -> bool:
+  """Copies the row's carried search (carry_searches; `published` is the block's published_dir)
+  into its directory under root when that holds no operator's record: launch.tune then resumes the
+  same draw, its finished trials skipped, the others run from their start. Returns whether it
+  copied."""
+  path, _, block = load_block(letter)
+  directory = row_dir(root, path, block.row(row_name))
+  source = os.path.join(published, SEARCHES_DIR, row_name)
+  record = _read(os.path.join(source, CARRIED_RECORD))
+  if record is None or os.path.exists(os.path.join(directory, tune.OPERATOR_FILE)):
+    return False
+  for name in record['runs']:
+    for file in TRIAL_FILES:
+      _copy_if_there(os.path.join(source, name, file), os.path.join(directory, name, file))
+  _copy_if_there(os.path.join(source, CARRIED_RECORD), os.path.join(directory, tune.OPERATOR_FILE))
+  _log(f'resumed {directory} from {source} (its draw; '
+       f"{sum(_trial_finished(os.path.join(directory, n)) for n in record['runs'])} trial(s) "
+       'finished)')
   return True
 
 
@@ -490,8 +551,9 @@ def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str |
     if not os.path.isdir(seed_from):
       raise ValueError(f'--seed_from={seed_from}: no such directory (where --publish committed the '
                        'blocks, e.g. experiments/results)')
-    published = os.path.join(published_dir(seed_from, letter), 'runs')
-    source = published if os.path.isdir(published) else None  # nothing of the block published yet
+    block_dir = published_dir(seed_from, letter)
+    # runs/ (finished searches and final runs) and searches/ (carry_searches) beside it
+    source = os.path.join(block_dir, 'runs') if os.path.isdir(block_dir) else None
   for name in rows or [r.name for r in block.all_rows()]:
     run_row(letter, name, root, parallel, source, one_program)
     write_summary(letter, root)
@@ -523,7 +585,8 @@ def ceiling_accuracy(letter: str, out_root: str) -> float | None:
 
 def publish(letter: str, root: str, out_root: str) -> str:
   """Copies what the block has finished under root to published_dir: each row's tuning.json and its
-  selected trial as launch.tune publishes them (never the operator's file, nor another trial), the
+  selected trial as launch.tune publishes them (of a first-design block never the operator's file,
+  nor another trial; a second-design block's searches go to searches/: carry_searches), the
   finished final runs' small files, row.json and benchmark.json; then writes results.md there from
   the copy (the table, the regime rule and the verdicts). Returns results.md's path."""
   path, module, block = load_block(letter)
@@ -536,6 +599,7 @@ def publish(letter: str, root: str, out_root: str) -> str:
     _copy_if_there(os.path.join(row_dir(root, path, row), ROW_FILE),
                    os.path.join(out, 'runs', row.name, ROW_FILE))
   _copy_if_there(os.path.join(source, SUMMARY_FILE), os.path.join(out, 'runs', SUMMARY_FILE))
+  carry_searches(letter, root, out_root)
   os.makedirs(out, exist_ok=True)
   results_path = os.path.join(out, 'results.md')
   with open(results_path, 'w') as f:

@@ -671,3 +671,60 @@ def test_a_second_design_row_publishes_its_pools_tuning_curve_and_search_sd(tmp_
   (fresh / 'fair_e_design2' / 'dp_fedavg').mkdir(parents=True)
   seeded = fair_benchmark.run_row('e', 'dp_fedavg', str(fresh), parallel=1, seed_from=str(published))
   assert seeded['search'] == search
+
+
+def _finish_runs(runs, allowed: int) -> list[str]:
+  """Writes a finished run's config.json and metrics.jsonl for the first `allowed` unfinished runs
+  (no training); returns the workdirs it was given unfinished."""
+  unfinished = [r for r in runs if r.rounds_done < r.num_rounds]
+  for index, run in enumerate(unfinished[:allowed]):
+    os.makedirs(run.workdir, exist_ok=True)
+    accuracy = 0.41234567 + 0.05 * index
+    with open(os.path.join(run.workdir, 'config.json'), 'w') as f:
+      json.dump({'num_rounds': run.num_rounds}, f)
+    with open(os.path.join(run.workdir, metric_writers.EVAL_FILE), 'w') as f:
+      f.write(json.dumps({'round': run.num_rounds, 'validation_accuracy': accuracy,
+                          'validation_accuracy_sum': 1000 * accuracy,
+                          'test_accuracy': accuracy - 0.01}) + '\n')
+  return [r.workdir for r in unfinished]
+
+
+def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fresh_root(
+    tmp_path, monkeypatch):
+  """A machine that keeps no $HOME: the search's carried record brings back the same secret (K,
+  candidates, trial names), its finished trial is not run again, and the selection is the one the
+  whole search in one root makes."""
+  path, module, block = BLOCKS['e']
+  spec = tune.load_study(path, 'dp_fedavg')[3]
+  secret = next(s for s in range(2**127, 2**127 + 100) if tune.draw_plan(spec, s)[0] >= 3)
+  monkeypatch.setattr(tune, 'new_secret', lambda: secret)
+  given, allowed = [], [1]
+
+  def execute(config_path, runs, *args, **kwargs):
+    given.append(_finish_runs([r for r, _ in runs] if runs and isinstance(runs[0], tuple) else runs,
+                              allowed[0]))
+    return {}
+  monkeypatch.setattr(sweep, 'execute_trials', execute)
+  first, published = tmp_path / 'first', tmp_path / 'published'
+  with pytest.raises(RuntimeError, match='did not finish'):
+    fair_benchmark.run_row('e', 'dp_fedavg', str(first), parallel=1)
+  done_first = [w for w in given[0] if os.path.exists(os.path.join(w, metric_writers.EVAL_FILE))]
+  assert len(done_first) == 1 and len(given[0]) == tune.draw_plan(spec, secret)[0]
+  assert fair_benchmark.carry_searches('e', str(first), str(published)) == ['dp_fedavg']
+  carried = published / 'fair_e_design2' / fair_benchmark.SEARCHES_DIR / 'dp_fedavg'
+  assert sorted(p.name for p in carried.iterdir()) == sorted(
+      [fair_benchmark.CARRIED_RECORD, os.path.basename(done_first[0])])  # unfinished trials stay
+  assert not (published / 'fair_e_design2' / 'runs').exists()  # nothing a report reads
+  monkeypatch.setattr(tune, 'new_secret', lambda: secret + 1)  # a fresh root would draw anew
+  allowed[0], fresh = 10**6, tmp_path / 'fresh'
+  entry = fair_benchmark.run_row('e', 'dp_fedavg', str(fresh), parallel=1,
+                                 seed_from=str(published / 'fair_e_design2' / 'runs'))
+  names = sorted(os.path.basename(w) for w in given[0])
+  rerun = sorted(os.path.basename(w) for w in given[1])
+  assert rerun == sorted(set(names) - {os.path.basename(done_first[0])})  # the same draw, less one
+  operator = json.loads((fresh / 'fair_e_design2' / 'dp_fedavg' / tune.OPERATOR_FILE).read_text())
+  assert operator['secret_seed'] == secret and operator['status'] == 'done'
+  assert entry['search']['pool_size'] == len(names) and len(entry['final_runs']) == 5
+  # A second resume copies nothing over the root's own record.
+  assert not fair_benchmark.resume_search('e', 'dp_fedavg', str(fresh),
+                                          str(published / 'fair_e_design2'))

@@ -129,9 +129,20 @@ def regime(block, results: dict, entries: dict) -> str:
   return block.regime(top, {n: _points(s.values())[0] for n, s in counted.items()})
 
 
+def epsilon_text(entry: dict) -> str:
+  """A private row's ε with its K known (the pool publishes it): the selection's, or the naive
+  composition of its K trials where that is larger, marked with K."""
+  eps, bound = entry.get('selection_epsilon'), entry.get('epsilon_bound')
+  if eps is None:
+    return '–'
+  if bound is not None and bound > eps:
+    return f"{bound:.3f} (K = {(entry.get('search') or {}).get('pool_size')}: naive)"
+  return f'{eps:.3f}'
+
+
 def row_lines(block, results: dict, entries: dict) -> list[str]:
   lines = ['| row | final accuracy (%), mean ± seed std | seeds | search SD (points) | '
-           'pool: trials, best at T_trial (%) | selected values | ε of the selection |',
+           'pool: trials, best at T_trial (%) | selected values | ε of the selection, K known |',
            '|---|---|---|---|---|---|---|']
   for row in block.all_rows():
     result, entry = results[row.name], entries.get(row.name) or {}
@@ -147,9 +158,7 @@ def row_lines(block, results: dict, entries: dict) -> list[str]:
         f"{100 * best['test_accuracy']:.2f}" if best else 'none trained'))
     values = ', '.join(f'{k} {format_value(v)}' for k, v in sorted(
         (entry.get('selected_values') or {}).items()))
-    eps = entry.get('selection_epsilon')
-    eps_text = ('non-private' if not METHODS[row.method].private else
-                '–' if eps is None else f'{eps:.3f}')
+    eps_text = 'non-private' if not METHODS[row.method].private else epsilon_text(entry)
     label = row.paper_row or row.name
     lines.append(f"| {label}{f' [{row.mark}]' if row.mark else ''} | {accuracy} | {len(seeds)} | "
                  f"{'–' if sd is None else f'{100 * sd:.2f}'} | {pool} | {values or '–'} | "
