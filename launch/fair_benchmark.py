@@ -19,8 +19,9 @@ row prints), and its final runs' status.
 A row's new final seeds run through launch.sweep.execute_trials: as one compiled program where they
 differ only in config.training_seed (Block.final_seed_field), else one process each (--one_program).
 
-The plan counts E[K] trials a row (the law's mean: K is drawn by launch.tune, secret where it must
-be) plus the final seeds, and times them from committed measurements (COST_* below); it runs nothing.
+The plan counts E[K] trials a row (the law's mean, or E[max(K, P)] with a pool floor P: K is drawn
+by launch.tune, secret where it must be) plus the final seeds, and times them from committed
+measurements (COST_* below); it runs nothing.
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
     if base is not None:
       rows.append((row, 0.0, 0, 0.0, fair_report.subsumed_text(row, base), (None, None, None)))
       continue
-    mean_k = selection.TrialDistribution.from_dict(block.trials_of(row)).mean
+    mean_k = block.expected_trials(row)  # E[K], or E[max(K, P)] with a pool floor
     finals = len(block.final_seeds(row))
     config = row_config(module, block, row)
     trial_hours = cpu_hours(block, row, config, 'trial')
@@ -324,14 +325,16 @@ def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
         continue
       privacy = (f'selection eps {eps:.3f} (one trial {one:.3f}; with a final run {with_run:.3f})'
                  if eps is not None else 'non-private: no eps')
-      print(f'  {row.name:24s} tuner seed {row.seed:4d}: E[K] {mean_k:.1f} trials + {finals} '
+      floor = block.study(row).get('pool_floor')
+      trials = f'E[max(K, {floor})]' if floor else 'E[K]'
+      print(f'  {row.name:24s} tuner seed {row.seed:4d}: {trials} {mean_k:.1f} trials + {finals} '
             f'final, ~{hours:.1f} CPU h; {privacy}; {status}{mark}')
     print(f"  block ({letter}): ~{plan['runs']:.0f} runs, ~{plan['cpu_hours']:.1f} CPU h (2 cores), "
           f"~{plan['gpu_hours'] * 60:.0f} GPU min; left here: ~{plan['runs_left']:.0f} runs, "
           f"~{plan['cpu_hours_left']:.1f} CPU h")
     for key in totals:
       totals[key] += plan[key]
-  print(f"total: ~{totals['runs']:.0f} runs (E[K] trials a row), ~{totals['cpu_hours']:.1f} CPU h "
+  print(f"total: ~{totals['runs']:.0f} runs (the expected trials a row), ~{totals['cpu_hours']:.1f} CPU h "
         f"on the 2 cores, ~{totals['gpu_hours'] * 60:.0f} min of one GPU ({GPU_RUNS_AT_ONCE} "
         'Fashion-MNIST runs at a time; GPU_* assumptions in launch/fair_benchmark.py); left under '
         f"{root}{' and ' + seed_from if seed_from else ''}: ~{totals['runs_left']:.0f} runs, "
@@ -387,6 +390,7 @@ def run_row(letter: str, row_name: str, root: str, parallel: int, seed_from: str
     # Its pool publishes K: the bound that holds with K known (launch.tune.search_epsilon_bound).
     entry.update(selected_score=tuning.get('selected_score'),
                  epsilon_bound=tuning.get('epsilon_bound'),
+                 selection_trials=selection_trials(row_dir(root, path, row), seed_from, row),
                  search=search_of(block, row, row_dir(root, path, row), seed_from))
   if selected is None:
     entry['note'] = 'nothing selected (K = 0 or every trial failed): the row has no final runs'
@@ -421,6 +425,16 @@ def search_of(block, row, directory: str, seed_from: str | None = None) -> dict 
   return search_spread.search_record(
       operator['trials'], selection.TrialDistribution.from_dict(block.trials_of(row)),
       noise_on_mean, seed=row.seed)
+
+
+def selection_trials(directory: str, seed_from: str | None, row) -> int | None:
+  """The K of the row's selection (its pool, with a floor, may hold more trials): the operator's
+  record here, else the published row's."""
+  operator = _read(os.path.join(directory, tune.OPERATOR_FILE))
+  if operator is not None:
+    return operator.get('num_trials')
+  published = _read(os.path.join(seed_from, row.name, ROW_FILE)) if seed_from else None
+  return (published or {}).get('selection_trials')
 
 
 def seed_search(letter: str, row_name: str, root: str, source: str) -> bool:

@@ -25,6 +25,8 @@ The config declares `tuning_space()`: {study name: spec}, each spec a dict of
                 may then be 0); tuning.json says so, and the report says that only then the tuned
                 values carry no cost on the private clients
   seconds_per_run  optional: a measured time of one trial, for the plan's cost
+  pool_floor    optional P: max(K, P) trials run and the selection is over the first K only; the
+                others measure the search (its pool), outside the procedure and its epsilon
   tied          optional: {follower: leader}: the follower field takes the searched leader's value
                 in every candidate (one knob that sets two fields, e.g. a head lr = the client lr)
 
@@ -100,7 +102,7 @@ _K_STREAM, _SCORE_STREAM, _NAME_STREAM, _TRIAL_SEED_STREAM = 0, 2, 3, 4
 _CANDIDATE_STREAM = selection.CANDIDATE_STREAM  # 1
 SECRET_BITS = 64  # below this a --secret_seed can be guessed: warned
 _SPEC_KEYS = {'args', 'fixed', 'space', 'trials', 'seed', 'selected_by', 'score_noise', 'proxy',
-              'seconds_per_run', 'tied'}
+              'seconds_per_run', 'tied', 'pool_floor'}
 
 
 def _log(message: str) -> None:
@@ -204,6 +206,10 @@ def _check_spec(study: str, spec: dict, private: bool = True) -> dict:
   spec.setdefault('selected_by', PRIVATE_METRIC)
   spec.setdefault('proxy', None)
   spec.setdefault('tied', {})
+  spec.setdefault('pool_floor', 0)
+  if not isinstance(spec['pool_floor'], int) or spec['pool_floor'] < 0:
+    raise ValueError(f"study {study!r}: pool_floor={spec['pool_floor']!r}; give a whole number of "
+                     'trials >= 0 (0: the pool is the K trials of the selection).')
   for follower, leader in spec['tied'].items():
     if leader not in spec['space'] or follower in spec['space'] or follower in spec['fixed']:
       raise ValueError(f'study {study!r}: tied[{follower!r}] = {leader!r}: a tied field takes a '
@@ -425,7 +431,8 @@ def public_plan(spec: dict, study: str, config_path: str, overrides) -> dict:
       'args': spec['args'], 'fixed': spec['fixed'], 'proxy': spec['proxy'],
       'selected_by': spec['selected_by'], 'score_noise': spec.get('score_noise') or 0.0,
       'overrides': list(overrides),
-      **({'tied': spec['tied']} if spec.get('tied') else {})}))  # (older plans have no ties)
+      **({'tied': spec['tied']} if spec.get('tied') else {}),  # (older plans have no ties)
+      **({'pool_floor': spec['pool_floor']} if spec.get('pool_floor') else {})}))
 
 
 def _secret_for(directory: str, plan: dict, secret_seed, plan_only: bool):
@@ -550,7 +557,7 @@ def _tune(config_path, root, study, overrides, plan_only, parallel, secret_seed,
       raise RuntimeError(f'trials {[names[i] for i in unfinished]} did not finish ({why}); rerun '
                          'the same command to resume them.')
     record = _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, source,
-                     configs)
+                     configs, k)
     run_files.write_json_atomic(operator_path, record)
     result = published_record(record)
     run_files.write_json_atomic(path, result)
@@ -570,15 +577,24 @@ def selection_text(result: dict) -> str:
   return f"selected: {result['selected_run']}: {values} (score {result['selected_score']:.4f}{cost})"
 
 
+def pool_size(spec: dict, k: int) -> int:
+  """The trials that run: the K of the selection, at least the spec's pool_floor."""
+  return max(k, spec.get('pool_floor') or 0)
+
+
 def _draw(module, config_path: str, spec: dict, directory: str, overrides: list[str], secret: int):
-  """(K, candidates, [(run, config)], the configs the cost is over, the cost) of the secret's draw."""
+  """(K, candidates, [(run, config)], the configs the cost is over, the cost) of the secret's draw;
+  with a pool_floor the candidates and runs go on past K to the pool's size (the first K are the
+  selection's: candidate i never depends on K)."""
   k, candidates = draw_plan(spec, secret)
-  names = [trial_name(secret, i) for i in range(k)]
-  if len(set(names)) < k:
+  n = pool_size(spec, k)
+  candidates = candidates + [candidate(spec, secret, i) for i in range(k, n)]
+  names = [trial_name(secret, i) for i in range(n)]
+  if len(set(names)) < n:
     raise ValueError('two trials drew the same workdir name; start the study again in another '
                      '--root (a new secret).')
-  seeds = [trial_seed(secret, i) for i in range(k)]
-  if len(set(seeds)) < k:
+  seeds = [trial_seed(secret, i) for i in range(n)]
+  if len(set(seeds)) < n:
     raise ValueError('two trials drew the same training seed; start the study again in another '
                      '--root (a new secret).')
   runs = trial_runs(module, config_path, spec, candidates, directory, overrides, names, seeds)
@@ -610,12 +626,12 @@ def _read(path: str):
 
 
 def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, source,
-            configs) -> dict:
-  """The operator's record of a finished study (OPERATOR_FILE): everything, K and every trial."""
-  scored = [(o['score'], -i) for i, o in enumerate(outcomes) if o['score'] is not None]
+            configs, k: int) -> dict:
+  """The operator's record of a finished study (OPERATOR_FILE): everything, K and every trial. The
+  selection is over the first K trials; a pool_floor's further trials are in 'trials' only."""
+  scored = [(o['score'], -i) for i, o in enumerate(outcomes[:k]) if o['score'] is not None]
   best = -max(scored)[1] if scored else None
-  failed = [i for i, o in enumerate(outcomes) if o['status'] == 'failed']
-  k = len(runs)
+  failed = [i for i, o in enumerate(outcomes[:k]) if o['status'] == 'failed']
   notes = []
   if k == 0:
     notes.append('K = 0 was drawn: the procedure trains nothing and outputs nothing (no model, no '
@@ -625,6 +641,9 @@ def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, sou
   if failed:
     notes.append(f'{len(failed)} failed trial(s) {failed} count as trials (they ran on the data: '
                  'their cost is in the selection epsilon) and are never selected.')
+  if len(runs) > k:
+    notes.append(f'pool_floor: {len(runs) - k} trial(s) beyond the K = {k} of the selection ran to '
+                 'measure the search (in_selection false); the selection never saw them.')
   if cost.get('private') is not False:
     notes.append(f'with K known (this file published) the bound is naive_epsilon, the K = {k} '
                  'trials composed, not selection_epsilon (docs/privacy.md section 9, assumption 2).')
@@ -652,8 +671,9 @@ def _result(plan, cost, spec, runs, candidates, outcomes, directory, secret, sou
       'failed_trials': failed, 'proxy': spec['proxy'], 'private': cost.get('private', True),
       'cost_on_private_clients': 0.0 if spec['proxy'] else cost['selection_epsilon'],
       'notes': notes,
-      'trials': [{'run': os.path.relpath(r.workdir, directory), 'values': v, **o}
-                 for (r, _), v, o in zip(runs, candidates, outcomes)],
+      'trials': [{'run': os.path.relpath(r.workdir, directory), 'values': v, **o,
+                  **({'in_selection': i < k} if len(runs) > k else {})}
+                 for i, ((r, _), v, o) in enumerate(zip(runs, candidates, outcomes))],
   }
 
 
@@ -736,6 +756,9 @@ def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int, programs=(
     print(f"study {plan['study']}: K = {k} trials drawn from {law} (E[K] = "
           f"{cost['expected_trials']:.2f}; the operator's view: K and the candidates are secret) "
           f'-> {path}')
+    if len(runs) > k:
+      print(f'pool_floor {spec["pool_floor"]}: {len(runs) - k} further trial(s) measure the search '
+            '(the selection never sees them)')
     how = {i: f'program {g}' for g, group in enumerate(programs, 1) for i in group}
     for i, ((run, _), values) in enumerate(runs):
       where = how.get(i, 'own process' if run.status != 'done' else '-')
@@ -746,7 +769,8 @@ def _print_plan(plan, cost, runs, spec, path, k, rounds_per_run: int, programs=(
       print(f'execution: {len(programs)} program(s) of {sum(len(g) for g in programs)} trials '
             '(they differ only in searched scalars: search_program.searched); the others each in '
             'its own process')
-  count = k if k is not None else cost['naive_trials_at_mean_k']
+  count = len(runs) if k is not None else max(cost['naive_trials_at_mean_k'],
+                                               spec.get('pool_floor') or 0)
   rounds = count * rounds_per_run
   seconds = spec.get('seconds_per_run')
   time_text = f', ~{count * seconds / 3600:.1f} h at {seconds / 60:.0f} min a run' if seconds else ''

@@ -709,7 +709,7 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   with pytest.raises(RuntimeError, match='did not finish'):
     fair_benchmark.run_row('e', 'dp_fedavg', str(first), parallel=1)
   done_first = [w for w in given[0] if os.path.exists(os.path.join(w, metric_writers.EVAL_FILE))]
-  assert len(done_first) == 1 and len(given[0]) == tune.draw_plan(spec, secret)[0]
+  assert len(done_first) == 1 and len(given[0]) == tune.pool_size(spec, tune.draw_plan(spec, secret)[0])
   assert fair_benchmark.carry_searches('e', str(first), str(published)) == ['dp_fedavg']
   carried = published / 'fair_e_design2' / fair_benchmark.SEARCHES_DIR / 'dp_fedavg'
   assert sorted(p.name for p in carried.iterdir()) == sorted(
@@ -725,6 +725,7 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   operator = json.loads((fresh / 'fair_e_design2' / 'dp_fedavg' / tune.OPERATOR_FILE).read_text())
   assert operator['secret_seed'] == secret and operator['status'] == 'done'
   assert entry['search']['pool_size'] == len(names) and len(entry['final_runs']) == 5
+  assert entry['selection_trials'] == tune.draw_plan(spec, secret)[0] == operator['num_trials']
   # A second resume copies nothing over the root's own record.
   assert not fair_benchmark.resume_search('e', 'dp_fedavg', str(fresh),
                                           str(published / 'fair_e_design2'))

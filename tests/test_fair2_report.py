@@ -148,7 +148,7 @@ def test_the_rule_above_the_findings_is_built_from_the_constants_that_decide(res
 def test_a_rows_epsilon_is_the_bound_that_holds_with_its_published_k():
   """The pool publishes K: where the naive composition of K trials exceeds the selection's ε, the
   table shows that bound, marked with K; else the selection's ε."""
-  entry = {'selection_epsilon': 0.819, 'epsilon_bound': 1.234, 'search': {'pool_size': 30}}
+  entry = {'selection_epsilon': 0.819, 'epsilon_bound': 1.234, 'selection_trials': 30}
   assert fair2.epsilon_text(entry).startswith('1.234') and 'K = 30' in fair2.epsilon_text(entry)
   assert fair2.epsilon_text({**entry, 'epsilon_bound': 0.819}) == '0.819'
   assert fair2.epsilon_text({'selection_epsilon': None}) == '–'

@@ -443,6 +443,18 @@ def _every_trial_at_one_seed(mp):
   mp.setattr(tune, 'trial_runs', at_the_public_seed)
 
 
+POOL_FLOOR = Killer(
+    'test_tune.py::test_a_pool_floor_runs_more_trials_but_the_selection_sees_only_its_k',
+    _in_tmp_dir(test_tune.test_a_pool_floor_runs_more_trials_but_the_selection_sees_only_its_k))
+KILLERS[POOL_FLOOR.name] = POOL_FLOOR.run
+
+
+@mutant("tuning: the selection over a pool floor's further trials too", POOL_FLOOR)
+def _selection_over_the_whole_pool(mp):
+  real = tune._result  # the K of the selection taken as the pool's size: trials no eps covers
+  mp.setattr(tune, '_result', lambda *args: real(*args[:-1], len(args[3])))
+
+
 import dataclasses  # noqa: E402
 
 SAFE_COVERAGE = _killer(test_mechanism.test_a_safe_variant_noises_every_coordinate_of_the_shared_update,

@@ -187,7 +187,7 @@ def test_a_failed_trial_counts_as_a_trial_and_is_never_selected(tmp_path):
           'naive_epsilon': 2.5, 'naive_trials': 2, 'accountant': 'rdp', 'noise_multipliers': [1.0],
           'score_noise': 0.5, 'naive_epsilon_at_mean_k': 2.5, 'naive_trials_at_mean_k': 2}
   record = tune._result(plan, cost, spec, runs, candidates, outcomes, str(tmp_path), SECRET_K2,
-                        'test', [c for _, c in runs])
+                        'test', [c for _, c in runs], len(runs))
   assert record['selected_run'] == 'trial=1' and record['failed_trials'] == [0]
   assert any('count as trials' in n for n in record['notes'])
   assert any('with K known' in n and 'naive_epsilon' in n for n in record['notes'])
@@ -700,3 +700,24 @@ def test_a_tied_field_takes_its_leaders_value_and_a_bad_tie_is_refused():
   del spec['distribution']
   with pytest.raises(ValueError, match='leader must be in the space'):
     tune._check_spec('tiny', {**spec, 'tied': {'local.lr_personal': 'local.momentum'}})
+
+
+def test_a_pool_floor_runs_more_trials_but_the_selection_sees_only_its_k(tmp_path, monkeypatch):
+  """pool_floor P: max(K, P) trials run (the first K the draw without a floor gives), the selection
+  is over those K alone even when a later trial scores higher, and the published file says
+  nothing of the further trials."""
+  _fake_execute(monkeypatch)  # trial i scores 0.31 + 0.1 i: the best trial is the last
+  tune.tune(CONFIG, str(tmp_path), 'floor', secret_seed=SECRET_K2)
+  directory = tmp_path / 'tune_tiny' / 'floor'
+  operator = _operator(directory)
+  spec = tune.load_study(CONFIG, 'floor')[3]
+  k, candidates = tune.draw_plan(spec, SECRET_K2)
+  assert operator['num_trials'] == k == 2 and len(operator['trials']) == 4
+  assert operator['candidates'][:k] == candidates
+  assert [t['in_selection'] for t in operator['trials']] == [True, True, False, False]
+  assert operator['selected_index'] in (0, 1) and operator['naive_trials'] == k
+  published = (directory / 'tuning.json').read_text()
+  assert json.loads(published)['plan']['pool_floor'] == 4
+  assert not any(t['run'] in published for t in operator['trials'][k:])
+  with pytest.raises(ValueError, match='pool_floor'):
+    tune._check_spec('x', {**spec, 'pool_floor': -1, 'trials': {'name': 'poisson', 'mu': 2.0}})

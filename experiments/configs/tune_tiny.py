@@ -7,6 +7,7 @@ K ~ Poisson(2), drawn with the candidates and the score noise from the study's s
 tests pass --secret_seed values that draw K = 2, and K = 0 for `k0`); the score is the sum of the
 clients' validation accuracies plus N(0, 0.5^2), over the 6 clients. Study `k0`: Poisson(1).
 Study `fedavg`: the same search for non-private FedAvg, selected without score noise (no epsilon).
+Study `floor`: `tiny` with a pool of at least 4 trials (pool_floor), the selection over its K.
 The `seed` entries are the public seeds of the draw before the secret one (draw_plan(spec)).
 
   python3 -m launch.tune --config=experiments/configs/tune_tiny.py --study=tiny --root=/tmp/tune --plan
@@ -41,4 +42,5 @@ def tuning_space() -> dict:
                trials={'name': 'poisson', 'mu': 2.0}, seed=1, selected_by='validation_accuracy',
                score_noise=0.5)
   return {'tiny': study, 'k0': {**study, 'trials': {'name': 'poisson', 'mu': 1.0}, 'seed': 2},
-          'fedavg': {**study, 'args': {'method': 'fedavg'}, 'score_noise': 0.0}}
+          'fedavg': {**study, 'args': {'method': 'fedavg'}, 'score_noise': 0.0},
+          'floor': {**study, 'pool_floor': 4}}

@@ -136,7 +136,7 @@ def epsilon_text(entry: dict) -> str:
   if eps is None:
     return '–'
   if bound is not None and bound > eps:
-    return f"{bound:.3f} (K = {(entry.get('search') or {}).get('pool_size')}: naive)"
+    return f"{bound:.3f} (K = {entry.get('selection_trials')}: naive)"
   return f'{eps:.3f}'
 
 

@@ -213,6 +213,10 @@ class Block:
   # 1: the first design (a small search each row); 2: the second (docs/benchmark.md section 5: C and
   # the other knobs pinned by a pilot's rule, not by a variant, so a pin needs no mark).
   design: int = 1
+  # P: a row searched under the block's random law runs max(K, P) trials, its selection over the
+  # first K alone; the pool (every trial) then measures the search even where K is small (the
+  # logarithmic law draws K <= 4 about half the time, and a pool of one trial has no spread).
+  pool_floor: int = 0
 
   def __post_init__(self):
     if self.final_seed_field not in FINAL_SEED_FIELDS:
@@ -291,9 +295,17 @@ class Block:
     fixed = {**dict(self.block_fixed), **dict(self.trial_fixed), **dict(row.pinned),
              'validation_fraction': VALIDATION_FRACTION}
     tied = self.ties(row)
+    floor = self.pool_floor if self.trials_of(row) == dict(self.trials) else 0  # (not a fixed K)
     return dict(args=args, fixed=fixed, space=self.space(row), trials=self.trials_of(row),
                 seed=row.seed, selected_by='validation_accuracy',
-                score_noise=self.score_noise if private else 0.0, **({'tied': tied} if tied else {}))
+                score_noise=self.score_noise if private else 0.0, **({'tied': tied} if tied else {}),
+                **({'pool_floor': floor} if floor else {}))
+
+  def expected_trials(self, row: Row) -> float:
+    """E[max(K, P)]: the trials a row's search runs on average (its law's mean without a floor)."""
+    law = selection.TrialDistribution.from_dict(self.trials_of(row))
+    floor = self.study(row).get('pool_floor', 0)
+    return law.mean + sum((floor - k) * law.pmf(k) for k in range(floor))
 
   def tuning_space(self) -> dict:
     return {r.name: self.study(r) for r in self.all_rows()}
