@@ -437,6 +437,16 @@ def selection_trials(directory: str, seed_from: str | None, row) -> int | None:
   return (published or {}).get('selection_trials')
 
 
+def search_under_way(letter: str, row_name: str, root: str, seed_from: str | None) -> bool:
+  """Whether the row's search is drawn but not done: its operator's record under root, else its
+  carried one (carry_searches) beside `seed_from`, says 'running'."""
+  path, _, block = load_block(letter)
+  record = _read(os.path.join(row_dir(root, path, block.row(row_name)), tune.OPERATOR_FILE))
+  if record is None and seed_from:
+    record = _read(os.path.join(os.path.dirname(seed_from), SEARCHES_DIR, row_name, CARRIED_RECORD))
+  return (record or {}).get('status') == 'running'
+
+
 def seed_search(letter: str, row_name: str, root: str, source: str) -> bool:
   """Copies the row's published tuning.json (finished) from `source` into its empty directory under
   root: the search then counts as done (searched_elsewhere). Returns whether it copied."""
@@ -556,9 +566,10 @@ def write_summary(letter: str, root: str) -> dict:
 
 def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str | None = None,
               one_program: str = 'auto') -> dict:
-  """The block's rows (all, or `rows`) in order, the summary rewritten after each; `seed_from`: an
-  out_root of --publish (e.g. experiments/results), whose finished pieces count as done;
-  `one_program`: run_row's."""
+  """The block's rows (all, or `rows`) in order, a row whose search is under way first (its draw
+  is made; a new one waits), the summary rewritten after each; `seed_from`: an out_root of
+  --publish (e.g. experiments/results), whose finished pieces count as done; `one_program`:
+  run_row's."""
   _, _, block = load_block(letter)
   source = None
   if seed_from:
@@ -568,7 +579,8 @@ def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str |
     block_dir = published_dir(seed_from, letter)
     # runs/ (finished searches and final runs) and searches/ (carry_searches) beside it
     source = os.path.join(block_dir, 'runs') if os.path.isdir(block_dir) else None
-  for name in rows or [r.name for r in block.all_rows()]:
+  names = rows or [r.name for r in block.all_rows()]
+  for name in sorted(names, key=lambda n: not search_under_way(letter, n, root, source)):
     run_row(letter, name, root, parallel, source, one_program)
     write_summary(letter, root)
     _log(f'block ({letter}): row {name} done')

@@ -715,6 +715,12 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   assert sorted(p.name for p in carried.iterdir()) == sorted(
       [fair_benchmark.CARRIED_RECORD, os.path.basename(done_first[0])])  # unfinished trials stay
   assert not (published / 'fair_e_design2' / 'runs').exists()  # nothing a report reads
+  order = []
+  with pytest.MonkeyPatch.context() as patch:  # the block resumes a carried search before new draws
+    patch.setattr(fair_benchmark, 'run_row', lambda letter, name, *a: order.append(name))
+    patch.setattr(fair_benchmark, 'write_summary', lambda *a: {})
+    fair_benchmark.run_block('e', str(tmp_path / 'fresh'), 1, seed_from=str(published))
+  assert order[0] == 'dp_fedavg' and sorted(order) == sorted(r.name for r in block.all_rows())
   monkeypatch.setattr(tune, 'new_secret', lambda: secret + 1)  # a fresh root would draw anew
   allowed[0], fresh = 10**6, tmp_path / 'fresh'
   entry = fair_benchmark.run_row('e', 'dp_fedavg', str(fresh), parallel=1,
