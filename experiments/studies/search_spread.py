@@ -148,7 +148,7 @@ def pool_of_trials(trials: list[dict]) -> Pool:
 
 # What a published record keeps of each trial: enough to recompute the record (its noised score is
 # left out: only the selected trial's is released, under the selection's epsilon).
-POOL_FIELDS = ('run', 'values', 'status', 'metric', 'test_accuracy')
+POOL_FIELDS = ('run', 'values', 'status', 'metric', 'test_accuracy', 'in_selection')  # (a floor's)
 
 
 def search_record(trials: list[dict], law: TrialDistribution, score_noise_on_mean: float,
