@@ -265,12 +265,16 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
         (tuned, finals_done), where = on_page, ' (published)'
     status = 'new' if tuned is None else 'tuning' if not tuned else (
         f'tuned; {finals_done} final run(s) finished{where}')
+    pool = search_progress(letter, row, root, published) if block.design == 2 and not tuned else None
+    if pool is not None:  # the second design publishes its pool, so the plan may read its size
+      status = f'searching: {pool[0]} of {pool[1]} trials finished'
     rows.append((row, mean_k, finals, mean_k * trial_hours + finals * final_hours, status,
                  selection_epsilons(path, module, block, row)))
     out['runs'] += mean_k + finals
     out['cpu_hours'] += mean_k * trial_hours + finals * final_hours
     out['gpu_hours'] += (mean_k + finals) * gpu_seconds(config) / 3600
-    trials_left = 0.0 if tuned else mean_k  # a search under way: E[K] still (its K is not read)
+    # A search under way: E[K] still (its K is not read), but a second-design pool's own size.
+    trials_left = 0.0 if tuned else mean_k if pool is None else pool[1] - pool[0]
     out['runs_left'] += trials_left + finals - finals_done
     out['cpu_hours_left'] += trials_left * trial_hours + (finals - finals_done) * final_hours
   return {'block': block, 'path': path, 'rows': rows, **out}
@@ -435,6 +439,21 @@ def selection_trials(directory: str, seed_from: str | None, row) -> int | None:
     return operator.get('num_trials')
   published = _read(os.path.join(seed_from, row.name, ROW_FILE)) if seed_from else None
   return (published or {}).get('selection_trials')
+
+
+def search_progress(letter: str, row, root: str, published: str | None) -> tuple | None:
+  """(finished trials, the pool's size) of a second-design row's search under way, here or carried
+  beside `published` (a block's runs/); None where none is drawn or it is done."""
+  path, _, _ = load_block(letter)
+  places = [row_dir(root, path, row)] + (
+      [os.path.join(os.path.dirname(published), SEARCHES_DIR, row.name)] if published else [])
+  for directory, name in zip(places, (tune.OPERATOR_FILE, CARRIED_RECORD)):
+    record = _read(os.path.join(directory, name))
+    if record is not None and record.get('status') == 'running':
+      done = [n for n in record['runs'] if any(
+          _trial_finished(os.path.join(d, n)) for d in places)]
+      return len(done), len(record['runs'])
+  return None
 
 
 def search_under_way(letter: str, row_name: str, root: str, seed_from: str | None) -> bool:

@@ -715,6 +715,9 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   assert sorted(p.name for p in carried.iterdir()) == sorted(
       [fair_benchmark.CARRIED_RECORD, os.path.basename(done_first[0])])  # unfinished trials stay
   assert not (published / 'fair_e_design2' / 'runs').exists()  # nothing a report reads
+  plan = fair_benchmark.block_plan('e', str(tmp_path / 'fresh'), str(published))
+  assert next(r[4] for r in plan['rows'] if r[0].name == 'dp_fedavg') == (
+      f'searching: 1 of {len(given[0])} trials finished')
   order = []
   with pytest.MonkeyPatch.context() as patch:  # the block resumes a carried search before new draws
     patch.setattr(fair_benchmark, 'run_row', lambda letter, name, *a: order.append(name))
