@@ -711,6 +711,7 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   done_first = [w for w in given[0] if os.path.exists(os.path.join(w, metric_writers.EVAL_FILE))]
   assert len(done_first) == 1 and len(given[0]) == tune.pool_size(spec, tune.draw_plan(spec, secret)[0])
   assert fair_benchmark.carry_searches('e', str(first), str(published)) == ['dp_fedavg']
+  assert fair_benchmark.carry_searches('a', str(first), str(published)) == []  # K stays secret
   carried = published / 'fair_e_design2' / fair_benchmark.SEARCHES_DIR / 'dp_fedavg'
   assert sorted(p.name for p in carried.iterdir()) == sorted(
       [fair_benchmark.CARRIED_RECORD, os.path.basename(done_first[0])])  # unfinished trials stay
