@@ -18,7 +18,9 @@
 # 4. packs every run's small files into OUT_DIR/small_files.tar.gz (paths relative to ROOT) and the
 #    block's plan into OUT_DIR/plan.txt. The tuner's operator files come back too: a search resumes
 #    only with its secret (never committed: .gitignore; launch.fair_benchmark --publish leaves them
-#    out). Here: tar xzf small_files.tar.gz -C $HOME/fair, then --publish, then commit.
+#    out). Here: tar xzf small_files.tar.gz -C $HOME/fair, then --publish, then commit. A second-
+#    design block (e) needs no staging: its searches travel committed, in experiments/results/
+#    <block>/searches/ (launch.fair_benchmark.carry_searches), and each row resumes its draw.
 # Environment: BLOCK (default d: the Shakespeare block, the first to run on a GPU), SECONDS_LEFT
 # (default 540), STOP_MARGIN (default 45), PER_ROW (default 3 for d's 4 rows, else 2), ROOT
 # (default .device_sweeps/fair).
