@@ -18,8 +18,9 @@ appended to `W/train.log`, where
   W = <root>/<config name>/<method>/<other args, sorted, k=v joined by ','>/seed=<seed>
 
 A run whose metrics.jsonl (one line per evaluation) already reaches the config's num_rounds is
-skipped; one with a checkpoint resumes from it (experiments.train does that, bit for bit, its
-metrics files included). Extra `--config.x=y` overrides go to every run unchanged; they are
+skipped, and so is one whose release turned NaN/Inf (its failure.json: a rerun repeats it); one
+with a checkpoint resumes from it (experiments.train does that, bit for bit, its metrics files
+included). Extra `--config.x=y` overrides go to every run unchanged; they are
 recorded in `W/sweep.json` but are not part of W, so a different override in the same root is
 refused by experiments.train when it would change the run (only num_rounds, eval_every, eval_from,
 checkpoint_every and dp.target_epsilon may change on resume) — use another --root.
@@ -69,6 +70,7 @@ _overrides: list[str] = []  # the --config.x=y flags, taken out before absl pars
 _RESUMABLE_OVERRIDES = ('--config.num_rounds=', '--config.eval_every=', '--config.eval_from=',
                         '--config.checkpoint_every=', '--config.dp.target_epsilon=')
 RESUMES = 'resume from round '  # Run.status of a run with a checkpoint: RESUMES + its round
+DIVERGED = 'diverged'  # Run.status of a run whose release turned NaN/Inf: final, not run again
 
 
 @dataclasses.dataclass
@@ -86,6 +88,18 @@ class Run:
     """The last evaluated round in metrics.jsonl (a run's last round is always evaluated)."""
     records = metric_writers.read_jsonl(os.path.join(self.workdir, metric_writers.EVAL_FILE))
     return int(records[-1]['round']) if records else 0
+
+  @property
+  def diverged_at(self) -> int | None:
+    """The round whose release was NaN/Inf (failure.json of a FloatingPointError), else None. The
+    run is final there: a rerun repeats it (a run is deterministic), and one that did not would be
+    a retry until success."""
+    path = os.path.join(self.workdir, 'failure.json')
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      failure = json.load(f)
+    return (failure.get('round') or 0) if failure.get('error') == 'FloatingPointError' else None
 
   def conflict(self) -> str | None:
     """Why this workdir holds another run (other arguments or overrides), or None."""
@@ -116,6 +130,8 @@ class Run:
     done = self.rounds_done
     if done >= self.num_rounds:
       return 'done'
+    if self.diverged_at is not None:
+      return DIVERGED
     # The run restarts from its last checkpoint, which may be past its last evaluation.
     from dp2fedsam_jax import checkpoint  # pylint: disable=import-outside-toplevel
     start = checkpoint.latest_round(self.workdir)
@@ -278,9 +294,10 @@ def seed_from(runs: list[Run], root: str, source: str) -> list[tuple[str, str]]:
 
 
 def plan_summary(runs: list[Run]) -> str:
-  """'N runs: F finished, R to run (n new, u to resume)[, c conflicts][; d without their data]'."""
+  """'N runs: F finished, R to run (n new, u to resume)[, c conflicts][; d without their data]'
+  (a diverged run is finished: DIVERGED)."""
   statuses = [run.status for run in runs]
-  done = statuses.count('done')
+  done = statuses.count('done') + statuses.count(DIVERGED)
   new = statuses.count('new')
   conflicts = sum(s.startswith('conflict') for s in statuses)
   in_use = sum(s.startswith('in use') for s in statuses)
@@ -305,7 +322,7 @@ def planned_cost(config_path: str, runs: list[Run]) -> str | None:
   study = studies.of_config(config_name(config_path))
   if not hasattr(study, 'planned_hours'):
     return None
-  left = [r for r in runs if r.status != 'done']
+  left = [r for r in runs if r.status not in ('done', DIVERGED)]
   hours = sum(float(study.planned_hours(r.args)) for r in left)
   machine = getattr(study, 'PLANNED_ON', "the study's estimate")
   return f'planned cost: ~{hours:.1f} h for the {len(left)} runs left ({machine})'
@@ -427,6 +444,9 @@ def execute(config_path: str, runs: list[Run], parallel: int = 1,
     if status == 'done':
       results[run.workdir] = 'skipped (done)'
       _log(f'skip    {run.workdir} (finished: round {run.num_rounds})')
+    elif status == DIVERGED:
+      results[run.workdir] = f'failed (diverged at round {run.diverged_at}; not run again)'
+      _log(f'skip    {run.workdir} (diverged at round {run.diverged_at}: a rerun repeats it)')
     elif status.startswith('conflict'):
       results[run.workdir] = f'failed ({status})'
       _log(f'FAILED  {run.workdir}: {status}')

@@ -207,6 +207,31 @@ def test_runs_start_in_grid_order(tiny_config_path, tmp_path, monkeypatch):
   assert started == [f'--workdir={w}' for w in order] and set(results.values()) == {'ran'}
 
 
+def test_a_diverged_run_is_final_and_a_run_failed_otherwise_runs_again(tiny_config_path, tmp_path,
+                                                                        monkeypatch):
+  """A run whose release turned NaN/Inf is not rerun by a later sweep (a rerun repeats it; one that
+  did not would be a retry until success); a run that failed for another reason is."""
+  root = str(tmp_path / 'runs')
+  order = [r.workdir for r in sweep.plan(tiny_config_path, root, [], [])]
+  for workdir, error in ((order[0], 'FloatingPointError'), (order[1], 'OSError')):
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, 'failure.json'), 'w') as f:
+      json.dump({'error': error, 'message': '...', 'round': 7}, f)
+  assert [r.status for r in sweep.plan(tiny_config_path, root, [], [])][:2] == [sweep.DIVERGED, 'new']
+  started = []
+  monkeypatch.setattr(sweep.subprocess, 'Popen',
+                      lambda command, **kw: (started.append(command[-1]),
+                                             _FinishedProcess(command))[1])
+  monkeypatch.setattr(sweep.time, 'sleep', lambda _: None)
+  results = sweep.run_sweep(tiny_config_path, root, [], [], parallel=1)
+  assert started == [f'--workdir={w}' for w in order[1:]]
+  assert results[order[0]] == 'failed (diverged at round 7; not run again)'
+  after = sweep.plan(tiny_config_path, root, [], [])
+  assert after[0].status == sweep.DIVERGED  # still final, and counted as finished
+  finished = sum(r.status == 'done' for r in after) + 1
+  assert sweep.plan_summary(after).startswith(f'{len(order)} runs: {finished} finished')
+
+
 def test_a_run_finished_elsewhere_after_the_plan_is_not_started_again(tiny_config_path, tmp_path,
                                                                       monkeypatch):
   """A run whose finished metrics arrive while the sweep works through its list (copied in from
