@@ -305,10 +305,14 @@ def row_progress(directory: str) -> tuple:
   finals = os.path.join(directory, 'final')
   done = 0
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
-    config = _read(os.path.join(finals, name, 'config.json'))
-    records = metric_writers.read_jsonl(os.path.join(finals, name, metric_writers.EVAL_FILE))
-    done += bool(config and records and records[-1]['round'] >= config['num_rounds'])
+    done += _reached_last_round(os.path.join(finals, name))
   return True, done
+
+
+def _reached_last_round(workdir: str) -> bool:
+  config = _read(os.path.join(workdir, 'config.json'))
+  records = metric_writers.read_jsonl(os.path.join(workdir, metric_writers.EVAL_FILE))
+  return bool(config and records and records[-1]['round'] >= config['num_rounds'])
 
 
 def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
@@ -508,10 +512,7 @@ def carry_searches(letter: str, root: str, out: str) -> list[str]:
 
 def _trial_finished(workdir: str) -> bool:
   """A trial that reached its last round or failed: either way its files are final."""
-  config = _read(os.path.join(workdir, 'config.json'))
-  records = metric_writers.read_jsonl(os.path.join(workdir, metric_writers.EVAL_FILE))
-  reached = bool(config and records and records[-1]['round'] >= config['num_rounds'])
-  return reached or os.path.exists(os.path.join(workdir, 'failure.json'))
+  return _reached_last_round(workdir) or os.path.exists(os.path.join(workdir, 'failure.json'))
 
 
 def resume_search(letter: str, row_name: str, root: str, published: str) -> bool:
