@@ -47,6 +47,7 @@ from dp2fedsam_jax.privacy import selection
 from experiments import config_files, report
 from experiments.config_files import config_name
 from experiments.report import fair as fair_report
+from experiments.report import workdirs
 from launch import sweep, tune
 
 FLAGS = flags.FLAGS
@@ -305,7 +306,8 @@ def row_progress(directory: str) -> tuple:
   finals = os.path.join(directory, 'final')
   done = 0
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
-    done += _reached_last_round(os.path.join(finals, name))
+    run = os.path.join(finals, name)
+    done += _reached_last_round(run) or workdirs.diverged_at(run) is not None  # final there
   return True, done
 
 
@@ -633,15 +635,17 @@ def publish(letter: str, root: str, out_root: str) -> str:
   """Copies what the block has finished under root to published_dir: each row's tuning.json and its
   selected trial as launch.tune publishes them (of a first-design block never the operator's file,
   nor another trial; a second-design block's searches go to searches/: carry_searches), the
-  finished final runs' small files, row.json and benchmark.json; then writes results.md there from
-  the copy (the table, the regime rule and the verdicts). Returns results.md's path."""
+  finished final runs' small files (a diverged one is finished: fair_report.read_row), row.json
+  and benchmark.json; then writes results.md there from the copy (the table, the regime rule and
+  the verdicts). Returns results.md's path."""
   path, module, block = load_block(letter)
   source, out = os.path.join(root, config_name(path)), published_dir(out_root, letter)
   report.copy_tuning_files(report.load_tunings(source), source, out)
   for row in block.all_rows():
     finals = os.path.join(row_dir(root, path, row), 'final')
     if os.path.isdir(finals):
-      report.copy_run_files([r for r in report.load_runs(finals) if r.finished], source, out)
+      report.copy_run_files([r for r in report.load_runs(finals) if r.finished or r.diverged],
+                            source, out)
     _copy_if_there(os.path.join(row_dir(root, path, row), ROW_FILE),
                    os.path.join(out, 'runs', row.name, ROW_FILE))
   _copy_if_there(os.path.join(source, SUMMARY_FILE), os.path.join(out, 'runs', SUMMARY_FILE))

@@ -62,6 +62,7 @@ from dp2fedsam_jax import cli, config_help, metric_writers, stopping
 from experiments import studies
 from experiments.config_files import (OVERRIDE_PREFIX, apply_overrides, arg_string, config_name,
                                       format_value, load_config_module, parse_literal)
+from experiments.report import workdirs
 
 FLAGS = flags.FLAGS
 
@@ -91,15 +92,10 @@ class Run:
 
   @property
   def diverged_at(self) -> int | None:
-    """The round whose release was NaN/Inf (failure.json of a FloatingPointError), else None. The
-    run is final there: a rerun repeats it (a run is deterministic), and one that did not would be
-    a retry until success."""
-    path = os.path.join(self.workdir, 'failure.json')
-    if not os.path.exists(path):
-      return None
-    with open(path) as f:
-      failure = json.load(f)
-    return (failure.get('round') or 0) if failure.get('error') == 'FloatingPointError' else None
+    """The round whose release was NaN/Inf (workdirs.diverged_at), else None. The run is final
+    there: a rerun repeats it (a run is deterministic), and one that did not would be a retry until
+    success."""
+    return workdirs.diverged_at(self.workdir)
 
   def conflict(self) -> str | None:
     """Why this workdir holds another run (other arguments or overrides), or None."""
@@ -259,20 +255,21 @@ def planned(config_path: str, root: str, axes: list[tuple[str, list]], overrides
 
 
 SEED_FILES = ('config.json', 'sweep.json', metric_writers.EVAL_FILE, metric_writers.TRAIN_FILE,
-              metric_writers.HOSTS_FILE)
+              metric_writers.HOSTS_FILE, workdirs.FAILURE_FILE)
 
 
 def seed_from(runs: list[Run], root: str, source: str) -> list[tuple[str, str]]:
   """Copies finished runs from `source` (a report's runs/ folder) into the empty workdirs of the
   same runs; returns [(workdir, copied from)]. Never overwrites: a workdir with metrics.jsonl or
   checkpoints is left alone, and a source run that is unfinished, failed or of other arguments or
-  overrides is not used."""
+  overrides is not used. A run that diverged (Run.diverged_at) is finished: it is copied, failure.json
+  included, and never run again."""
   if not os.path.isdir(source):
     raise ValueError(f'--seed_from={source}: no such directory')
   seeded = []
   for run in runs:
     if (os.path.exists(os.path.join(run.workdir, metric_writers.EVAL_FILE))
-        or os.path.exists(os.path.join(run.workdir, 'checkpoints'))):
+        or os.path.exists(os.path.join(run.workdir, 'checkpoints')) or run.diverged_at is not None):
       continue
     relative = os.path.relpath(run.workdir, root)
     candidates = [os.path.join(source, os.path.relpath(relative, run.config_name)),
@@ -281,8 +278,10 @@ def seed_from(runs: list[Run], root: str, source: str) -> list[tuple[str, str]]:
       if not os.path.exists(os.path.join(path, 'sweep.json')):
         continue
       committed = dataclasses.replace(run, workdir=path)
-      if (committed.conflict() or committed.rounds_done < run.num_rounds
-          or os.path.exists(os.path.join(path, 'failure.json'))):
+      finished = committed.diverged_at is not None or (
+          committed.rounds_done >= run.num_rounds
+          and not os.path.exists(os.path.join(path, workdirs.FAILURE_FILE)))
+      if committed.conflict() or not finished:
         continue
       os.makedirs(run.workdir, exist_ok=True)
       for name in SEED_FILES:

@@ -152,3 +152,28 @@ def test_a_rows_epsilon_is_the_bound_that_holds_with_its_published_k():
   assert fair2.epsilon_text(entry).startswith('1.234') and 'K = 30' in fair2.epsilon_text(entry)
   assert fair2.epsilon_text({**entry, 'epsilon_bound': 0.819}) == '0.819'
   assert fair2.epsilon_text({'selection_epsilon': None}) == '–'
+
+
+def test_a_diverged_final_seed_is_finished_and_scores_zero_from_its_failure_on(results):
+  """Declared before block (e)'s first final run: a final run whose release turned NaN/Inf counts
+  (a rerun repeats it), its evaluations before the failure stand and every later one scores 0."""
+  runs = os.path.join(results, NAME, 'runs')
+  for seed, failed_at, kept in ((1, 170, [(160, 0.5)]), (3, 50, [])):
+    run = os.path.join(runs, 'dp2fedsam', 'final', f'seed={seed}')
+    with open(os.path.join(run, 'config.json')) as f:
+      config = {**json.load(f), 'eval_from': 160, 'eval_every': 20}  # as a final run's
+    _write(os.path.join(run, 'config.json'), config)
+    _write(os.path.join(run, 'metrics.jsonl'), [{'round': r, 'test_accuracy': a} for r, a in kept])
+    _write(os.path.join(run, 'failure.json'), {'error': 'FloatingPointError', 'round': failed_at})
+  with open(os.path.join(runs, 'dp2fedsam', 'final', 'seed=4', 'failure.json'), 'w') as f:
+    json.dump({'error': 'OSError', 'round': 190}, f)  # another failure: the finished run stands
+  (published,) = fair_pages.published_blocks(results)
+  result = published.results['dp2fedsam']
+  assert result.diverged == {1: 170, 3: 50}
+  seeds = fair2.seed_accuracies(result, BLOCK.metric)
+  assert seeds == pytest.approx({0: 0.80, 1: 0.5 / 3, 2: 0.79, 3: 0.0, 4: 0.83})
+  verdicts, published, entries = _verdicts(results)
+  assert verdicts[('dp2fedsam', 'centaur')]['d'] < 0  # the zeros count against the row
+  line = next(x for x in fair2.row_lines(BLOCK, published.results, entries)
+              if x.startswith('| ' + (BLOCK.row('dp2fedsam').paper_row or 'dp2fedsam')))
+  assert 'seed 1 diverged at round 170' in line and 'seed 3 diverged at round 50' in line

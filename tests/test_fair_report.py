@@ -75,6 +75,21 @@ def test_publish_copies_the_search_as_published_and_only_finished_runs(published
   assert 'runs/dp_fedavg/final/seed=2/metrics.jsonl' not in copied  # round 150 of 200
 
 
+def test_a_diverged_final_run_is_published_and_counts_as_finished_with_zeros(published, tmp_path):
+  """A final run whose release turned NaN/Inf is final (a rerun repeats it): published with its
+  failure.json, read as a finished seed that scores 0 from its failure on, counted done."""
+  root, out, _ = published
+  run = os.path.join(root, CONFIG, 'dp_fedavg', 'final', 'seed=2')  # stopped at round 150
+  _write(os.path.join(run, 'failure.json'), {'error': 'FloatingPointError', 'round': 151})
+  fair_benchmark.publish('a', root, str(tmp_path / 'results'))
+  assert os.path.exists(os.path.join(out, 'runs/dp_fedavg/final/seed=2/failure.json'))
+  result = fair_report.read_row(os.path.join(out, 'runs'), BLOCK.row('dp_fedavg'), BLOCK.metric)
+  assert result.accuracy == pytest.approx({0: 0.950, 1: 0.955, 2: 0.0})
+  assert result.diverged == {2: 151}
+  _write(os.path.join(out, 'runs', 'dp_fedavg', 'tuning.json'), {'status': 'done'})  # selected
+  assert fair_benchmark.row_progress(os.path.join(out, 'runs', 'dp_fedavg')) == (True, 3)
+
+
 def test_each_claim_is_judged_by_the_seed_rule(published):
   _, out, text = published
   results = fair_report.read_block(os.path.join(out, 'runs'), BLOCK)

@@ -293,6 +293,22 @@ def test_seed_from_copies_finished_committed_runs_into_empty_workdirs_only(tiny_
     sweep.seed_from(runs, root, str(tmp_path / 'nowhere'))
 
 
+def test_seed_from_copies_a_committed_diverged_run_which_stays_final(tiny_config_path, tmp_path):
+  """A committed run whose release turned NaN/Inf is finished (Run.diverged_at): seeded with its
+  failure.json, so a fresh root never runs it again; a run that failed otherwise is not seeded."""
+  committed, root = tmp_path / 'committed', str(tmp_path / 'root')
+  runs = sweep.plan(tiny_config_path, root, [], [])
+  for run, error in ((runs[0], 'FloatingPointError'), (runs[1], 'OSError')):
+    path = committed / os.path.relpath(run.workdir, os.path.join(root, 'tiny'))
+    path.mkdir(parents=True)
+    (path / 'sweep.json').write_text(json.dumps({'args': run.args, 'overrides': []}))
+    (path / 'config.json').write_text('{}')
+    (path / 'failure.json').write_text(json.dumps({'error': error, 'round': 1}))
+  assert [w for w, _ in sweep.seed_from(runs, root, str(committed))] == [runs[0].workdir]
+  assert [r.status for r in sweep.plan(tiny_config_path, root, [], [])][:2] == [sweep.DIVERGED, 'new']
+  assert sweep.seed_from(runs, root, str(committed)) == []  # never copied twice
+
+
 def test_a_committed_sweep_json_with_renamed_override_fields_is_the_same_run(tiny_config_path,
                                                                             tmp_path):
   root = str(tmp_path / 'root')

@@ -24,7 +24,8 @@ from dp2fedsam_jax import metric_writers
 from dp2fedsam_jax.privacy import selection
 from experiments.report.rules import seed_rule
 from experiments.report.summary import CLIP_WINDOW, CLIPPING, mean_std
-from experiments.report.workdirs import TUNING_FILE, format_value, read_json
+from experiments.report.workdirs import (TUNING_FILE, diverged_at, format_value, read_json,
+                                         scored_to_the_end)
 
 # A claim's verdict from the candidate's (the paper's better row) label against the other row.
 VERDICT = {'helps': 'holds', 'level': 'level', 'hurts': 'contradicted', 'undecided': 'undecided'}
@@ -37,6 +38,7 @@ class RowResult:
   row: object                 # experiments.studies.fair.Row
   tuning: dict | None         # the published tuning.json (None before the search finished)
   accuracy: dict              # {seed: the block's metric at the final round}, finished runs only
+  #                             (a diverged run is finished: `diverged` below)
   # {seed: (metrics.jsonl, train_metrics.jsonl)} of the same finished runs (run_ends reads them)
   records: dict = dataclasses.field(default_factory=dict)
   server_lr: dict = dataclasses.field(default_factory=dict)  # {seed: its config's server lr}
@@ -46,6 +48,9 @@ class RowResult:
   # The selected trial ran at a seed a final run reuses: the search shared its public seed (the
   # first design of the committed blocks), so trials and final runs share cohorts and noise.
   shared_seed: bool = False
+  # {seed: the round its release turned NaN/Inf}: a final run that diverged is finished, scored 0
+  # in the metric at each evaluation from there (workdirs.scored_to_the_end); a rerun repeats it.
+  diverged: dict = dataclasses.field(default_factory=dict)
 
   @property
   def stats(self) -> tuple:
@@ -66,7 +71,7 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
   tuning = read_json(path) if os.path.exists(path) else None
   if tuning is not None and tuning.get('status') != 'done':
     tuning = None
-  accuracy, records, server_lr, configs, caveat = {}, {}, {}, {}, ''
+  accuracy, records, server_lr, configs, caveat, diverged = {}, {}, {}, {}, '', {}
   finals = os.path.join(directory, 'final')
   for name in sorted(os.listdir(finals)) if os.path.isdir(finals) else ():
     run = os.path.join(finals, name)
@@ -74,8 +79,11 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
       continue
     evaluations = metric_writers.read_jsonl(os.path.join(run, metric_writers.EVAL_FILE))
     config = read_json(os.path.join(run, 'config.json'))
+    seed, failed_at = int(name[len('seed='):]), diverged_at(run)
+    if failed_at is not None:
+      evaluations = scored_to_the_end(evaluations, config, failed_at, (metric,))
+      diverged[seed] = failed_at
     if evaluations and evaluations[-1]['round'] >= config['num_rounds']:
-      seed = int(name[len('seed='):])
       accuracy[seed] = float(evaluations[-1][metric])
       records[seed] = (evaluations,
                        metric_writers.read_jsonl(os.path.join(run, metric_writers.TRAIN_FILE)))
@@ -83,7 +91,7 @@ def read_row(block_dir: str, row, metric: str) -> RowResult:
       configs[seed] = config
       caveat = caveat or evaluations[-1].get('epsilon_caveat', '')
   return RowResult(row, tuning, accuracy, records, server_lr, configs, caveat,
-                   _shared_seed(directory, tuning, configs))
+                   _shared_seed(directory, tuning, configs), diverged)
 
 
 def _shared_seed(directory: str, tuning: dict | None, configs: dict) -> bool:

@@ -6,8 +6,9 @@ each order the papers claim, by the rule that counts the search's spread
 Reads what launch/fair_benchmark.py publishes: the rows' final runs (fair.read_row) and each row's
 row.json ('selected_score', and 'search': its pool of trials, from which the page recomputes the
 tuning curve, the search SD and the pool's best). A row's accuracy at a seed is the mean of its last
-FINAL_EVALUATIONS evaluations. A row whose noised selected validation score is at most chance +
-NOTHING_TRAINS_MARGIN found nothing that trains: shown, without a verdict.
+FINAL_EVALUATIONS evaluations; a final run that diverged is finished and scores 0 at every
+evaluation from its failure on (fair.read_row). A row whose noised selected validation score is at
+most chance + NOTHING_TRAINS_MARGIN found nothing that trains: shown, without a verdict.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def row_lines(block, results: dict, entries: dict) -> list[str]:
     accuracy = '–' if not seeds else f'{mean:.2f}' + ('' if math.isnan(std) else f' ± {std:.2f}')
     if trains(row, result, entry) is False:
       accuracy += ' (found nothing that trains)'
+    for seed, failed_at in sorted(result.diverged.items()):
+      accuracy += f' (seed {seed} diverged at round {failed_at}: 0 from there)'
     search = entry.get('search') or {}
     sd = search.get('search_sd')
     best = search.get('pool_best') or {}

@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 
 from dp2fedsam_jax import metric_writers
+from dp2fedsam_jax.config import evaluates_at
 from dp2fedsam_jax.protocol import DEFAULTS as EVAL_DEFAULTS
 
 
@@ -36,6 +37,11 @@ class RunResult:
   @property
   def failed(self) -> bool:
     return self.failure is not None and not self.finished
+
+  @property
+  def diverged(self) -> bool:
+    """Its release turned NaN/Inf: final (a rerun repeats it), scored as scored_to_the_end says."""
+    return (self.failure or {}).get('error') == DIVERGED_ERROR
 
   def failure_text(self) -> str:
     """'seed=1 failed (FloatingPointError at round 1)'."""
@@ -69,6 +75,32 @@ def _setting_from_config(config: dict) -> dict:
 def read_json(path: str):
   with open(path) as f:
     return json.load(f)
+
+
+FAILURE_FILE = 'failure.json'  # experiments/train.py's: error, message, round
+DIVERGED_ERROR = 'FloatingPointError'  # train.check_finite's: the release turned NaN/Inf
+
+
+def diverged_at(workdir: str) -> int | None:
+  """The round whose release turned NaN/Inf (failure.json of a FloatingPointError), else None."""
+  path = os.path.join(workdir, FAILURE_FILE)
+  if not os.path.exists(path):
+    return None
+  failure = read_json(path)
+  return int(failure.get('round') or 0) if failure.get('error') == DIVERGED_ERROR else None
+
+
+def scored_to_the_end(evaluations: list[dict], config: dict, failed_at: int,
+                      keys: tuple[str, ...]) -> list[dict]:
+  """A diverged run's evaluations as a finished run's: those before round `failed_at` stand, and
+  every round it would have evaluated from `failed_at` on (config's num_rounds, eval_every,
+  eval_from) scores 0 in each of `keys`, its last round included."""
+  num_rounds = int(config['num_rounds'])
+  every, start = int(config.get('eval_every') or num_rounds), int(config.get('eval_from') or 0)
+  kept = [e for e in evaluations if e['round'] < failed_at]
+  return kept + [{'round': r, **{k: 0.0 for k in keys}}
+                 for r in range(max(failed_at, 1), num_rounds + 1)
+                 if evaluates_at(r, num_rounds, every, start)]
 
 
 TUNING_FILE = 'tuning.json'  # launch/tune.py's
