@@ -6,8 +6,9 @@ README's headline holds the second design's block with the first design's pages 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
+import shutil
 
 import pytest
 from conftest import write_run_file
@@ -62,6 +63,8 @@ def results(tmp_path):
   _row(runs, 'ceiling_p_fedsam', [0.9, 0.91, 0.92], score=0.9, seeds=range(3))
   for name in ('dp_pfeddsu', 'dp_pfeddsu_safe'):  # one paper row, two forms
     _row(runs, name, [a - 0.05 for a in dp2], score=0.7)
+  for name in ('dp_fedsam_ft', 'dp_fedavg_ft', 'ppsgd', 'dp_fedavg_fb', 'pmtl_ft'):  # every row
+    _row(runs, name, [a - 0.04 for a in dp2], score=0.7)
   return str(root)
 
 
@@ -90,6 +93,8 @@ def test_paired_seeds_and_the_search_sd_decide_and_nothing_that_trains_meets_no_
   wide = verdicts[('dp2fedsam', 'dp_fedsam')]  # the same 3 points, a ~5-point search SD: level
   assert wide['verdict'] == 'level' and wide['s'] > 3
   assert verdicts[('dp2fedsam', 'dp_fedavg')]['verdict'].startswith('no verdict')
+  shutil.rmtree(os.path.join(results, NAME, 'runs', 'dp_fedsam_ft'))
+  verdicts, _, _ = _verdicts(results)
   assert verdicts[('dp2fedsam', 'dp_fedsam_ft')]['verdict'] == 'undecided'  # not searched yet
 
 
@@ -98,7 +103,12 @@ def test_the_regime_waits_for_every_row_that_trains(results):
   assert fair2.regime(BLOCK, published.results, entries) == 'test'  # 91 >= 82.2 + 2
   os.remove(os.path.join(published.runs, 'centaur', 'final', 'seed=4', 'metrics.jsonl'))
   (published,) = fair_pages.published_blocks(results)
-  assert fair2.regime(BLOCK, published.results, entries).startswith('pending')
+  assert fair2.regime(BLOCK, published.results, entries) == 'pending: centaur'
+  # A row whose search has not finished (no row.json yet) and the ceiling's three seeds: waited for.
+  os.remove(os.path.join(published.runs, 'ceiling_p_fedsam', 'final', 'seed=2', 'metrics.jsonl'))
+  (published,) = fair_pages.published_blocks(results)
+  entries = {k: v for k, v in entries.items() if k != 'ppsgd'}
+  assert fair2.regime(BLOCK, published.results, entries) == 'pending: the ceiling, centaur, ppsgd'
 
 
 def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_second_design(results):
@@ -106,7 +116,7 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   page = fair_pages.page_text(published, (published,))
   assert '81.00 ± 1.58' in page  # dp2fedsam's five seeds: their mean ± std
   data = fair_pages.plot_data(published, (published,))
-  assert data['kind'] == 'tuning_curves' and len(data['curves']) == 7
+  assert data['kind'] == 'tuning_curves' and len(data['curves']) == 12
   curve = data['curves'][0]['mean']  # dp2fedsam's, from its pool: 16 draws of 0.83 and 0.826
   assert len(curve) == 16 and curve[0] == pytest.approx(82.8)
   assert len({c['row'] for c in data['curves']}) == len(data['curves'])  # each curve its own name
@@ -117,6 +127,13 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   assert len(headline) == 1 and headline[0].startswith('| [(e)]')
   assert all(f'({p.letter})' in '\n'.join(lines) for p in first_design)  # listed, not headlined
   assert findings.seed_counts((published,)) == (5, 3)
+  # Before its regime rule applies (a row still searching), the first design keeps the headline.
+  os.remove(os.path.join(published.runs, 'ppsgd', 'row.json'))
+  (published,) = fair_pages.published_blocks(results)
+  lines = findings.findings_lines(first_design + (published,))
+  headline = [line for line in lines if line.startswith('| [(')]
+  assert [line.split(']')[0] for line in headline] == [f'| [({p.letter})' for p in first_design]
+  assert sum(line.startswith('- Under way: [(e)]') for line in lines) == 1
 
 
 def test_tuned_well_is_the_pool_bests_difference_and_a_disagreement_is_marked(results):

@@ -64,6 +64,12 @@ class RowResult:
     return (self.tuning or {}).get('selected_values')
 
 
+def law_text(trials: dict) -> str:
+  """A trial law as the pages print it: 'truncated_negative_binomial (eta 0, mean 16)'."""
+  return trials['name'] + ' (' + ', '.join(
+      f'{k} {format_value(v)}' for k, v in trials.items() if k != 'name') + ')'
+
+
 def read_row(block_dir: str, row, metric: str) -> RowResult:
   """The row's RowResult from <block_dir>/<row name>/ (nothing there: no search, no seed)."""
   directory = os.path.join(block_dir, row.name)
@@ -398,10 +404,9 @@ def block_lines(block, config_name: str, results: dict, epsilons: dict,
   ceiling_note = '' if ceiling_text in block.ceiling_reference else f' ({ceiling_text})'
   verdict_note = ('' if rule == 'test' else
                   ' (the regime rule has not said "test": these are no verdict on the paper\'s order)')
-  law = lambda trials: trials['name'] + ' (' + ', '.join(
-      f'{k} {format_value(v)}' for k, v in trials.items() if k != 'name') + ')'
-  laws = (f"K of every search {law(block.trials)}" if not block.ceiling_trials else
-          f"K of every row's search {law(block.trials)}, of the ceiling's {law(block.ceiling_trials)}")
+  laws = (f"K of every search {law_text(block.trials)}" if not block.ceiling_trials else
+          f"K of every row's search {law_text(block.trials)}, of the ceiling's "
+          f"{law_text(block.ceiling_trials)}")
   return [
       f'## Block ({block.name}): {block.paper}', '',
       f'Config `experiments/configs/{config_name}.py`; {laws}, '

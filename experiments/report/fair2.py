@@ -119,15 +119,22 @@ def ceiling_accuracy(block, results: dict) -> float | None:
 
 
 def regime(block, results: dict, entries: dict) -> str:
-  """The regime rule once every row that trains has its seeds and the ceiling its own."""
-  top = ceiling_accuracy(block, results)
-  counted = {r.name: seed_accuracies(results[r.name], block.metric) for r in block.rows
-             if trains(r, results[r.name], entries.get(r.name))}
-  short = sorted(n for n, s in counted.items() if len(s) < len(block.final_seed_values))
-  if top is None or short or not counted:
-    missing = (['the ceiling'] if top is None else []) + short
-    return f"pending: {', '.join(missing) or 'every row'}"
-  return block.regime(top, {n: _points(s.values())[0] for n, s in counted.items()})
+  """The regime rule, applied once: when the ceiling has every declared seed and every row is
+  settled (its row.json written, which happens after its final runs; a row that trains with every
+  final seed). Before that 'pending: ' and what it waits for."""
+  ceiling_seeds = seed_accuracies(results[block.ceiling.name], block.metric)
+  waiting = [] if len(ceiling_seeds) >= len(block.ceiling_seed_values) else ['the ceiling']
+  counted = {}
+  for row in block.rows:
+    seeds = seed_accuracies(results[row.name], block.metric)
+    found = trains(row, results[row.name], entries.get(row.name))
+    if row.name not in entries or (found and len(seeds) < len(block.final_seed_values)):
+      waiting.append(row.name)
+    elif found:
+      counted[row.name] = _points(seeds.values())[0]
+  if waiting or not counted:
+    return f"pending: {', '.join(waiting) or 'a row that trains'}"
+  return block.regime(ceiling_accuracy(block, results), counted)
 
 
 def epsilon_text(entry: dict) -> str:
@@ -185,9 +192,11 @@ def verdict_lines(entries: list[dict]) -> list[str]:
 def page_lines(block, results: dict, entries: dict) -> list[str]:
   """The block's part of its results.md: rows, regime, verdicts and what no ε covers."""
   return [
-      f'Second design: law {block.trials} (the ceiling {block.ceiling_trials}), ε {block.eps:g} per '
-      f'run, final seeds {", ".join(map(str, block.final_seed_values))} as training seeds; the '
-      f'metric the mean of the last {FINAL_EVALUATIONS} evaluations.', '',
+      f'Second design: K of every row\'s search {fair.law_text(block.trials)}'
+      + (f', pool floor {block.pool_floor}' if block.pool_floor else '')
+      + (f'; of the ceiling\'s {fair.law_text(block.ceiling_trials)}' if block.ceiling_trials else '')
+      + f'; ε {block.eps:g} per run, final seeds {", ".join(map(str, block.final_seed_values))} as '
+      f'training seeds; the metric the mean of the last {FINAL_EVALUATIONS} evaluations.', '',
       *row_lines(block, results, entries), '',
       f'Regime rule: {block.regime_rule}. Outcome: {regime(block, results, entries)}.', '',
       'The rule: d the mean of the paired per-seed differences, s² their variance plus both rows\' '

@@ -92,9 +92,9 @@ def number_text(published, blocks: tuple) -> str:
 
 
 def seed_counts(blocks: tuple) -> tuple[int, int]:
-  """(final seeds a row has, seeds the ceiling is declared with) over `blocks`: what the limits say."""
-  rows = {s for p in blocks for r in p.results.values() for s in r.accuracy}
-  return len(rows), max(len(p.block.ceiling_seed_values) for p in blocks)
+  """(final seeds a row is declared with, the ceiling's) over `blocks`: what the limits say."""
+  return (max(len(p.block.final_seed_values) for p in blocks),
+          max(len(p.block.ceiling_seed_values) for p in blocks))
 
 
 def rule_lines(headline: tuple) -> list[str]:
@@ -115,11 +115,19 @@ def rule_lines(headline: tuple) -> list[str]:
           '**level**. ' + room]
 
 
+def _decided(published) -> bool:
+  """Whether a second-design block's regime rule has been applied (it waits for every row)."""
+  entries = fair2.row_entries(published.runs, published.block)
+  return not fair2.regime(published.block, published.results, entries).startswith('pending')
+
+
 def findings_lines(published: tuple) -> list[str]:
-  """The README's findings: one row per block (the second design's where published; the first
-  design's pages then listed in the limits), then where the field has a number, then limits."""
-  second = tuple(p for p in published if p.block.design == 2)
-  headline = second or published
+  """The README's findings: one row per block (the second design's once its regime rule applied;
+  the first design's pages then listed in the limits; until then the first design's, the second
+  named as under way), then where the field has a number, then limits."""
+  under_way = tuple(p for p in published if p.block.design == 2 and not _decided(p))
+  second = tuple(p for p in published if p.block.design == 2 and p not in under_way)
+  headline = second or tuple(p for p in published if p.block.design != 2)
   metric = f'mean of the last {fair2.FINAL_EVALUATIONS} evaluations' if second else 'final round'
   lines = [*rule_lines(headline), '',
            f'| block | setting | verdict | one number ({metric}, mean ± seed std) |',
@@ -149,6 +157,9 @@ def findings_lines(published: tuple) -> list[str]:
                '- The first design\'s blocks (one small search a row) stay on their pages: '
                + ', '.join(f'[({p.letter})]({_page(p)})' for p in published if p not in second)
                + '.']
+  limits += [f'- Under way: [({p.letter})]({_page(p)}), the second design ({p.block.paper}); its page '
+             'shows what has finished, and its verdicts replace this table once its regime rule '
+             'applies.' for p in under_way]
   if any(r.shared_seed for p in headline for r in p.results.values()):
     limits.append(f'- {fair.SHARED_SEED} The committed searches shared one public seed: their search '
                   'ε does not hold as stated.')

@@ -229,13 +229,14 @@ class Block:
 
   @property
   def regime_rule(self) -> str:
-    return (f'the ceiling >= the best private row (3-seed mean) + {self.regime_margin:g} points; '
+    return (f'the ceiling >= the best private row ({len(self.final_seed_values)}-seed mean) + '
+            f'{self.regime_margin:g} points; '
             f'else "{AT_CEILING}", then {self.if_rule_fails}')
 
   def regime(self, ceiling: float, private_means: dict) -> str:
     """'test' when the ceiling's accuracy (points) clears the best private row's mean by the
     margin, else AT_CEILING, or CEILING_FAILED where it is under that row: the rule applied, once
-    every row has its 3 seeds."""
+    every row has its final seeds."""
     best = max(private_means.values())
     if ceiling < best:
       return CEILING_FAILED
