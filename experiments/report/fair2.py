@@ -211,6 +211,22 @@ def page_lines(block, results: dict, entries: dict) -> list[str]:
       '- One split, one ε, one T; the rows use the same clients, each row\'s ε is its own.', '']
 
 
+def law_lines(block) -> list[str]:
+  """docs/benchmark.md's `fair2-law` block: what the block's declared law of K draws, and the
+  trials a row runs under its pool floor."""
+  law = TrialDistribution.from_dict(block.trials)
+  cdf = np.cumsum([law.pmf(k) for k in range(0, 100 * int(law.mean) + 1)])
+  quantile = lambda p: int(np.searchsorted(cdf, p))
+  lines = [f'- K ({fair.law_text(block.trials)}): E[K] = {law.mean:g}; P(K = 1) {law.pmf(1):.2f}, '
+           f'P(K ≤ 4) {cdf[4]:.2f}; median {quantile(0.5)}, 95th percentile {quantile(0.95)}.']
+  if block.pool_floor:
+    lines.append(f'- A row runs max(K, {block.pool_floor}) trials: '
+                 f'{block.expected_trials(block.rows[0]):.1f} on average; the selection sees K.')
+  if block.ceiling_trials:
+    lines.append(f'- The ceiling: {fair.law_text(block.ceiling_trials)}, no floor.')
+  return lines
+
+
 def plot_data(published) -> dict:
   """Each row's tuning curve (points, with its band) for the block's plot."""
   curves = []

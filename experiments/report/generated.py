@@ -15,7 +15,8 @@ import functools
 import os
 import re
 
-from experiments.report import benchmark_tables, fair_pages, findings, privacy_tables
+from experiments.configs import fair_e_design2
+from experiments.report import benchmark_tables, fair2, fair_pages, findings, privacy_tables
 from experiments.report.plots import plot_plan
 from experiments.report.rules import seed_rule
 from experiments.report.summary import summarize
@@ -106,7 +107,8 @@ def blocks(repo: str = REPO) -> dict:
       os.path.join('benchmarks', 'README.md'): benchmark_tables.benchmark_blocks(repo),
       os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo),
                                              'fair2-edge': fair2_pilot.edge_lines(repo),
-                                             'fair2-rank': fair2_pilot.trial_length_lines(repo)},
+                                             'fair2-rank': fair2_pilot.trial_length_lines(repo),
+                                             'fair2-law': fair2.law_lines(fair_e_design2.BLOCK)},
   }
 
 
