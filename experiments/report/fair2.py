@@ -148,6 +148,13 @@ def epsilon_text(entry: dict) -> str:
   return f'{eps:.3f}'
 
 
+def row_label(block, row) -> str:
+  """A row as the page names it: its paper row, 'ceiling (<method>)' for the ceiling, else its name."""
+  if row == block.ceiling:
+    return f'ceiling ({row.method})'
+  return row.paper_row or row.name
+
+
 def row_lines(block, results: dict, entries: dict) -> list[str]:
   lines = ['| row | final accuracy (%), mean ± seed std | seeds | search SD (points) | '
            'pool: trials, best at T_trial (%) | selected values | ε of the selection, K known |',
@@ -169,7 +176,7 @@ def row_lines(block, results: dict, entries: dict) -> list[str]:
     values = ', '.join(f'{k} {format_value(v)}' for k, v in sorted(
         (entry.get('selected_values') or {}).items()))
     eps_text = 'non-private' if not METHODS[row.method].private else epsilon_text(entry)
-    label = row.paper_row or row.name
+    label = row_label(block, row)
     lines.append(f"| {label}{f' [{row.mark}]' if row.mark else ''} | {accuracy} | {len(seeds)} | "
                  f"{'–' if sd is None else f'{100 * sd:.2f}'} | {pool} | {values or '–'} | "
                  f'{eps_text} |')
@@ -232,7 +239,7 @@ def plot_data(published) -> dict:
   curves = []
   entries = row_entries(published.runs, published.block)
   rows = published.block.all_rows()
-  labels = [row.paper_row or row.name for row in rows]
+  labels = [row_label(published.block, row) for row in rows]
   for row, label in zip(rows, labels):
     curve = ((entries.get(row.name) or {}).get('search') or {}).get('tuning_curve')
     if curve:  # two rows of one paper row (a paper form and its covered form): their names tell
