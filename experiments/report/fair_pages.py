@@ -49,6 +49,26 @@ def published_blocks(results_root: str) -> tuple:
   return tuple(sorted(found, key=lambda p: (p.letter[0], len(p.letter))))
 
 
+def claims_lines() -> list[str]:
+  """docs/benchmark.md's `fair-claims` block: the orders each block judges (its config's claims),
+  every block of experiments/configs/fair_*.py, published or not."""
+  configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+  blocks = sorted((_block_of(name[:-len('.py')]) for name in os.listdir(configs)
+                   if name.startswith('fair_') and name.endswith('.py')),
+                  key=lambda b: (b.name[0], len(b.name)))
+  lines = ['| block | the paper claims A > B for |', '|---|---|']
+  for block in blocks:
+    beats = {}  # better -> [worse, ...] in the order the config declares them
+    for claim in block.claims:
+      beats.setdefault(claim.better, [])
+      if claim.worse not in beats[claim.better]:
+        beats[claim.better].append(claim.worse)
+    lines.append(f'| ({block.name}) | '
+                 + '; '.join(f"{better} > {', '.join(worse)}" for better, worse in beats.items())
+                 + ' |')
+  return lines
+
+
 def ceiling(published: Published, blocks: tuple) -> float | None:
   """The block's ceiling in points: its own ceiling row's seed, another block's of `blocks`
   (Block.ceiling_of_block) or a committed reference (Block.ceiling_accuracy)."""

@@ -108,7 +108,8 @@ def blocks(repo: str = REPO) -> dict:
       os.path.join('docs', 'benchmark.md'): {'fair2-pilot': fair2_pilot.table_lines(repo),
                                              'fair2-edge': fair2_pilot.edge_lines(repo),
                                              'fair2-rank': fair2_pilot.trial_length_lines(repo),
-                                             'fair2-law': fair2.law_lines(fair_e_design2.BLOCK)},
+                                             'fair2-law': fair2.law_lines(fair_e_design2.BLOCK),
+                                             'fair-claims': fair_pages.claims_lines()},
   }
 
 
