@@ -129,7 +129,8 @@ def test_the_docs_have_the_commands_this_test_knows():
     assert os.path.exists(path + '.py') or os.path.exists(os.path.join(path, '__main__.py')), module
   assert {shlex.split(c)[2] for _, c in COMMANDS} <= set(BINARIES)
   assert len(COMMANDS) >= 10
-  assert any('--config.dp.target_epsilon=None' in c for _, c in COMMANDS)  # the Running fragments
+  fragments = _running_fragments(open(os.path.join(ROOT, 'WORKSPACE.md')).read())
+  assert fragments and all((('WORKSPACE.md', c) in COMMANDS) for c in fragments)  # and run below
 
 
 @pytest.mark.parametrize('doc', _markdown_files())
