@@ -194,3 +194,14 @@ def test_a_diverged_final_seed_is_finished_and_scores_zero_from_its_failure_on(r
   line = next(x for x in fair2.row_lines(BLOCK, published.results, entries)
               if x.startswith('| ' + (BLOCK.row('dp2fedsam').paper_row or 'dp2fedsam')))
   assert 'seed 1 diverged at round 170' in line and 'seed 3 diverged at round 50' in line
+
+
+def test_a_search_that_selected_nothing_found_nothing_that_trains(results):
+  """Every trial failed (run_row's 'nothing selected'): the row is settled, without a verdict."""
+  _write(os.path.join(results, NAME, 'runs', 'ppsgd', 'row.json'), {
+      'selected_score': None, 'selected_values': None, 'search': None,
+      'note': 'nothing selected (K = 0 or every trial failed): the row has no final runs'})
+  shutil.rmtree(os.path.join(results, NAME, 'runs', 'ppsgd', 'final'))
+  verdicts, published, entries = _verdicts(results)
+  assert verdicts[('dp_pfeddsu', 'ppsgd')]['verdict'].startswith('no verdict')
+  assert fair2.regime(BLOCK, published.results, entries) == 'test'  # it waits for it no longer

@@ -62,11 +62,13 @@ def chance(row, result: fair.RowResult) -> float:
 
 
 def trains(row, result: fair.RowResult, entry: dict | None) -> bool | None:
-  """Whether the row's search found something that trains (None: its search has not finished)."""
-  score = (entry or {}).get('selected_score')
-  if score is None:
+  """Whether the row's search found something that trains (None: its search has not finished, or
+  the row is subsumed by another). A search that selected nothing (every trial failed) found
+  nothing that trains."""
+  if entry is None or entry.get('subsumed_by'):
     return None
-  return score > chance(row, result) + NOTHING_TRAINS_MARGIN
+  score = entry.get('selected_score')
+  return score is not None and score > chance(row, result) + NOTHING_TRAINS_MARGIN
 
 
 def _search_sd(entry: dict | None) -> float:
