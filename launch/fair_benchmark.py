@@ -322,9 +322,9 @@ def print_plan(letters, root: str, seed_from: str | None = None) -> dict:
   for letter in letters:
     plan = block_plan(letter, root, seed_from)
     block = plan['block']
-    print(f"block ({letter}) {block.paper}: {plan['path']}; law {block.trials}, eps {block.eps} per "
-          f'trial; ceiling: {block.ceiling_reference}'
-          + (f'; law {block.ceiling_trials}' if block.ceiling_trials else ''))
+    print(f"block ({letter}) {block.paper}: {plan['path']}; law {fair_report.law_text(block.trials)}, "
+          f'eps {block.eps} per trial; ceiling: {block.ceiling_reference}'
+          + (f'; law {fair_report.law_text(block.ceiling_trials)}' if block.ceiling_trials else ''))
     print(f'  regime rule: {block.regime_rule}')
     for reason in block.pending:
       print(f'  pending (the block runs nothing until it is decided): {reason}')
