@@ -572,16 +572,17 @@ def write_summary(letter: str, root: str) -> dict:
              'eps_per_trial': block.eps, 'score_noise': block.score_noise,
              'regime_rule': block.regime_rule, 'ceiling': block.ceiling_reference,
              'metric': block.metric, 'design': block.design,
-             **({'final_seed_field': block.final_seed_field, 'final_seeds': block.final_seed_values,
-                 'ceiling_seeds': block.ceiling_seed_values,
-                 'ceiling_row': block.ceiling and block.ceiling.name} if block.design == 2 else {}),
+             **({'final_seed_field': block.final_seed_field, 'final_seeds': block.final_seed_values}
+                if block.design == 2 else {}),
              'rows': {n: e for n, e in rows.items() if e is not None}}
-  if block.design == 2:  # the regime rule as it stands, the ceiling's runs at the block's level
+  if block.design == 2:  # the regime rule as it stands; the ceiling (its row, seeds, final runs)
     from experiments.report import fair2  # pylint: disable=import-outside-toplevel
     block_dir = os.path.join(root, config_name(path))
     summary['regime'] = fair2.regime(block, fair_report.read_block(block_dir, block),
                                      fair2.row_entries(block_dir, block))
-    summary['ceiling_final_runs'] = (rows.get(block.ceiling.name) or {}).get('final_runs', {})
+    summary['ceiling'] = {'reference': block.ceiling_reference, 'row': block.ceiling.name,
+                          'seeds': block.ceiling_seed_values,
+                          'final_runs': (rows.get(block.ceiling.name) or {}).get('final_runs', {})}
   _write_json(os.path.join(root, config_name(path), SUMMARY_FILE), summary)
   return summary
 

@@ -655,7 +655,8 @@ def test_a_second_design_row_publishes_its_pools_tuning_curve_and_search_sd(tmp_
   assert len(entry['final_runs']) == 5
   summary = fair_benchmark.write_summary('e', str(tmp_path))
   assert summary['design'] == 2 and summary['final_seeds'] == (0, 1, 2, 3, 4)
-  assert summary['regime'].startswith('pending') and summary['ceiling_final_runs'] == {}
+  assert summary['regime'].startswith('pending') and summary['ceiling']['final_runs'] == {}
+  assert summary['ceiling']['row'] == 'ceiling_p_fedsam' and summary['ceiling']['seeds'] == (0, 1, 2)
   assert summary['rows']['dp_fedavg']['search']['search_sd'] == search['search_sd']
   # The pool is published (never a trial's noised score) and the report recomputes from it alone.
   assert [t['run'] for t in search['pool']] == ['trial=0', 'trial=1', 'trial=2']
