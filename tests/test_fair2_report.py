@@ -205,3 +205,23 @@ def test_a_search_that_selected_nothing_found_nothing_that_trains(results):
   verdicts, published, entries = _verdicts(results)
   assert verdicts[('dp_pfeddsu', 'ppsgd')]['verdict'].startswith('no verdict')
   assert fair2.regime(BLOCK, published.results, entries) == 'test'  # it waits for it no longer
+
+
+def test_the_results_index_shows_a_second_design_block_by_its_own_rule(results):
+  """experiments/results/README.md's section of block (e): the page's rows (the mean of the last 3
+  evaluations), its regime rule and its paired verdicts, never the first design's tables."""
+  (published,) = fair_pages.published_blocks(results)
+  lines = findings.fair_block_lines((published,))
+  entries = fair2.row_entries(published.runs, BLOCK)
+  assert fair2.row_lines(BLOCK, published.results, entries)[2] in lines  # DP2-FedSAM's row
+  assert '81.00 ± 1.58' in lines[lines.index(fair2.row_lines(BLOCK, published.results, entries)[2])]
+  assert fair2.verdict_lines(fair2.verdicts(BLOCK, published.results, entries))[0] in lines
+  assert 'The regime rule: **test**.' in lines
+
+
+def test_a_row_not_searched_yet_is_pending_on_its_page_not_found_wanting(results):
+  shutil.rmtree(os.path.join(results, NAME, 'runs', 'ppsgd'))
+  (published,) = fair_pages.published_blocks(results)
+  entries = fair2.row_entries(published.runs, BLOCK)
+  [line] = [x for x in fair2.row_lines(BLOCK, published.results, entries) if x.startswith('| PPSGD ')]
+  assert line.startswith('| PPSGD | – | 0 |')  # no accuracy yet, and no "found nothing" mark

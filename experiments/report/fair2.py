@@ -166,7 +166,7 @@ def row_lines(block, results: dict, entries: dict) -> list[str]:
     seeds = seed_accuracies(result, block.metric)
     mean, std = _points(seeds.values()) if seeds else (math.nan, math.nan)
     accuracy = '–' if not seeds else f'{mean:.2f}' + ('' if math.isnan(std) else f' ± {std:.2f}')
-    if trains(row, result, entry) is False:
+    if trains(row, result, entries.get(row.name)) is False:
       accuracy += ' (found nothing that trains)'
     for seed, failed_at in sorted(result.diverged.items()):
       accuracy += f' (seed {seed} diverged at round {failed_at}: 0 from there)'

@@ -174,14 +174,21 @@ def fair_block_lines(published: tuple) -> list[str]:
   lines = []
   for p in published:
     block, results = p.block, p.results
-    epsilons = fair.block_epsilons(block, results)
-    top = fair_pages.ceiling(p, published)
     plot = f'{p.config_name}/{fair_pages.PLOT_FILE}'
+    if block.design == 2:  # its own rows, rule and verdicts (experiments/report/fair2.py)
+      entries = fair2.row_entries(p.runs, block)
+      metric = f'the mean of the last {fair2.FINAL_EVALUATIONS} evaluations of {block.metric}'
+      body = [*fair2.row_lines(block, results, entries), '',
+              f'The regime rule: **{fair2.regime(block, results, entries)}**.', '',
+              *fair2.verdict_lines(fair2.verdicts(block, results, entries))]
+    else:
+      metric = block.metric
+      body = [*fair.readme_lines(block, results, fair.block_epsilons(block, results),
+                                 fair_pages.ceiling(p, published)), '',
+              *fair.verdict_lines(fair.verdicts(block, results))]
     lines += [f'### Block ({p.letter}): {block.paper}', '',
-              f'{setting_text(p)}; metric {block.metric}. [Its page]({p.config_name}/results.md).', '',
-              f'![block ({p.letter})]({plot})', '',
-              *fair.readme_lines(block, results, epsilons, top), '',
-              *fair.verdict_lines(fair.verdicts(block, results)), '']
+              f'{setting_text(p)}; metric {metric}. [Its page]({p.config_name}/results.md).', '',
+              f'![block ({p.letter})]({plot})', '', *body, '']
   return lines[:-1]
 
 
