@@ -41,7 +41,7 @@ class RunResult:
   @property
   def diverged(self) -> bool:
     """Its release turned NaN/Inf: final (a rerun repeats it), scored as scored_to_the_end says."""
-    return (self.failure or {}).get('error') == DIVERGED_ERROR
+    return is_divergence(self.failure)
 
   def failure_text(self) -> str:
     """'seed=1 failed (FloatingPointError at round 1)'."""
@@ -81,13 +81,16 @@ FAILURE_FILE = 'failure.json'  # experiments/train.py's: error, message, round
 DIVERGED_ERROR = 'FloatingPointError'  # train.check_finite's: the release turned NaN/Inf
 
 
+def is_divergence(failure: dict | None) -> bool:
+  """Whether a failure.json says the release turned NaN/Inf (train.check_finite's error)."""
+  return (failure or {}).get('error') == DIVERGED_ERROR
+
+
 def diverged_at(workdir: str) -> int | None:
   """The round whose release turned NaN/Inf (failure.json of a FloatingPointError), else None."""
   path = os.path.join(workdir, FAILURE_FILE)
-  if not os.path.exists(path):
-    return None
-  failure = read_json(path)
-  return int(failure.get('round') or 0) if failure.get('error') == DIVERGED_ERROR else None
+  failure = read_json(path) if os.path.exists(path) else None
+  return int(failure.get('round') or 0) if is_divergence(failure) else None
 
 
 def scored_to_the_end(evaluations: list[dict], config: dict, failed_at: int,
