@@ -740,3 +740,17 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   # A second resume copies nothing over the root's own record.
   assert not fair_benchmark.resume_search('e', 'dp_fedavg', str(fresh),
                                           str(published / 'fair_e_design2'))
+
+
+def test_a_row_whose_final_runs_began_runs_before_a_new_draw(tmp_path, monkeypatch):
+  path, _, block = fair_benchmark.load_block('e')
+  ceiling = fair_benchmark.row_dir(str(tmp_path), path, block.ceiling)
+  os.makedirs(os.path.join(ceiling, 'final', 'seed=2'))  # its last seed stopped with the root
+  order = []
+  monkeypatch.setattr(fair_benchmark, 'run_row', lambda letter, name, *a: order.append(name))
+  monkeypatch.setattr(fair_benchmark, 'write_summary', lambda *a: {})
+  fair_benchmark.run_block('e', str(tmp_path), 1)
+  assert order[0] == block.ceiling.name and sorted(order) == sorted(r.name for r in block.all_rows())
+  with open(os.path.join(ceiling, fair_benchmark.ROW_FILE), 'w') as f:
+    json.dump({'final_runs': {}}, f)  # row.json: the row is finished
+  assert not fair_benchmark.row_under_way('e', block.ceiling.name, str(tmp_path), None)
