@@ -472,11 +472,9 @@ def search_under_way(letter: str, row_name: str, root: str, seed_from: str | Non
   return (record or {}).get('status') == 'running'
 
 
-def row_under_way(letter: str, row_name: str, root: str, seed_from: str | None) -> bool:
-  """Whether the row was begun and not finished: its search is drawn but not done, or its final
-  runs have begun (under root, or published in `seed_from`) and its row.json is not written."""
-  if search_under_way(letter, row_name, root, seed_from):
-    return True
+def finals_begun(letter: str, row_name: str, root: str, seed_from: str | None) -> bool:
+  """Whether the row's final runs have begun (under root, or published in `seed_from`) and its
+  row.json is not written: the row nearest its end."""
   path, _, block = load_block(letter)
   directory = row_dir(root, path, block.row(row_name))
   if os.path.exists(os.path.join(directory, ROW_FILE)):
@@ -603,8 +601,8 @@ def write_summary(letter: str, root: str) -> dict:
 
 def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str | None = None,
               one_program: str = 'auto') -> dict:
-  """The block's rows (all, or `rows`) in order, a row under way first (its draw is made or its
-  final runs begun; a new draw waits), the summary rewritten after each; `seed_from`: an out_root of
+  """The block's rows (all, or `rows`) in order, a row under way first (its final runs begun, then
+  its draw made; a new draw waits), the summary rewritten after each; `seed_from`: an out_root of
   --publish (e.g. experiments/results), whose finished pieces count as done; `one_program`:
   run_row's."""
   _, _, block = load_block(letter)
@@ -617,7 +615,8 @@ def run_block(letter: str, root: str, parallel: int, rows=None, seed_from: str |
     # runs/ (finished searches and final runs) and searches/ (carry_searches) beside it
     source = os.path.join(block_dir, 'runs') if os.path.isdir(block_dir) else None
   names = rows or [r.name for r in block.all_rows()]
-  for name in sorted(names, key=lambda n: not row_under_way(letter, n, root, source)):
+  for name in sorted(names, key=lambda n: (not finals_begun(letter, n, root, source),
+                                            not search_under_way(letter, n, root, source))):
     run_row(letter, name, root, parallel, source, one_program)
     write_summary(letter, root)
     _log(f'block ({letter}): row {name} done')

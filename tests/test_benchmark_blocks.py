@@ -742,15 +742,20 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
                                           str(published / 'fair_e_design2'))
 
 
-def test_a_row_whose_final_runs_began_runs_before_a_new_draw(tmp_path, monkeypatch):
+def test_a_row_whose_final_runs_began_runs_before_a_search_under_way(tmp_path, monkeypatch):
   path, _, block = fair_benchmark.load_block('e')
   ceiling = fair_benchmark.row_dir(str(tmp_path), path, block.ceiling)
   os.makedirs(os.path.join(ceiling, 'final', 'seed=2'))  # its last seed stopped with the root
+  searching = fair_benchmark.row_dir(str(tmp_path), path, block.rows[1])
+  os.makedirs(searching)
+  with open(os.path.join(searching, tune.OPERATOR_FILE), 'w') as f:
+    json.dump({'status': 'running'}, f)
   order = []
   monkeypatch.setattr(fair_benchmark, 'run_row', lambda letter, name, *a: order.append(name))
   monkeypatch.setattr(fair_benchmark, 'write_summary', lambda *a: {})
   fair_benchmark.run_block('e', str(tmp_path), 1)
-  assert order[0] == block.ceiling.name and sorted(order) == sorted(r.name for r in block.all_rows())
+  assert order[:2] == [block.ceiling.name, block.rows[1].name]
+  assert sorted(order) == sorted(r.name for r in block.all_rows())
   with open(os.path.join(ceiling, fair_benchmark.ROW_FILE), 'w') as f:
     json.dump({'final_runs': {}}, f)  # row.json: the row is finished
-  assert not fair_benchmark.row_under_way('e', block.ceiling.name, str(tmp_path), None)
+  assert not fair_benchmark.finals_begun('e', block.ceiling.name, str(tmp_path), None)
