@@ -65,6 +65,11 @@ CPU_ORDER = ('a', 'd', 'c', 'b')  # issue 58: (a) first, the Shakespeare block n
 SUMMARY_FILE, ROW_FILE = 'benchmark.json', 'row.json'
 # A second-design block's searches as they run (carry_searches): beside runs/, which no report reads.
 SEARCHES_DIR, CARRIED_RECORD = 'searches', 'operator_record.json'
+CARRIED_NOTE = (  # in place of the operator file's DO_NOT_PUBLISH, in the carried copy only
+    "Published on purpose by launch.fair_benchmark --publish (a second-design block), so that a "
+    "fresh root resumes this draw. The design publishes the search's pool anyway: this search's "
+    'selection_epsilon is the procedure\'s, for an operator who keeps this record; with K known only '
+    'epsilon_bound holds (docs/benchmark.md, "A second-design block (e) loses no search").')
 TRIAL_FILES = ('config.json', 'sweep.json', 'failure.json', metric_writers.EVAL_FILE,
                metric_writers.TRAIN_FILE, metric_writers.HOSTS_FILE)
 
@@ -519,7 +524,9 @@ def carry_searches(letter: str, root: str, out: str) -> list[str]:
       if _trial_finished(os.path.join(directory, name)):
         for file in TRIAL_FILES:
           _copy_if_there(os.path.join(directory, name, file), os.path.join(target, name, file))
-    _copy_if_there(os.path.join(directory, tune.OPERATOR_FILE), os.path.join(target, CARRIED_RECORD))
+    carried_record = {k: v for k, v in record.items() if k != 'DO_NOT_PUBLISH'}
+    _write_json(os.path.join(target, CARRIED_RECORD), {'published_on_purpose': CARRIED_NOTE,
+                                                       **carried_record})
     carried.append(row.name)
   return carried
 
@@ -543,7 +550,9 @@ def resume_search(letter: str, row_name: str, root: str, published: str) -> bool
   for name in record['runs']:
     for file in TRIAL_FILES:
       _copy_if_there(os.path.join(source, name, file), os.path.join(directory, name, file))
-  _copy_if_there(os.path.join(source, CARRIED_RECORD), os.path.join(directory, tune.OPERATOR_FILE))
+  operator = {k: v for k, v in record.items() if k != 'published_on_purpose'}
+  _write_json(os.path.join(directory, tune.OPERATOR_FILE),
+              {'DO_NOT_PUBLISH': tune.DO_NOT_PUBLISH, **operator})  # the operator's file again
   _log(f'resumed {directory} from {source} (its draw; '
        f"{sum(_trial_finished(os.path.join(directory, n)) for n in record['runs'])} trial(s) "
        'finished)')

@@ -716,6 +716,15 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   carried = published / 'fair_e_design2' / fair_benchmark.SEARCHES_DIR / 'dp_fedavg'
   assert sorted(p.name for p in carried.iterdir()) == sorted(
       [fair_benchmark.CARRIED_RECORD, os.path.basename(done_first[0])])  # unfinished trials stay
+  own = json.loads((first / 'fair_e_design2' / 'dp_fedavg' / tune.OPERATOR_FILE).read_text())
+  record = json.loads((carried / fair_benchmark.CARRIED_RECORD).read_text())
+  assert 'DO_NOT_PUBLISH' in own and 'DO_NOT_PUBLISH' not in record  # a published file says why
+  assert {**record, 'DO_NOT_PUBLISH': own['DO_NOT_PUBLISH']} == {
+      **own, 'published_on_purpose': fair_benchmark.CARRIED_NOTE}
+  assert fair_benchmark.resume_search('e', 'dp_fedavg', str(tmp_path / 'other'),
+                                      str(published / 'fair_e_design2'))
+  assert json.loads((tmp_path / 'other' / 'fair_e_design2' / 'dp_fedavg' / tune.OPERATOR_FILE)
+                    .read_text()) == own  # the operator's file again, as it was
   assert not (published / 'fair_e_design2' / 'runs').exists()  # nothing a report reads
   plan = fair_benchmark.block_plan('e', str(tmp_path / 'fresh'), str(published))
   assert next(r[4] for r in plan['rows'] if r[0].name == 'dp_fedavg') == (
@@ -735,6 +744,7 @@ def test_a_second_design_search_stopped_with_its_root_resumes_its_draw_in_a_fres
   assert rerun == sorted(set(names) - {os.path.basename(done_first[0])})  # the same draw, less one
   operator = json.loads((fresh / 'fair_e_design2' / 'dp_fedavg' / tune.OPERATOR_FILE).read_text())
   assert operator['secret_seed'] == secret and operator['status'] == 'done'
+  assert operator['DO_NOT_PUBLISH'] == tune.DO_NOT_PUBLISH and 'published_on_purpose' not in operator
   assert entry['search']['pool_size'] == len(names) and len(entry['final_runs']) == 5
   assert entry['selection_trials'] == tune.draw_plan(spec, secret)[0] == operator['num_trials']
   # A second resume copies nothing over the root's own record.
