@@ -117,6 +117,36 @@ def token_federation(train_sizes, test_sizes, *, vocab: int, length: int, pad: i
                           accuracy_ignore_ids=(eos,))
 
 
+def _table_cells(line: str) -> list[str]:
+  # A cell may hold an escaped pipe (\|), as Markdown writes one.
+  return [cell.strip() for cell in re.split(r'(?<!\\)\|', line.strip()[1:-1])]
+
+
+def markdown_tables(text, *columns: str) -> list[list[dict[str, str]]]:
+  """The Markdown tables of `text` (a string, or a list of lines) whose header names every one of
+  `columns` (all tables without any), each as its rows: {column header: cell, stripped}. Tests
+  check the cells that carry numbers and names by column, so a reworded sentence or header they do
+  not read leaves them passing; a row whose cells do not match its header fails here."""
+  lines = text.splitlines() if isinstance(text, str) else '\n'.join(text).splitlines()
+  tables = []
+  for index, line in enumerate(lines[1:], start=1):
+    header = lines[index - 1].strip()
+    if not (header.startswith('|') and set(line.strip()) <= {'|', '-', ':'} and '---' in line):
+      continue
+    names = _table_cells(header)
+    assert len(set(names)) == len(names), f'a column named twice: {header}'
+    rows = []
+    for row in lines[index + 1:]:
+      if not row.strip().startswith('|'):
+        break
+      cells = _table_cells(row)
+      assert len(cells) == len(names), f'{len(cells)} cells under {len(names)} columns: {row}'
+      rows.append(dict(zip(names, cells)))
+    if set(columns) <= set(names):
+      tables.append(rows)
+  return tables
+
+
 def tiny_config(**overrides):
   """A synthetic-data, MLP config that trains in about a second per round."""
   c = _common.synthetic_mlp(base_config(), num_clients=6)

@@ -5,9 +5,11 @@ import glob
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
+from conftest import markdown_tables
 
 pytest.importorskip('matplotlib', reason='the [report] extra (matplotlib) is not installed')
 
@@ -72,11 +74,25 @@ def test_table_has_final_mean_std_and_separate_best_round(root, tmp_path):
     # The mean over the clients that took part, and their fraction, at the final round.
     assert float(row['participated_acc_mean']) == pytest.approx(np.mean(accs) + 0.1)
     assert float(row['participation']) == pytest.approx(0.6)
-  md = open(out['markdown']).read()
-  assert 'participated acc' in md and '| 60 % |' in md
-  assert 'final-round acc' in md and 'best-round acc (optimistic)' in md
-  assert f'{100 * np.mean(ACC["dp2fedsam"]):.2f} ± {100 * np.std(ACC["dp2fedsam"], ddof=1):.2f}' in md
+  cells = _run_rows(open(out['markdown']).read())
+  assert {'participated acc', 'participation', 'best-round acc (optimistic)'} <= set(cells['centaur'])
+  for method, accs in ACC.items():
+    assert cells[method]['participation'] == '60 %'
+    assert cells[method]['final-round acc'] == (f'{100 * np.mean(accs):.2f} ± '
+                                                f'{100 * np.std(accs, ddof=1):.2f}')
   assert out['num_runs'] == 6
+
+
+def _run_rows(markdown: str) -> dict:
+  """The run table's rows of the one config in `markdown`, by method."""
+  (table,) = markdown_tables(markdown, 'setting', 'method', 'final-round acc')
+  return {row['method']: row for row in table}
+
+
+def _picked(row: dict, expected: dict) -> dict:
+  """`row`'s cells in `expected`'s columns (None where it has none): compared with `expected`
+  whole, a mismatch shows every differing cell; columns the test does not read may come and go."""
+  return {column: row.get(column) for column in expected}
 
 
 def test_ordering_gives_each_gap_in_pooled_seed_stds(root, tmp_path):
@@ -84,8 +100,10 @@ def test_ordering_gives_each_gap_in_pooled_seed_stds(root, tmp_path):
   hi, lo = ACC['dp2fedsam'], ACC['centaur']
   gap = np.mean(hi) - np.mean(lo)
   pooled = np.sqrt((np.var(hi, ddof=1) + np.var(lo, ddof=1)) / 2)
-  assert f'| eps=2 | dp2fedsam | centaur | {100 * gap:.2f} | {gap / pooled:.1f} | 3 v 3 |' in open(
-      out['markdown']).read()
+  (table,) = markdown_tables(open(out['markdown']).read(), 'higher', 'lower')
+  assert [(r['setting'], r['higher'], r['lower']) for r in table] == [('eps=2', 'dp2fedsam', 'centaur')]
+  assert table[0]['gap (points)'] == f'{100 * gap:.2f}'
+  assert table[0]['gap / pooled std'] == f'{gap / pooled:.1f}' and table[0]['seeds'] == '3 v 3'
   # A method with one seed has no std: its gap is given in points only.
   one_seed = report.Row('default', 'eps=2', 'dp_fedavg', 2.0, 1, 3, (0.5, float('nan')),
                         (0.5, float('nan')), 1.0, '')
@@ -162,7 +180,7 @@ def test_empty_root_fails_clearly(tmp_path):
 
 def test_spread_over_clients_is_a_section_and_columns_where_the_runs_record_it(root, tmp_path):
   plain = report.write_report(root, str(tmp_path / 'plain'))
-  assert 'Spread over the clients' not in open(plain['markdown']).read()
+  assert not markdown_tables(open(plain['markdown']).read(), 'worst 10 %')
   assert 'test_accuracy_p10_mean' not in open(plain['csv']).read()  # runs that predate the fields
   worst = {}  # method -> the final records' worst-10 % accuracy per seed
   for path in glob.glob(os.path.join(root, 'default', '*', '*', 'seed=*', 'metrics.jsonl')):
@@ -181,10 +199,12 @@ def test_spread_over_clients_is_a_section_and_columns_where_the_runs_record_it(r
     assert float(rows[method]['test_accuracy_worst10_mean']) == pytest.approx(np.mean(values))
     assert float(rows[method]['test_accuracy_worst10_std']) == pytest.approx(np.std(values, ddof=1))
     assert float(rows[method]['test_accuracy_std_mean']) == pytest.approx(0.1)
-  md = open(out['markdown']).read()
-  assert '| setting | method | std over clients | worst 10 % | p10 | p50 | p90 |' in md
-  assert (f'| eps=2 | dp2fedsam | 10.00 ± 0.00 | {100 * np.mean(worst["dp2fedsam"]):.2f} ± '
-          f'{100 * np.std(worst["dp2fedsam"], ddof=1):.2f} |') in md
+  (table,) = markdown_tables(open(out['markdown']).read(), 'worst 10 %')
+  assert {'setting', 'method', 'std over clients', 'p10', 'p50', 'p90'} <= set(table[0])
+  row = next(r for r in table if r['method'] == 'dp2fedsam')
+  assert row['setting'] == 'eps=2' and row['std over clients'] == '10.00 ± 0.00'
+  assert row['worst 10 %'] == (f'{100 * np.mean(worst["dp2fedsam"]):.2f} ± '
+                               f'{100 * np.std(worst["dp2fedsam"], ddof=1):.2f}')
 
 
 def test_copied_runs_rebuild_the_same_table(root, tmp_path):
@@ -228,11 +248,16 @@ def test_a_failed_seed_is_shown_in_the_table_and_on_stdout_not_averaged(tmp_path
   assert rows['centaur']['note'] == '1/2 seeds; seed=0 failed (OutOfMemoryError at round 3)'
   assert float(rows['centaur']['final_acc_mean']) == pytest.approx(0.7)
   assert rows['fedrep']['note'] == '0/1 seeds; seed=0 failed (DatasetNotFoundError)'
-  md = open(out['markdown']).read()
-  assert '| eps=1 | dp2fedsam | 1 | 1/2 | 3 | 60.00 | 70.00 | 60 % | 65.00 | 1.50 | ' \
-         '1/2 seeds; seed=1 failed ' \
-         '(FloatingPointError at round 1) |' in md
-  assert '| eps=1 | fedrep | – | 0/1 | 0 | – | – | – | – | – | 0/1 seeds; seed=0 failed' in md
+  cells = _run_rows(open(out['markdown']).read())
+  # The table's note is the CSV's; the failed seeds count in 'seeds' (averaged / found).
+  expected = {'setting': 'eps=1', 'ε': '1', 'seeds': '1/2', 'round': '3', 'final-round acc': '60.00',
+              'participated acc': '70.00', 'participation': '60 %',
+              'best-round acc (optimistic)': '65.00', 's/round': '1.50', 'note': row['note']}
+  assert _picked(cells['dp2fedsam'], expected) == expected
+  expected = {'setting': 'eps=1', 'ε': '–', 'seeds': '0/1', 'round': '0', 'final-round acc': '–',
+              'participated acc': '–', 'participation': '–', 'best-round acc (optimistic)': '–',
+              's/round': '–', 'note': rows['fedrep']['note']}
+  assert _picked(cells['fedrep'], expected) == expected
   assert out['failures'] == [
       'cfg / eps=1 / centaur: 1/2 seeds; seed=0 failed (OutOfMemoryError at round 3)',
       'cfg / eps=1 / dp2fedsam: 1/2 seeds; seed=1 failed (FloatingPointError at round 1)',
@@ -322,11 +347,15 @@ def test_the_clipping_table_says_whether_the_clip_binds_over_the_last_50_rounds(
     with open(os.path.join(workdir, 'train_metrics.jsonl'), 'w') as f:
       f.write(json.dumps({'round': 1, 'mean_update_norm': 0.5, 'clipped_fraction': 0.0}) + '\n')
   out = report.write_report(root, str(tmp_path / 'report'))
-  text = open(out['markdown']).read()
-  table = text.split('Clipping over the last 50 rounds')[1].split('\n\n')[1].splitlines()
-  assert table[2:] == [
-      '| clip=adaptive,eps=2 | dp2fedsam | 0.5 ± 0.14 | 0.15 ± 0.071 | 0.5 ± 0 | yes |',
-      '| clip=fixed,eps=2 | dp2fedsam | 0.03 ± 0.014 | – | 0.5 ± 0 | **no** (< 0.05) |']
+  (table,) = markdown_tables(open(out['markdown']).read(), 'clip binds')
+  assert [(r['setting'], r['method']) for r in table] == [('clip=adaptive,eps=2', 'dp2fedsam'),
+                                                          ('clip=fixed,eps=2', 'dp2fedsam')]
+  numbers = ('clipped fraction', 'clip norm C_t', 'pre-clip update norm')
+  assert [[r[c] for c in numbers] for r in table] == [['0.5 ± 0.14', '0.15 ± 0.071', '0.5 ± 0'],
+                                                      ['0.03 ± 0.014', '–', '0.5 ± 0']]
+  # The verdict and, where the clip does not bind, the threshold it falls under.
+  verdicts = [re.findall(r'[a-z]+|\d+(?:\.\d+)?', r['clip binds']) for r in table]
+  assert verdicts == [['yes'], ['no', '0.05']]
   with open(out['csv']) as f:
     rows = {(r['setting'], r['method']): r for r in csv.DictReader(f)}
   assert float(rows['clip=adaptive,eps=2', 'dp2fedsam']['clipped_fraction_last50_mean']) == (
@@ -390,17 +419,24 @@ def test_reference_method_gap_to_every_other_method_at_each_eps(curve_root, tmp_
   """One row per other method, one column per eps: the gap in points and in pooled seed stds,
   with the seeds on each side; empty where a method did not run at that eps."""
   out = report.write_report(curve_root, str(tmp_path / 'report'))
-  md = open(out['markdown']).read()
+  table = _gap_rows(open(out['markdown']).read())
   ref = CURVE['dp2fedsam']
-  assert '| method | ε = 0.5 | ε = 1 | ε = 2 |' in md
-  assert ('| centaur | ' + ' | '.join(_cell(ref[e], CURVE['centaur'][e]) for e in (0.5, 1.0, 2.0))
-          + ' |') in md
-  assert f'| dp_fedavg |  | {_cell(ref[1.0], CURVE["dp_fedavg"][1.0])} |  |' in md
-  assert '| p_fedsam |' not in md.split('against each other method')[1]  # no dp2fedsam at eps = inf
+  assert [float(column.split('=')[1]) for column in list(table['centaur'])[1:]] == [0.5, 1, 2]
+  assert [table['centaur'][f'ε = {e:g}'] for e in (0.5, 1.0, 2.0)] == [
+      _cell(ref[e], CURVE['centaur'][e]) for e in (0.5, 1.0, 2.0)]
+  assert [table['dp_fedavg'][f'ε = {e:g}'] for e in (0.5, 1.0, 2.0)] == [
+      '', _cell(ref[1.0], CURVE['dp_fedavg'][1.0]), '']
+  assert set(table) == {'centaur', 'dp_fedavg'}  # no p_fedsam: no dp2fedsam at eps = inf
   # Another reference method: its own table.
   again = report.write_report(curve_root, str(tmp_path / 'again'), reference='centaur')
-  assert (f'| dp2fedsam | {_cell(CURVE["centaur"][0.5], ref[0.5])} |'
-          in open(again['markdown']).read())
+  assert _gap_rows(open(again['markdown']).read())['dp2fedsam']['ε = 0.5'] == _cell(
+      CURVE['centaur'][0.5], ref[0.5])
+
+
+def _gap_rows(markdown: str) -> dict:
+  """The reference method's gap table (one column per ε), its rows by method."""
+  (table,) = markdown_tables(markdown, 'method', 'ε = 0.5')
+  return {row['method']: row for row in table}
 
 
 def test_a_setting_with_extra_arguments_is_compared_with_the_same_method_without_them(
@@ -413,13 +449,15 @@ def test_a_setting_with_extra_arguments_is_compared_with_the_same_method_without
       make_workdir(curve_root, 'cfg', 'dp2fedsam', seed, eps, acc,
                    extra={'noise': 'banded', 'bands': 2})
   md = open(report.write_report(curve_root, str(tmp_path / 'report'))['markdown']).read()
-  table = md.split('Settings with extra arguments')[1]
+  (table,) = markdown_tables(md, 'variant', 'baseline')
   ref = CURVE['dp2fedsam']
-  assert (f'| dp2fedsam | bands=2,eps=1,noise=banded | eps=1 | 93.00 ± 1.00 | 91.00 ± 1.00 | '
-          f'{_cell(banded[1.0], ref[1.0])} |') in table
-  assert (f'| dp2fedsam | bands=2,eps=0.5,noise=banded | eps=0.5 | 81.00 | 82.00 ± 2.00 | '
-          f'{_cell(banded[0.5], ref[0.5])} |') in table
-  assert table.count('noise=banded |') == 2 and 'centaur' not in table
+  gap = 'gap (points) / pooled std (seeds)'
+  assert sorted([r['method'], r['variant'], r['baseline'], r['variant acc'], r['baseline acc'], r[gap]]
+                for r in table) == [
+      ['dp2fedsam', 'bands=2,eps=0.5,noise=banded', 'eps=0.5', '81.00', '82.00 ± 2.00',
+       _cell(banded[0.5], ref[0.5])],
+      ['dp2fedsam', 'bands=2,eps=1,noise=banded', 'eps=1', '93.00 ± 1.00', '91.00 ± 1.00',
+       _cell(banded[1.0], ref[1.0])]]
 
 
 def test_accuracy_vs_eps_plot_has_log_eps_error_bars_ceilings_and_off_scale_note(
@@ -466,7 +504,7 @@ def test_local_only_is_the_zero_epsilon_point_and_pooled_accuracy_gets_its_table
   """local_only (nothing released) reads ε = 0 in the table and is a line in the plot against ε;
   runs that record the pooled accuracy get a table of it (older runs: none, tables unchanged)."""
   before = open(report.write_report(curve_root, str(tmp_path / 'before'))['markdown']).read()
-  assert 'Accuracy pooled over all test targets' not in before
+  assert not markdown_tables(before, 'pooled')
   workdir = make_workdir(curve_root, 'cfg', 'local_only', 0, math.inf, 0.5, rounds=(3,))
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
     f.write(json.dumps({'round': 3, 'epsilon': 0.0, 'released': 'nothing', 'seconds': 1.0,
@@ -476,8 +514,15 @@ def test_local_only_is_the_zero_epsilon_point_and_pooled_accuracy_gets_its_table
                         'test_accuracy_pooled_never_sampled': None}) + '\n')
   out = report.write_report(curve_root, str(tmp_path / 'report'))
   md = open(out['markdown']).read()
-  assert '| eps=inf | local_only | 0 (nothing released) | 1 | 3 | 50.00 |' in md
-  assert '| eps=inf | local_only | 62.50 | 62.50 | – | – |' in md
+  local = _run_rows(md)['local_only']
+  assert local['ε'].split()[0] == '0'  # nothing released: ε = 0, not the setting's inf
+  expected = {'setting': 'eps=inf', 'seeds': '1', 'round': '3', 'final-round acc': '50.00'}
+  assert _picked(local, expected) == expected
+  (pooled,) = markdown_tables(md, 'pooled')
+  pooled_local = next(r for r in pooled if r['method'] == 'local_only')
+  expected = {'setting': 'eps=inf', 'pooled': '62.50', 'pooled, sampled clients': '62.50',
+              'never sampled (mean)': '–', 'never sampled (pooled)': '–'}
+  assert _picked(pooled_local, expected) == expected
   assert any(p.endswith('_accuracy_vs_eps.png') for p in out['plots'])
   rows = list(csv.DictReader(open(out['csv'])))
   assert next(r for r in rows if r['method'] == 'local_only')['test_accuracy_pooled_mean'] == '0.625'
@@ -502,8 +547,9 @@ def test_re_evaluations_under_other_protocols_are_rows_of_their_own(curve_root, 
   assert extra == [('dp2fedsam [adapt head 10 ep lr 0.1, head random]', 0.97),
                    ('dp2fedsam [adapt head 10 ep lr 0.1]', 0.95)]
   out = report.write_report(curve_root, str(tmp_path / 'report'), copy_runs=True)
-  md = open(out['markdown']).read()
-  assert '| eps=1 | dp2fedsam [adapt head 10 ep lr 0.1] | 1 | 1 | 3 | 95.00 |' in md
+  row = _run_rows(open(out['markdown']).read())[extra[1][0]]  # the label load_runs gives
+  expected = {'setting': 'eps=1', 'ε': '1', 'seeds': '1', 'round': '3', 'final-round acc': '95.00'}
+  assert _picked(row, expected) == expected
   assert not any('adapt' in p for p in out['plots'])
   assert sorted(os.listdir(os.path.join(tmp_path, 'report', 'runs', 'cfg', 'dp2fedsam', 'eps=1',
                                         'seed=0'))) == ['config.json', 'evaluations.jsonl',
@@ -546,15 +592,14 @@ def test_hand_started_runs_are_compared_side_by_side_without_a_rate_after_two_ro
   out = report.write_report(root, str(tmp_path / 'report'))
   text = open(out['markdown']).read()
   assert text.count('\n## ') == 2  # one section for the runs (and the plots'), not one per directory
-  rows = [line for line in text.splitlines() if line.startswith('| N=100')]
-  assert [line.split(' | ')[1] for line in rows[:2]] == ['centaur', 'dp2fedsam']
-  assert rows[0].split(' | ')[3] == '2'  # centaur's two workdirs are its two seeds
+  (runs,) = markdown_tables(text, 'final-round acc')
+  assert [r['method'] for r in runs] == ['centaur', 'dp2fedsam']
+  assert runs[0]['seeds'] == '2'  # centaur's two workdirs are its two seeds
   accuracy_plots = [p for p in out['plots'] if p.endswith('_accuracy.png')]
   assert len(accuracy_plots) == 1
-  header = next(line for line in text.splitlines() if line.startswith('| setting | method | pooled'))
-  gain = [c.strip() for c in header.split('|')].index(summary.POOLED[summary.POOLED_GAIN])
-  pooled_rows = rows[-2:]  # the pooled table's rows, one per method
-  assert [[c.strip() for c in line.split('|')][gain] for line in pooled_rows] == ['–', '–']
+  (pooled,) = markdown_tables(text, summary.POOLED[summary.POOLED_GAIN])
+  assert [(r['method'], r[summary.POOLED[summary.POOLED_GAIN]]) for r in pooled] == [
+      ('centaur', '–'), ('dp2fedsam', '–')]
 
 
 def _row_with_pooled(values):
