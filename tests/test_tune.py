@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
+from conftest import markdown_tables
 
 from dp2fedsam_jax import checkpoint, keys, metric_writers, stopping, train
 from experiments import config_files, report
@@ -46,6 +48,19 @@ SECRET_LARGE_K1 = 2 ** 40 + 9  # K = 1 of Poisson(2): below the selection epsilo
 
 def _operator(directory) -> dict:
   return json.load(open(os.path.join(directory, tune.OPERATOR_FILE)))
+
+
+COST = 'cost on the private clients'
+
+
+def _tuning_rows(text) -> dict:
+  """The report's tuning table (launch/tune.py's studies), its rows by tuning directory."""
+  (table,) = markdown_tables(text, 'tuning', 'selection ε', COST)
+  return {row['tuning']: row for row in table}
+
+
+def _numbers_in(cell: str) -> list[str]:
+  return re.findall(r'\d+(?:\.\d+)?', cell)
 
 
 def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_path):
@@ -89,13 +104,14 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
   paths = report.write_report(root, str(tmp_path / 'out'), copy_runs=True)
   text = open(paths['markdown']).read()
   accuracy = [json.loads(l) for l in open(os.path.join(selected, 'metrics.jsonl'))][-1]['test_accuracy']
-  assert (f"| {result['selected_run']} | {100 * accuracy:.2f} | {result['selection_epsilon']:.3f} |"
-          in text)
+  row = _tuning_rows(text)['tune_tiny/tiny']
+  assert [row['selected run'], row['test acc'], row['selection ε']] == [
+      result['selected_run'], f'{100 * accuracy:.2f}', f"{result['selection_epsilon']:.3f}"]
   # K = 2 of Poisson(2): its naive composition exceeds the selection epsilon, so it is the bound
   # that holds once K is known (a search's wall time tells it), and K is published with it.
   assert result['epsilon_bound'] == operator['naive_epsilon'] and result['num_trials'] == 2
-  assert '| tune_tiny/tiny | 2 (poisson mu=2) |' in text and "Trials of" not in text
-  assert f"{result['epsilon_bound']:.3f} (K known: the naive composition of its 2 trials)" in text
+  assert row['K (law)'] == '2 (poisson mu=2)' and not markdown_tables(text, 'trial', 'score')
+  assert _numbers_in(row[COST]) == [f"{result['epsilon_bound']:.3f}", '2']  # the bound and its K
   assert paths['num_runs'] == 0
   copied = tmp_path / 'out' / 'runs' / 'tune_tiny' / 'tiny'
   assert sorted(os.listdir(copied)) == sorted(['tuning.json', result['selected_run']])
@@ -126,18 +142,22 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
 
 def test_plan_shows_the_laws_before_the_start_and_k_and_the_candidates_to_the_operator(tmp_path,
                                                                                        capsys):
-  tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True)
+  cost = tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True)
   out = capsys.readouterr().out
   assert 'E[K] = 2.00' in out and 'fresh secret' in out and 'K = 2 trials' not in out
   assert 'execution: the trials as one compiled program' in out
-  assert 'selection eps' in out and 'naive 2-fold at E[K]' in out
-  tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True, secret_seed=SECRET_K2)
+  # The costs the plan returns are the ones it prints: the selection's ε and the naive one at E[K].
+  assert cost['naive_trials_at_mean_k'] == 2
+  assert all(f'{cost[k]:.3f}' in out for k in ('selection_epsilon', 'naive_epsilon_at_mean_k'))
+  cost = tune.tune(CONFIG, str(tmp_path), 'tiny', plan_only=True, secret_seed=SECRET_K2)
   out = capsys.readouterr().out
   assert 'K = 2 trials' in out and sum(l.startswith('new ') for l in out.splitlines()) == 2
   assert sum(' program 1 ' in l for l in out.splitlines()) == 2  # the two trials: one program
   k, candidates = tune.draw_plan(tune.load_study(CONFIG, 'tiny')[3], SECRET_K2)
   assert k == 2 and all(f'local.lr_shared={c["local.lr_shared"]}' in out for c in candidates)
-  assert 'cost: 2 runs, 4 rounds' in out and 'selection eps' in out
+  cost_line = next(l for l in out.splitlines() if l.startswith('cost:'))
+  assert _numbers_in(cost_line)[:2] == ['2', '4']  # 2 runs of 2 rounds
+  assert f"{cost['selection_epsilon']:.3f}" in cost_line
   assert not os.path.exists(tmp_path / 'tune_tiny')  # a plan writes nothing
 
 
@@ -156,8 +176,10 @@ def test_k_zero_trains_nothing_and_says_so(tmp_path):
   operator = _operator(directory)
   assert operator['num_trials'] == 0 and operator['trials'] == [] and result['selected_run'] is None
   assert 'outputs nothing' in operator['notes'][0]
-  # The release does not tell K = 0 from every trial failed.
-  assert 'nothing was selected (K = 0 was drawn or every trial failed' in result['notes'][0]
+  # The release does not tell K = 0 from every trial failed: it holds no K, and a study whose two
+  # trials both failed publishes the same file.
+  assert result.get('num_trials') is None and any('K = 0' in n for n in result['notes'])
+  assert tune.published_record({**operator, 'num_trials': 2, 'failed_trials': [0, 1]}) == result
   config = sweep.apply_overrides(sweep.load_config_module(CONFIG).get_config(None), [])
   expected = _independent_epsilon({'dp': {'noise_multiplier': 1.0, 'delta': 1 / 6},
                                    'sampling_rate': config.sampling_rate,
@@ -226,10 +248,15 @@ def test_the_report_says_a_proxy_tuning_costs_the_private_clients_nothing_and_k0
            'proxy': {'kind': 'public_dataset', 'description': 'EMNIST digits'}}
   empty = {**base, 'num_trials': 0, 'selected_run': None, 'proxy': None,
            'notes': ['K = 0 was drawn: ... outputs nothing']}
-  text = '\n'.join(report.tuning_lines([('/r/a', proxy), ('/r/b', empty)], '/r'))
-  assert 'none: tuned on a public dataset (EMNIST digits)' in text  # the proxy named, no ε
-  assert '| b | 0 (poisson mu=2) | none (K = 0) | – | 3.000 |' in text and '3.000 (the selection ε)' in text
-  assert '- K = 0 was drawn' in text
+  lines = report.tuning_lines([('/r/a', proxy), ('/r/b', empty)], '/r')
+  rows = _tuning_rows(lines)
+  proxy_cost = rows['a'][COST]  # the proxy named, no ε
+  assert proxy_cost.split(':')[0] == 'none' and 'EMNIST digits' in proxy_cost
+  assert not _numbers_in(proxy_cost)
+  assert [rows['b'][c] for c in ('K (law)', 'selected run', 'test acc', 'selection ε')] == [
+      '0 (poisson mu=2)', 'none (K = 0)', '–', '3.000']
+  assert _numbers_in(rows['b'][COST]) == ['3.000']  # the selection ε: no K published
+  assert f"- {empty['notes'][0]}" in lines
 
 
 def test_the_report_lists_every_trial_as_the_operators_record_and_a_tuning_alone_has_no_run_table(
@@ -248,11 +275,14 @@ def test_the_report_lists_every_trial_as_the_operators_record_and_a_tuning_alone
   out = tmp_path / 'out'
   paths = report.write_report(str(tmp_path), str(out))
   text = (out / 'results.md').read_text()
-  assert "### Trials of cfg/study: the operator's record" in text and 'Not covered by' in text
-  assert '| trial=0 | 0.5 | failed | – | – | – |' in text
-  assert '| trial=1 (selected) | 0.25 | finished | 80.00 | 90.00 | 75.00 |' in text
+  assert any(line.startswith('### ') and 'cfg/study' in line for line in text.splitlines())
+  (trials,) = markdown_tables(text, 'trial', 'score')
+  columns = ('trial', 'dp.clip_norm', 'status', 'metric', 'score', 'test acc')
+  assert [[row[c] for c in columns] for row in trials] == [
+      ['trial=0', '0.5', 'failed', '–', '–', '–'],
+      ['trial=1 (selected)', '0.25', 'finished', '80.00', '90.00', '75.00']]
   assert paths['csv'] is None and not (out / 'results.csv').exists()
-  assert '## Plots' not in text and 'mean ± sample std over seeds' not in text
+  assert '## Plots' not in text and not markdown_tables(text, 'final-round acc')  # no run table
 
 
 COMMITTED = os.path.join(ROOT, 'experiments', 'results', 'fmnist_tuning', 'runs')
@@ -313,8 +343,10 @@ def test_a_non_private_study_is_tuned_without_score_noise_and_records_no_epsilon
   best = int(np.argmax([m['validation_accuracy'] for m in metrics]))
   assert result['selected_run'] == operator['runs'][best]
   assert any('non-private' in n for n in result['notes'])
-  text = '\n'.join(report.tuning_lines([(directory, result)], str(tmp_path)))
-  assert 'none: a non-private method' in text
+  (row,) = _tuning_rows(report.tuning_lines([(directory, result)], str(tmp_path))).values()
+  assert row['selected run'] == result['selected_run']
+  assert [row[c] for c in ('selection ε', 'one trial ε', 'naive ε (K)', 'δ')] == ['–'] * 4
+  assert row[COST].split(':')[0] == 'none'
 
 
 def test_a_study_mixing_private_and_non_private_trials_is_refused():
