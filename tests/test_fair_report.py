@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
-from conftest import write_run_file
+from conftest import markdown_tables, write_run_file
 
 from experiments.studies import fair as _fair
 from experiments.report import fair as fair_report
@@ -102,8 +103,14 @@ def test_each_claim_is_judged_by_the_seed_rule(published):
   assert got['dp2fedsam', 'dp_fedsam']['verdict'] == 'level'
   assert got['dp2fedsam', 'dp_fedavg']['verdict'] == 'undecided'  # 2 seeds
   assert got['dp_fedsam', 'dp_fedavg']['verdict'] == 'undecided'
-  assert '| DP2-FedSAM > CENTAUR | dp2fedsam vs centaur | +4.00 | 0.50 | holds |' in text
-  assert '90.50 ± 0.50 | 3 |' in text and 'lr_shared 0.05' in text
+  (claims,) = markdown_tables(text, 'rows', 'verdict')
+  claim = next(c for c in claims if c['rows'] == 'dp2fedsam vs centaur')
+  assert [claim[c] for c in ('the paper claims', 'd (points)', 's', 'verdict')] == [
+      'DP2-FedSAM > CENTAUR', '+4.00', '0.50', 'holds']
+  (table,) = markdown_tables(text, 'row', 'selected values')
+  row = next(r for r in table if r['row'] == 'dp2fedsam')
+  assert [row[f'{BLOCK.metric} (mean ± seed std)'], row['seeds'], row['selected values']] == [
+      '90.50 ± 0.50', '3', 'lr_shared 0.05']
 
 
 def test_a_claim_the_rows_contradict_says_so():
@@ -212,19 +219,21 @@ def test_the_readme_table_tallies_each_rows_claims(published):
 
 
 def _row(lines, name):
-  """The cells after the first of the table line whose first cell is `name`."""
-  return next([c.strip() for c in line.strip('|').split('|')][1:] for line in lines
-              if line.startswith(f'| {name} |'))
+  """The cells, left to right, of the table row whose first column (the method) is `name`, the
+  method's own cell left out."""
+  (table,) = markdown_tables(lines, 'method')
+  return next(list(row.values())[1:] for row in table if row['method'] == name)
 
 
 def test_the_claims_table_lists_every_claim_of_every_block_once():
   """docs/benchmark.md's fair-claims block (generated): one row a block, each claim's pair in it."""
-  rows = {line.split(' | ')[0][len('| ('):-1]: line.split(' | ')[1]
-          for line in fair_pages.claims_lines()[2:]}
+  (table,) = markdown_tables(fair_pages.claims_lines(), 'block')
+  claims_column = list(table[0])[1]  # the one column beside the block's
+  rows = {row['block'].strip('()'): row[claims_column] for row in table}
   assert set(rows) == set(fair_benchmark.BLOCK_CONFIGS)
   for letter in fair_benchmark.BLOCK_CONFIGS:
     _, _, block = fair_benchmark.load_block(letter)
-    listed = {(part.split(' > ')[0], worse) for part in rows[letter].rstrip(' |').split('; ')
+    listed = {(part.split(' > ')[0], worse) for part in rows[letter].split('; ')
               for worse in part.split(' > ')[1].split(', ')}
     assert listed == {(c.better, c.worse) for c in block.claims}, letter
 
@@ -260,7 +269,8 @@ def test_a_row_whose_k_sets_the_bound_gets_its_naive_composition_and_the_others_
   bound, bound_with_run, k = epsilons['dp2fedsam']
   assert (bound, k) == (1.021, 5) and with_run < bound_with_run < with_run + one
   assert all(epsilons[r.name] == (search, with_run, None) for r in block.rows if r.name != 'dp2fedsam')
-  assert '1.021 (K = 5)' in '\n'.join(fair_report.row_lines(block, results, epsilons))
+  (table,) = markdown_tables(fair_report.row_lines(block, results, epsilons), 'row', 'ε of the search')
+  assert next(r for r in table if r['row'] == 'dp2fedsam')['ε of the search'] == '1.021 (K = 5)'
 
 
 def test_a_selection_at_the_end_of_its_range_is_marked():
@@ -440,9 +450,15 @@ def test_the_last_rounds_table_reads_each_seeds_loss_windows_metric_gain_and_cli
                                                              'dp_fedavg': diverged}
   results[BLOCK.ceiling.name] = fair_report.RowResult(
       BLOCK.ceiling, None, {0: 0.6}, {0: seed(1.0, 0.8, 0.10, 0.4, epsilon=float('inf'))})
-  lines = fair_report.end_lines(BLOCK, results)
-  assert '| dp2fedsam | 2 | 1.5000 → 1.2000 | +5.00 | 0.30 | 2 | 0.0030 | 0.0075 |' in lines
-  assert f'| {BLOCK.ceiling.name} | 1 | 1.0000 → 0.8000 | +10.00 | – | – | – | – |' in lines
-  assert '| dp_fedavg | 1 | 2.5e+30 → 1.235e+35 | +0.00 | 1.00 | 2 | 0.0100 | 0.0100 |' in lines
-  assert not any(line.startswith('| centaur') for line in lines)  # no finished seed: no line
+  (table,) = markdown_tables(fair_report.end_lines(BLOCK, results), 'row', 'clipped fraction')
+  # The loss column names its two windows, the metric column its lookback: found by what they hold.
+  loss = next(c for c in table[0] if c.startswith('train loss'))
+  assert re.findall(r'\d+', loss) == ['161', '180', '181', '200']
+  gain = next(c for c in table[0] if c.startswith(BLOCK.metric))
+  columns = ('seeds', loss, gain, 'clipped fraction', 'pre-clip update norm', 'signal-to-noise',
+             'noise per weight a step')
+  assert {r['row']: [r[c] for c in columns] for r in table} == {  # centaur: no finished seed, no row
+      'dp2fedsam': ['2', '1.5000 → 1.2000', '+5.00', '0.30', '2', '0.0030', '0.0075'],
+      BLOCK.ceiling.name: ['1', '1.0000 → 0.8000', '+10.00', '–', '–', '–', '–'],
+      'dp_fedavg': ['1', '2.5e+30 → 1.235e+35', '+0.00', '1.00', '2', '0.0100', '0.0100']}
   assert fair_report.end_lines(BLOCK, {r.name: empty(r) for r in BLOCK.all_rows()}) == []
