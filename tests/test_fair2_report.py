@@ -11,7 +11,7 @@ import re
 import shutil
 
 import pytest
-from conftest import write_run_file
+from conftest import markdown_tables, write_run_file
 
 from dp2fedsam_jax.privacy import selection
 from experiments.report import fair2, fair_pages, findings
@@ -68,6 +68,24 @@ def results(tmp_path):
   return str(root)
 
 
+ACCURACY = 'final accuracy (%), mean ± seed std'  # fair2.row_lines' column of a row's seeds
+
+
+def _rows(lines) -> dict:
+  """fair2's table of rows (in a page, or any lines that hold it), its rows by their first cell."""
+  (table,) = markdown_tables(lines, 'row', ACCURACY)
+  return {row['row']: row for row in table}
+
+
+DP2_LABEL = fair2.row_label(BLOCK, BLOCK.row('dp2fedsam'))
+
+
+def _headline_letters(lines) -> list[str]:
+  """The blocks of the README's findings table, by letter ('[(e)](page) ...' -> 'e')."""
+  (table,) = markdown_tables(lines, 'block', 'verdict')
+  return [re.match(r'\[\((\w+)\)\]', row['block'])[1] for row in table]
+
+
 def _verdicts(results):
   (published,) = fair_pages.published_blocks(results)
   entries = fair2.row_entries(published.runs, BLOCK)
@@ -114,7 +132,7 @@ def test_the_regime_waits_for_every_row_that_trains(results):
 def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_second_design(results):
   (published,) = fair_pages.published_blocks(results)
   page = fair_pages.page_text(published, (published,))
-  assert '81.00 ± 1.58' in page  # dp2fedsam's five seeds: their mean ± std
+  assert _rows(page)[DP2_LABEL][ACCURACY] == '81.00 ± 1.58'  # dp2fedsam's five seeds: mean ± std
   data = fair_pages.plot_data(published, (published,))
   assert data['kind'] == 'tuning_curves' and len(data['curves']) == 12
   curve = data['curves'][0]['mean']  # dp2fedsam's, from its pool: 16 draws of 0.83 and 0.826
@@ -123,16 +141,14 @@ def test_the_page_and_plot_come_from_the_rows_and_the_readme_headlines_the_secon
   first_design = fair_pages.published_blocks(os.path.join(fair_benchmark.ROOT_DIR, 'experiments',
                                                            'results'))
   lines = findings.findings_lines(first_design + (published,))
-  headline = [line for line in lines if line.startswith('| [(')]
-  assert len(headline) == 1 and headline[0].startswith('| [(e)]')
+  assert _headline_letters(lines) == ['e']
   assert all(f'({p.letter})' in '\n'.join(lines) for p in first_design)  # listed, not headlined
   assert findings.seed_counts((published,)) == (5, 3)
   # Before its regime rule applies (a row still searching), the first design keeps the headline.
   os.remove(os.path.join(published.runs, 'ppsgd', 'row.json'))
   (published,) = fair_pages.published_blocks(results)
   lines = findings.findings_lines(first_design + (published,))
-  headline = [line for line in lines if line.startswith('| [(')]
-  assert [line.split(']')[0] for line in headline] == [f'| [({p.letter})' for p in first_design]
+  assert _headline_letters(lines) == [p.letter for p in first_design]
   assert sum(line.startswith('- Under way: [(e)]') for line in lines) == 1
 
 
@@ -191,9 +207,10 @@ def test_a_diverged_final_seed_is_finished_and_scores_zero_from_its_failure_on(r
   assert seeds == pytest.approx({0: 0.80, 1: 0.5 / 3, 2: 0.79, 3: 0.0, 4: 0.83})
   verdicts, published, entries = _verdicts(results)
   assert verdicts[('dp2fedsam', 'centaur')]['d'] < 0  # the zeros count against the row
-  line = next(x for x in fair2.row_lines(BLOCK, published.results, entries)
-              if x.startswith('| ' + (BLOCK.row('dp2fedsam').paper_row or 'dp2fedsam')))
-  assert 'seed 1 diverged at round 170' in line and 'seed 3 diverged at round 50' in line
+  accuracy = _rows(fair2.row_lines(BLOCK, published.results, entries))[DP2_LABEL][ACCURACY]
+  # Each diverged seed is marked after the mean, with the round it diverged at.
+  marks = [re.findall(r'\d+', mark)[:2] for mark in re.findall(r'\(([^)]*)\)', accuracy)]
+  assert marks == [['1', '170'], ['3', '50']]
 
 
 def test_a_search_that_selected_nothing_found_nothing_that_trains(results):
@@ -214,14 +231,15 @@ def test_the_results_index_shows_a_second_design_block_by_its_own_rule(results):
   lines = findings.fair_block_lines((published,))
   entries = fair2.row_entries(published.runs, BLOCK)
   assert fair2.row_lines(BLOCK, published.results, entries)[2] in lines  # DP2-FedSAM's row
-  assert '81.00 ± 1.58' in lines[lines.index(fair2.row_lines(BLOCK, published.results, entries)[2])]
+  assert _rows(lines)[DP2_LABEL][ACCURACY] == '81.00 ± 1.58'
   assert fair2.verdict_lines(fair2.verdicts(BLOCK, published.results, entries))[0] in lines
-  assert 'The regime rule: **test**.' in lines
+  rule = fair2.regime(BLOCK, published.results, entries)
+  assert rule == 'test' and sum(f'**{rule}**' in line for line in lines) == 1  # the rule's outcome
 
 
 def test_a_row_not_searched_yet_is_pending_on_its_page_not_found_wanting(results):
   shutil.rmtree(os.path.join(results, NAME, 'runs', 'ppsgd'))
   (published,) = fair_pages.published_blocks(results)
   entries = fair2.row_entries(published.runs, BLOCK)
-  [line] = [x for x in fair2.row_lines(BLOCK, published.results, entries) if x.startswith('| PPSGD ')]
-  assert line.startswith('| PPSGD | – | 0 |')  # no accuracy yet, and no "found nothing" mark
+  row = _rows(fair2.row_lines(BLOCK, published.results, entries))['PPSGD']
+  assert (row[ACCURACY], row['seeds']) == ('–', '0')  # no accuracy yet, and no "found nothing" mark
