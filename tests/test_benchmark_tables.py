@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from conftest import markdown_tables
 
 from experiments.report import benchmark_tables
 
@@ -44,8 +45,10 @@ def test_an_edited_round_time_moves_its_cell_and_the_speed_up(copy):
       if (r['mode'], r['clients']) == ('vmap', 10):
         r['seconds_per_round'] = 0.0347  # the sequential line's 0.347 s, a tenth of it
   _edit(copy, 'gpu-h200/lstm_speedups.json', slower_vmap)
-  row = next(line for line in benchmark_tables.vmap_gpu_lines(str(copy)) if '| 10 |' in line)
-  assert row.endswith('| 10 | 0.035 | 0.347 | 10.0× |'), row
+  (table,) = markdown_tables(benchmark_tables.vmap_gpu_lines(str(copy)), 'cohort', 'vmap speed-up')
+  row = next(r for r in table if r['cohort'] == '10')
+  assert [row['vmap s/round'], row['sequential s/round'], row['vmap speed-up']] == [
+      '0.035', '0.347', '10.0×'], row
 
 
 def test_the_population_ratio_and_sizes_follow_their_records(copy):
@@ -54,11 +57,17 @@ def test_the_population_ratio_and_sizes_follow_their_records(copy):
     record['records'][-1]['padded_data_bytes'] = 3 * 2 ** 30
   _edit(copy, 'cpu-2core-epyc-shared/population/population.json', doubled_last_round)
   lines = benchmark_tables.population_lines(str(copy))
-  assert '| 3.0 GiB |' in lines[-3] and lines[-1].endswith('costs 2.00× one at 1,000.')
+  (table,) = markdown_tables(lines, 'N', 'padded [N, max] data')
+  assert table[-1]['padded [N, max] data'] == '3.0 GiB'
+  assert re.findall(r'[\d.]+×', lines[-1]) == ['2.00×']  # the last size's round against the first's
 
 
 def test_a_skipped_cohort_keeps_its_reason_and_an_empty_column_goes():
   lines = benchmark_tables.cohort_lines(REPO)
-  header = lines[2].split('|')[3:-1]
-  assert [int(c) for c in header] == [1, 4, 16, 64]  # 256: skipped on every line
-  assert 'predicted > 40 s a round' in lines[-1]
+  (table,) = markdown_tables(lines, 'model', 'executor')
+  assert [int(c) for c in list(table[0])[2:]] == [1, 4, 16, 64]  # 256: skipped on every line
+  with open(os.path.join(REPO, benchmark_tables.RESULTS, 'cpu-2core-epyc-quiet', 'scaling',
+                         'cohort_scaling.json')) as f:
+    statuses = {r['status'] for r in json.load(f)['rows']} - {'ok'}
+  reasons = {s.split(': ', 1)[1] for s in statuses}  # 'skipped: <why>'
+  assert reasons and all(why.lower() in lines[-1].lower() for why in reasons)
