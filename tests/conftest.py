@@ -147,6 +147,15 @@ def markdown_tables(text, *columns: str) -> list[list[dict[str, str]]]:
   return tables
 
 
+def numbers_in(text: str) -> set[str]:
+  """The numbers written in `text`, as written (0.0244, 1.2e5, -7.17; a '-' after a space or '('
+  is a sign, in 43.6-51.7 a range): a test holds a hand-written number to what it recomputes
+  without pinning the sentence around it."""
+  number = r'(\d+(?:\.\d+)?(?:e[+-]?\d+)?)'
+  found = re.findall(rf'(?:(?<=[\s(=])|^)(-?){number}|(?<![\w.]){number}', text)
+  return {sign + number if number else other for sign, number, other in found}
+
+
 def tiny_config(**overrides):
   """A synthetic-data, MLP config that trains in about a second per round."""
   c = _common.synthetic_mlp(base_config(), num_clients=6)
