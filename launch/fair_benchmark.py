@@ -478,13 +478,13 @@ def search_under_way(letter: str, row_name: str, root: str, seed_from: str | Non
 
 
 def finals_begun(letter: str, row_name: str, root: str, seed_from: str | None) -> bool:
-  """Whether the row's final runs have begun (under root, or published in `seed_from`) and its
-  row.json is not written: the row nearest its end."""
+  """Whether the row's final runs have begun (under root, or published in `seed_from`) and neither
+  place holds its row.json: the row nearest its end."""
   path, _, block = load_block(letter)
-  directory = row_dir(root, path, block.row(row_name))
-  if os.path.exists(os.path.join(directory, ROW_FILE)):
+  places = [row_dir(root, path, block.row(row_name))] + (
+      [os.path.join(seed_from, row_name)] if seed_from else [])
+  if any(os.path.exists(os.path.join(d, ROW_FILE)) for d in places):
     return False
-  places = [directory] + ([os.path.join(seed_from, row_name)] if seed_from else [])
   return any(os.path.isdir(os.path.join(d, 'final')) and os.listdir(os.path.join(d, 'final'))
              for d in places)
 

@@ -763,3 +763,9 @@ def test_a_row_whose_final_runs_began_runs_before_a_search_under_way(tmp_path, m
   with open(os.path.join(ceiling, fair_benchmark.ROW_FILE), 'w') as f:
     json.dump({'final_runs': {}}, f)  # row.json: the row is finished
   assert not fair_benchmark.finals_begun('e', block.ceiling.name, str(tmp_path), None)
+  published = tmp_path / 'published'  # a fresh root: the row finished where it was published
+  shutil.copytree(ceiling, published / block.ceiling.name)
+  assert not fair_benchmark.finals_begun('e', block.ceiling.name, str(tmp_path / 'fresh'),
+                                         str(published))
+  os.remove(published / block.ceiling.name / fair_benchmark.ROW_FILE)
+  assert fair_benchmark.finals_begun('e', block.ceiling.name, str(tmp_path / 'fresh'), str(published))
