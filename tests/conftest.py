@@ -147,13 +147,13 @@ def markdown_tables(text, *columns: str) -> list[list[dict[str, str]]]:
   return tables
 
 
-def numbers_in(text: str) -> set[str]:
-  """The numbers written in `text`, as written (0.0244, 1.2e5, -7.17; a '-' after a space or '('
-  is a sign, in 43.6-51.7 a range): a test holds a hand-written number to what it recomputes
-  without pinning the sentence around it."""
+def numbers_in(text: str) -> list[str]:
+  """The numbers written in `text`, as written and in order (0.0244, 1.2e5, -7.17; a '-' after a
+  space or '(' is a sign, in 43.6-51.7 a range): a test holds a written number to what it
+  recomputes without pinning the sentence around it."""
   number = r'(\d+(?:\.\d+)?(?:e[+-]?\d+)?)'
   found = re.findall(rf'(?:(?<=[\s(=])|^)(-?){number}|(?<![\w.]){number}', text)
-  return {sign + number if number else other for sign, number, other in found}
+  return [sign + number if number else other for sign, number, other in found]
 
 
 def tiny_config(**overrides):

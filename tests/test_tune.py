@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event as dp_events
 from dp_accounting.rdp import RdpAccountant
-from conftest import markdown_tables
+from conftest import markdown_tables, numbers_in
 
 from dp2fedsam_jax import checkpoint, keys, metric_writers, stopping, train
 from experiments import config_files, report
@@ -57,10 +56,6 @@ def _tuning_rows(text) -> dict:
   """The report's tuning table (launch/tune.py's studies), its rows by tuning directory."""
   (table,) = markdown_tables(text, 'tuning', 'selection ε', COST)
   return {row['tuning']: row for row in table}
-
-
-def _numbers_in(cell: str) -> list[str]:
-  return re.findall(r'\d+(?:\.\d+)?', cell)
 
 
 def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_path):
@@ -111,7 +106,7 @@ def test_tune_end_to_end_selects_by_the_noised_validation_score_and_resumes(tmp_
   # that holds once K is known (a search's wall time tells it), and K is published with it.
   assert result['epsilon_bound'] == operator['naive_epsilon'] and result['num_trials'] == 2
   assert row['K (law)'] == '2 (poisson mu=2)' and not markdown_tables(text, 'trial', 'score')
-  assert _numbers_in(row[COST]) == [f"{result['epsilon_bound']:.3f}", '2']  # the bound and its K
+  assert numbers_in(row[COST]) == [f"{result['epsilon_bound']:.3f}", '2']  # the bound and its K
   assert paths['num_runs'] == 0
   copied = tmp_path / 'out' / 'runs' / 'tune_tiny' / 'tiny'
   assert sorted(os.listdir(copied)) == sorted(['tuning.json', result['selected_run']])
@@ -156,7 +151,7 @@ def test_plan_shows_the_laws_before_the_start_and_k_and_the_candidates_to_the_op
   k, candidates = tune.draw_plan(tune.load_study(CONFIG, 'tiny')[3], SECRET_K2)
   assert k == 2 and all(f'local.lr_shared={c["local.lr_shared"]}' in out for c in candidates)
   cost_line = next(l for l in out.splitlines() if l.startswith('cost:'))
-  assert _numbers_in(cost_line)[:2] == ['2', '4']  # 2 runs of 2 rounds
+  assert numbers_in(cost_line)[:2] == ['2', '4']  # 2 runs of 2 rounds
   assert f"{cost['selection_epsilon']:.3f}" in cost_line
   assert not os.path.exists(tmp_path / 'tune_tiny')  # a plan writes nothing
 
@@ -252,10 +247,10 @@ def test_the_report_says_a_proxy_tuning_costs_the_private_clients_nothing_and_k0
   rows = _tuning_rows(lines)
   proxy_cost = rows['a'][COST]  # the proxy named, no ε
   assert proxy_cost.split(':')[0] == 'none' and 'EMNIST digits' in proxy_cost
-  assert not _numbers_in(proxy_cost)
+  assert not numbers_in(proxy_cost)
   assert [rows['b'][c] for c in ('K (law)', 'selected run', 'test acc', 'selection ε')] == [
       '0 (poisson mu=2)', 'none (K = 0)', '–', '3.000']
-  assert _numbers_in(rows['b'][COST]) == ['3.000']  # the selection ε: no K published
+  assert numbers_in(rows['b'][COST]) == ['3.000']  # the selection ε: no K published
   assert f"- {empty['notes'][0]}" in lines
 
 
