@@ -286,13 +286,19 @@ def block_plan(letter: str, root: str, seed_from: str | None = None) -> dict:
   return {'block': block, 'path': path, 'rows': rows, **out}
 
 
+def row_places(root: str, path: str, row, published: str | None) -> list[str]:
+  """Where a row's files may be: its row_dir under root, then its folder of `published` (a
+  block's published runs/), if given."""
+  return [row_dir(root, path, row)] + ([os.path.join(published, row.name)] if published else [])
+
+
 def subsumed_by(letter: str, root: str, row, published: str | None = None):
   """The base row whose finished search (under root, else in `published`, a block's published
   runs/) selected every value the variant `row` pins, while `row` has no search of its own: `row` is
   then not searched (Block.is_subsumed). None otherwise."""
   path, _, block = load_block(letter)
   base = block.base_of(row)
-  places = lambda r: [row_dir(root, path, r)] + ([os.path.join(published, r.name)] if published else [])
+  places = lambda r: row_places(root, path, r, published)
   if base is None or any(os.path.exists(os.path.join(d, tune.TUNING_FILE)) for d in places(row)):
     return None
   for directory in places(base):
@@ -481,8 +487,7 @@ def finals_begun(letter: str, row_name: str, root: str, seed_from: str | None) -
   """Whether the row's final runs have begun (under root, or published in `seed_from`) and neither
   place holds its row.json: the row nearest its end."""
   path, _, block = load_block(letter)
-  places = [row_dir(root, path, block.row(row_name))] + (
-      [os.path.join(seed_from, row_name)] if seed_from else [])
+  places = row_places(root, path, block.row(row_name), seed_from)
   if any(os.path.exists(os.path.join(d, ROW_FILE)) for d in places):
     return False
   return any(os.path.isdir(os.path.join(d, 'final')) and os.listdir(os.path.join(d, 'final'))
